@@ -1,0 +1,99 @@
+"""The raw message index: one request body, decoded once, with the span of every message.
+
+`index_body` is the only place a provider body is parsed on the hot path. Anything it cannot read
+with certainty raises `BodyRejected`, whose reason goes into the decision record while the body
+passes through untouched.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from cg.dialects import Dialect, MessageShapeError, MessageView
+from cg.jsonspan import ArraySpan, Element, JsonSpanError, Member, walk_document, walk_object
+
+
+class BodyRejected(ValueError):
+    """This body is not one we rewrite; `str(self)` says why, for the decision record."""
+
+
+@dataclass(frozen=True, slots=True)
+class RawMessage:
+    """A message's exact source `text[start:end]`, its parsed value and its view."""
+
+    start: int
+    end: int
+    value: dict[str, object]
+    view: MessageView
+
+
+@dataclass(slots=True)
+class BodyIndex:
+    raw: bytes
+    text: str
+    dialect: Dialect
+    members: dict[str, Member]
+    array: ArraySpan
+    messages: list[RawMessage]
+    _blocks: dict[int, ArraySpan | None] = field(default_factory=dict)
+
+    @property
+    def views(self) -> list[MessageView]:
+        return [m.view for m in self.messages]
+
+    def source(self, i: int) -> str:
+        m = self.messages[i]
+        return self.text[m.start : m.end]
+
+    def content_array(self, i: int) -> ArraySpan | None:
+        """The span of message `i`'s content block array (walked lazily, then cached)."""
+        if i not in self._blocks:
+            m = self.messages[i]
+            key = self.dialect.content_blocks_key()
+            members, _ = walk_object(self.text, m.start, arrays=(key,))
+            self._blocks[i] = next((x.array for x in members if x.key == key), None)
+        return self._blocks[i]
+
+
+def index_body(raw: bytes, dialect: Dialect) -> BodyIndex:
+    if not raw:
+        raise BodyRejected("empty body")
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise BodyRejected(f"body is not UTF-8 ({e.reason} at byte {e.start})") from None
+    if text[:1] == "\ufeff":
+        raise BodyRejected("body starts with a byte-order mark")
+    stripped = text.lstrip(" \t\r\n")
+    if stripped[:1] != "{":
+        raise BodyRejected("body is not a JSON object")
+    try:
+        members = walk_document(text, arrays=("messages",))
+    except (JsonSpanError, RecursionError) as e:
+        raise BodyRejected(f"malformed JSON: {e}") from None
+    by_key: dict[str, Member] = {}
+    for m in members:
+        if m.key in by_key:
+            raise BodyRejected(f"duplicate top-level key {m.key!r}")
+        by_key[m.key] = m
+    msgs = by_key.get("messages")
+    if msgs is None:
+        raise BodyRejected("no 'messages' field")
+    if msgs.array is None:
+        raise BodyRejected(f"'messages' is a {type(msgs.value).__name__}, not an array")
+    out: list[RawMessage] = []
+    for n, el in enumerate(msgs.array.elements):
+        out.append(_message(dialect, n, el))
+    return BodyIndex(raw, text, dialect, by_key, msgs.array, out)
+
+
+def _message(dialect: Dialect, n: int, el: Element) -> RawMessage:
+    if not isinstance(el.value, dict):
+        raise BodyRejected(f"messages[{n}] is a {type(el.value).__name__}, not an object")
+    try:
+        view = dialect.view(el.value)
+    except MessageShapeError as e:
+        raise BodyRejected(f"messages[{n}]: {e}") from None
+    if view.role not in dialect.wire_roles:
+        raise BodyRejected(f"messages[{n}] has unknown role {view.role!r}")
+    return RawMessage(el.start, el.end, el.value, view)

@@ -1,0 +1,49 @@
+"""Wire formats, one module each, and routing a request to one of them.
+
+Dialect ─┬─ Anthropic   POST …/v1/messages
+         └─ OpenAI      POST …/v1/chat/completions
+"""
+
+from __future__ import annotations
+
+from cg.dialects.anthropic import Anthropic
+from cg.dialects.base import (
+    SYSTEM_ROLES,
+    BlockView,
+    Dialect,
+    MessageShapeError,
+    MessageView,
+)
+from cg.dialects.openai import OpenAI
+
+ANTHROPIC = Anthropic()
+OPENAI = OpenAI()
+DIALECTS: dict[str, Dialect] = {d.name: d for d in (ANTHROPIC, OPENAI)}
+
+
+def route(method: str, path: str) -> Dialect | None:
+    """The dialect of a provider request, or None for anything we must not touch.
+
+    The path suffix is matched (query string ignored), so a `/anthropic/v1/messages` prefix
+    works; `…/v1/messages/count_tokens` and batch endpoints do not match.
+    """
+    if method.upper() != "POST":
+        return None
+    bare = path.split("?", 1)[0].split("#", 1)[0].rstrip("/")
+    for d in DIALECTS.values():
+        if bare.endswith(d.path_suffix):
+            return d
+    return None
+
+
+__all__ = [
+    "ANTHROPIC",
+    "DIALECTS",
+    "OPENAI",
+    "SYSTEM_ROLES",
+    "BlockView",
+    "Dialect",
+    "MessageShapeError",
+    "MessageView",
+    "route",
+]

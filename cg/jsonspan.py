@@ -1,0 +1,158 @@
+"""Locate JSON values and their exact spans in raw text, without re-serialising anything.
+
+Every value is parsed by `json.JSONDecoder.raw_decode`, which runs at C speed and returns the
+index just past the value; the only Python-level work is skipping whitespace and punctuation
+between values. Spans are `str` indices into the decoded body: the caller encodes back to UTF-8,
+which for text decoded strictly from UTF-8 gives back the original bytes exactly.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Collection
+from dataclasses import dataclass
+from json.decoder import scanstring  # type: ignore[attr-defined]
+from typing import Any
+
+_DECODER = json.JSONDecoder()
+_WS = re.compile(r"[ \t\n\r]*")
+
+
+class JsonSpanError(ValueError):
+    """The text is not the JSON shape the caller asked to walk; `pos` is where it went wrong."""
+
+    def __init__(self, msg: str, pos: int) -> None:
+        super().__init__(f"{msg} at char {pos}")
+        self.pos = pos
+
+
+@dataclass(frozen=True, slots=True)
+class Element:
+    """One array element: `text[start:end]` is its exact source, `value` its parsed form."""
+
+    start: int
+    end: int
+    value: Any
+
+
+@dataclass(frozen=True, slots=True)
+class ArraySpan:
+    """An array's brackets (`text[start] == "["`, `text[end - 1] == "]"`) and its elements."""
+
+    start: int
+    end: int
+    elements: tuple[Element, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Member:
+    """One object member. `array` is set when the caller asked to walk this key's array."""
+
+    key: str
+    start: int
+    end: int
+    value: Any
+    array: ArraySpan | None = None
+
+
+def skip_ws(text: str, i: int) -> int:
+    m = _WS.match(text, i)
+    assert m is not None  # `*` always matches
+    return m.end()
+
+
+def walk_array(text: str, i: int) -> ArraySpan:
+    """Walk the array starting at `text[i]`, parsing each element once."""
+    if text[i : i + 1] != "[":
+        raise JsonSpanError("expected '['", i)
+    start = i
+    elements: list[Element] = []
+    i = skip_ws(text, i + 1)
+    if text[i : i + 1] == "]":
+        return ArraySpan(start, i + 1, ())
+    while True:
+        try:
+            value, end = _DECODER.raw_decode(text, i)
+        except json.JSONDecodeError as e:
+            raise JsonSpanError(f"bad array element: {e.msg}", e.pos) from None
+        elements.append(Element(i, end, value))
+        i = skip_ws(text, end)
+        c = text[i : i + 1]
+        if c == ",":
+            i = skip_ws(text, i + 1)
+        elif c == "]":
+            return ArraySpan(start, i + 1, tuple(elements))
+        else:
+            raise JsonSpanError("expected ',' or ']'", i)
+
+
+def walk_object(text: str, i: int, arrays: Collection[str] = ()) -> tuple[list[Member], int]:
+    """Walk the object starting at `text[i]`; return its members in order and its end index.
+
+    Values under keys in `arrays` that are arrays are walked element by element (each element
+    parsed once); every other value is parsed whole by `raw_decode`.
+    """
+    if text[i : i + 1] != "{":
+        raise JsonSpanError("expected '{'", i)
+    members: list[Member] = []
+    i = skip_ws(text, i + 1)
+    if text[i : i + 1] == "}":
+        return members, i + 1
+    while True:
+        if text[i : i + 1] != '"':
+            raise JsonSpanError("expected a key", i)
+        try:
+            key, i = scanstring(text, i + 1, True)
+        except json.JSONDecodeError as e:
+            raise JsonSpanError(f"bad key: {e.msg}", e.pos) from None
+        i = skip_ws(text, i)
+        if text[i : i + 1] != ":":
+            raise JsonSpanError("expected ':'", i)
+        i = skip_ws(text, i + 1)
+        if key in arrays and text[i : i + 1] == "[":
+            arr = walk_array(text, i)
+            value = [e.value for e in arr.elements]
+            members.append(Member(key, i, arr.end, value, arr))
+            end = arr.end
+        else:
+            try:
+                value, end = _DECODER.raw_decode(text, i)
+            except json.JSONDecodeError as e:
+                raise JsonSpanError(f"bad value for {key!r}: {e.msg}", e.pos) from None
+            members.append(Member(key, i, end, value))
+        i = skip_ws(text, end)
+        c = text[i : i + 1]
+        if c == ",":
+            i = skip_ws(text, i + 1)
+        elif c == "}":
+            return members, i + 1
+        else:
+            raise JsonSpanError("expected ',' or '}'", i)
+
+
+def walk_document(text: str, arrays: Collection[str] = ()) -> list[Member]:
+    """Walk a whole document that must be one JSON object, with only whitespace around it."""
+    i = skip_ws(text, 0)
+    members, end = walk_object(text, i, arrays)
+    if skip_ws(text, end) != len(text):
+        raise JsonSpanError("trailing data after the object", end)
+    return members
+
+
+def rebuild_array(text: str, arr: ArraySpan, pieces: list[str]) -> str:
+    """The array `arr` with `pieces` as its elements, in the original's own punctuation.
+
+    The whitespace after `[`, between the first two elements and before `]` is reused, so a
+    pretty-printed array stays pretty and a compact one compact.
+    """
+    els = arr.elements
+    if els:
+        lead = text[arr.start + 1 : els[0].start]
+        trail = text[els[-1].end : arr.end - 1]
+    else:
+        lead = trail = ""
+    sep = text[els[0].end : els[1].start] if len(els) >= 2 else ","
+    if not pieces:
+        return "[]"
+    return "[" + lead + sep.join(pieces) + trail + "]"

@@ -1,0 +1,86 @@
+"""The one place the pipeline meets raw bytes: index -> pipeline -> splice -> validate.
+
+`rewrite_body` never raises and never returns bytes that failed a check: on any error or any
+violation the rewrite introduced, it returns `body=None` (forward the original) and says why.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from cg.body import BodyRejected, index_body
+from cg.dialects import Dialect
+from cg.pipeline import Component, run_pipeline
+from cg.shape import check_wire_roles, introduced, validate_shape
+from cg.splice import is_identity, plan_sources, plan_views, splice
+
+Outcome = Literal["passed_through", "rewritten", "failed_open"]
+
+
+@dataclass(slots=True)
+class Rewrite:
+    """`body` is the new body to send, or None to send the original bytes unchanged."""
+
+    body: bytes | None
+    record: dict[str, Any]
+
+    @property
+    def outcome(self) -> Outcome:
+        o: Outcome = self.record["outcome"]
+        return o
+
+
+def rewrite_body(raw: bytes, dialect: Dialect, components: Sequence[Component]) -> Rewrite:
+    t0 = time.perf_counter()
+    timings: dict[str, float] = {}
+    record: dict[str, Any] = {"dialect": dialect.name, "timings_ms": timings}
+
+    def lap(name: str, since: float) -> float:
+        now = time.perf_counter()
+        timings[name] = round((now - since) * 1000, 3)
+        return now
+
+    def done(outcome: Outcome, reason: str, body: bytes | None = None) -> Rewrite:
+        record["outcome"] = outcome
+        record["reason"] = reason
+        timings["total"] = round((time.perf_counter() - t0) * 1000, 3)
+        return Rewrite(body, record)
+
+    try:
+        try:
+            index = index_body(raw, dialect)
+        except BodyRejected as e:
+            return done("passed_through", str(e))
+        t = lap("index", t0)
+        record["messages_in"] = len(index.messages)
+        before = validate_shape(index.views, dialect)
+        if before:
+            record["input_violations"] = [v.to_json() for v in before]
+
+        result = run_pipeline(components, index)
+        record["components"] = result.records
+        t = lap("pipeline", t)
+        if is_identity(result.plan, len(index.messages)):
+            return done("passed_through", "no component acted")
+
+        new = splice(index, result.plan)
+        t = lap("splice", t)
+        record["messages_out"] = len(result.plan)
+        after = validate_shape(plan_views(index, result.plan), dialect)
+        bad = introduced(before, after, plan_sources(result.plan))
+        wire = check_wire_roles(new, dialect)
+        before_roles = {
+            f"m{i}" for i, m in enumerate(index.views) if m.role not in dialect.wire_roles
+        }
+        sources = plan_sources(result.plan)
+        bad += [v for v in wire if v.index < 0 or sources[v.index] not in before_roles]
+        lap("validate", t)
+        if bad:
+            record["violations"] = [v.to_json() for v in bad]
+            return done("failed_open", f"rewrite introduced {bad[0].rule}: {bad[0].message}")
+        return done("rewritten", "rewritten", new)
+    except Exception as e:  # noqa: BLE001 - fail open on anything at all
+        return done("failed_open", f"internal error: {type(e).__name__}: {e}")

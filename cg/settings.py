@@ -1,0 +1,99 @@
+"""Options + YAML presets -> validated settings. Pure functions that raise ValueError.
+
+Sources, later wins: `presets/NAME.yaml` < the `cg_config` file < mitmproxy options. Unknown keys
+and bad values are refused with a message naming the key and the value.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+PRESETS_DIR = Path(__file__).resolve().parent.parent / "presets"
+
+
+class StoreConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    path: str = "~/.context-guru/cg.sqlite3"
+    ttl_hours: float = Field(72, gt=0)
+    max_mb: float = Field(512, gt=0)
+
+
+class Config(BaseModel):
+    """The config-file shape of SPEC §5.1."""
+
+    model_config = ConfigDict(extra="forbid")
+    pipeline: list[str] = Field(default_factory=list)
+    components: dict[str, dict[str, Any]] = Field(default_factory=dict)
+    store: StoreConfig = Field(default_factory=StoreConfig)
+    model_windows: dict[str, int] = Field(default_factory=dict)
+
+
+def describe(e: ValidationError, source: str) -> str:
+    """One line per error, naming the key path and the value that was refused."""
+    lines = []
+    for err in e.errors():
+        key = ".".join(str(p) for p in err["loc"]) or "(top level)"
+        value = err.get("input")
+        lines.append(f"{source}: {key}: {err['msg']} (got {value!r})")
+    return "; ".join(lines)
+
+
+def _read_yaml(path: Path, source: str) -> dict[str, Any]:
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except OSError as e:
+        raise ValueError(f"{source}: cannot read {path}: {e.strerror}") from None
+    except yaml.YAMLError as e:
+        raise ValueError(f"{source}: {path} is not valid YAML: {e}") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ValueError(f"{source}: {path} must hold a mapping, not {type(data).__name__}")
+    return data
+
+
+def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for k, v in over.items():
+        out[k] = _merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
+def preset_names() -> list[str]:
+    return sorted(p.stem for p in PRESETS_DIR.glob("*.yaml") if not p.stem.startswith("_"))
+
+
+def load_config(preset: str, config_file: str | None, known_components: Sequence[str]) -> Config:
+    path = PRESETS_DIR / f"{preset}.yaml"
+    if not preset or "/" in preset or not path.is_file():
+        raise ValueError(
+            f"cg_preset: unknown preset {preset!r} (known: {', '.join(preset_names())})"
+        )
+    data = _read_yaml(path, f"preset {preset}")
+    if config_file:
+        data = _merge(data, _read_yaml(Path(config_file).expanduser(), "cg_config"))
+    try:
+        cfg = Config.model_validate(data)
+    except ValidationError as e:
+        raise ValueError(describe(e, "config")) from None
+    for name in cfg.pipeline:
+        if name not in known_components:
+            raise ValueError(f"config: pipeline: unknown component {name!r}")
+    for name in cfg.components:
+        if name not in known_components:
+            raise ValueError(f"config: components: unknown component {name!r}")
+    return cfg
+
+
+def host_allowed(host: str, patterns: Sequence[str]) -> bool:
+    """`cg_hosts` matching: empty means any host; otherwise exact names or `*.example.com`."""
+    if not patterns:
+        return True
+    h = host.lower().rstrip(".")
+    return any(fnmatch.fnmatchcase(h, p.lower()) for p in patterns)

@@ -1,0 +1,130 @@
+"""Shape invariants of a message list (SPEC §4) and the role check on the bytes actually sent.
+
+Rule ids are stable; messages use the provider's own wording, so a refusal in the decision record
+reads like the 400 it prevented:
+
+    system-position      a system-role message away from index 0 is followed by an assistant
+                         turn, or ends the array
+    answered-tool-use    every tool call is answered by the run of tool results right after it
+    paired-tool-result   every tool result answers a call in the message that opens its run
+    no-blank-content     no message is blank (with each dialect's documented exception)
+    wire-role            (bytes) every role in `messages` is one the provider accepts
+
+Consecutive same-role messages are deliberately not a violation: the summary is a user message
+that often follows another user message, and providers accept that.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from cg.dialects import DIALECTS, Dialect, MessageView
+
+
+@dataclass(frozen=True, slots=True)
+class Violation:
+    index: int
+    rule: str
+    message: str
+    ids: tuple[str, ...] = ()
+
+    def to_json(self) -> dict[str, Any]:
+        return {"index": self.index, "rule": self.rule, "message": self.message}
+
+
+def _views(messages: Sequence[MessageView | Any], dialect: Dialect) -> list[MessageView]:
+    return [m if isinstance(m, MessageView) else dialect.view(m) for m in messages]
+
+
+def _dialect(dialect: Dialect | str) -> Dialect:
+    return DIALECTS[dialect] if isinstance(dialect, str) else dialect
+
+
+def validate_shape(
+    messages: Sequence[MessageView | Any], dialect: Dialect | str
+) -> list[Violation]:
+    """Every violation of the four list rules; accepts views or parsed message dicts."""
+    d = _dialect(dialect)
+    views = _views(messages, d)
+    n = len(views)
+    anthropic = d.name == "anthropic"
+    out: list[Violation] = []
+    for i, v in enumerate(views):
+        if i > 0 and v.is_system and i + 1 < n and views[i + 1].role != "assistant":
+            out.append(Violation(i, "system-position", d.msg_system_position(i)))
+
+        if v.calls_tools:
+            answered: set[str] = set()
+            if anthropic:
+                if i + 1 < n and views[i + 1].role == "user":
+                    answered.update(views[i + 1].tool_result_ids)
+            else:
+                j = i + 1
+                while j < n and views[j].role == "tool":
+                    answered.update(views[j].tool_result_ids)
+                    j += 1
+            missing = [t for t in v.tool_call_ids if t not in answered]
+            if missing:
+                out.append(
+                    Violation(i, "answered-tool-use", d.msg_unanswered(i, missing), tuple(missing))
+                )
+
+        if v.tool_result_ids:
+            opener: MessageView | None = None
+            if anthropic:
+                if i > 0 and views[i - 1].role == "assistant":
+                    opener = views[i - 1]
+            else:
+                j = i - 1
+                while j >= 0 and views[j].role == "tool":
+                    j -= 1
+                if j >= 0 and views[j].role == "assistant":
+                    opener = views[j]
+            calls = set(opener.tool_call_ids) if opener else set()
+            unpaired = [t for t in v.tool_result_ids if t not in calls]
+            if unpaired:
+                out.append(
+                    Violation(i, "paired-tool-result", d.msg_unpaired(i, unpaired), tuple(unpaired))
+                )
+
+        if v.blank and not d.blank_allowed(v, i == n - 1):
+            out.append(Violation(i, "no-blank-content", d.msg_blank(i)))
+    return out
+
+
+def check_wire_roles(body: bytes, dialect: Dialect | str) -> list[Violation]:
+    """Read the final bytes and report every role in `messages` the provider would refuse."""
+    d = _dialect(dialect)
+    try:
+        doc = json.loads(body)
+        messages = doc["messages"]
+        if not isinstance(messages, list):
+            raise TypeError("'messages' is not an array")
+    except (ValueError, KeyError, TypeError) as e:
+        return [Violation(-1, "wire-json", f"the body sent is not readable JSON: {e}")]
+    out: list[Violation] = []
+    allowed = " or ".join(repr(r) for r in sorted(d.wire_roles))
+    for i, m in enumerate(messages):
+        role = m.get("role") if isinstance(m, dict) else None
+        if role not in d.wire_roles:
+            out.append(
+                Violation(
+                    i, "wire-role", f"messages.{i}.role: Input should be {allowed}", (str(role),)
+                )
+            )
+    return out
+
+
+def introduced(
+    before: Iterable[Violation], after: Iterable[Violation], after_sources: Sequence[str]
+) -> list[Violation]:
+    """The violations in `after` that the rewrite caused, not ones the client already sent.
+
+    A violation is matched by rule, the input message it sits on, and the ids it names; input
+    message i is source `m{i}` and `after_sources` names each output message's source.
+    """
+    seen = {(v.rule, f"m{v.index}", v.ids) for v in before}
+    return [v for v in after if v.index < 0 or (v.rule, after_sources[v.index], v.ids) not in seen]

@@ -1,0 +1,121 @@
+"""Original body + a plan of pieces -> the new body, leaving every untouched byte identical.
+
+A plan lists the output messages in order:
+
+    Keep(i)          message i, its original bytes
+    Cut(i, blocks)   message i with some content blocks cut out of its raw bytes
+    Insert(json)     a new message (the summary), serialised once, byte-stable across turns
+
+Only the `messages` array is rebuilt; `model`, `system`, `tools`, whitespace, key order and
+escapes outside it stay exactly as the client sent them. The identity plan returns the original
+`bytes` object itself.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from cg.body import BodyIndex
+from cg.dialects import Dialect, MessageView
+from cg.jsonspan import rebuild_array
+
+
+@dataclass(frozen=True, slots=True)
+class Keep:
+    index: int
+
+
+@dataclass(frozen=True, slots=True)
+class Cut:
+    index: int
+    drop: frozenset[int]
+
+
+@dataclass(frozen=True, slots=True)
+class Insert:
+    json: str
+    view: MessageView
+
+    @classmethod
+    def message(cls, obj: dict[str, Any], dialect: Dialect) -> Insert:
+        """Serialise a new message deterministically: the same object gives the same bytes."""
+        text = json.dumps(obj, ensure_ascii=False, separators=(",", ":"))
+        return cls(text, dialect.view(obj))
+
+
+Piece = Keep | Cut | Insert
+Plan = list[Piece]
+
+
+def identity(n: int) -> Plan:
+    return [Keep(i) for i in range(n)]
+
+
+def is_identity(plan: Sequence[Piece], n: int) -> bool:
+    return len(plan) == n and all(isinstance(p, Keep) and p.index == i for i, p in enumerate(plan))
+
+
+def cut_source(index: BodyIndex, i: int, drop: frozenset[int]) -> str:
+    """Message i's source with the blocks in `drop` cut out; the rest of its bytes unchanged."""
+    arr = index.content_array(i)
+    if arr is None:
+        raise ValueError(f"messages[{i}] has no content block array to cut from")
+    text = index.text
+    m = index.messages[i]
+    kept = [text[e.start : e.end] for n, e in enumerate(arr.elements) if n not in drop]
+    return text[m.start : arr.start] + rebuild_array(text, arr, kept) + text[arr.end : m.end]
+
+
+def cut_value(index: BodyIndex, i: int, drop: frozenset[int]) -> dict[str, Any]:
+    value = dict(index.messages[i].value)
+    key = index.dialect.content_blocks_key()
+    blocks = value.get(key)
+    if isinstance(blocks, list):
+        value[key] = [b for n, b in enumerate(blocks) if n not in drop]
+    return value
+
+
+def splice(index: BodyIndex, plan: Sequence[Piece]) -> bytes:
+    if is_identity(plan, len(index.messages)):
+        return index.raw
+    pieces: list[str] = []
+    for p in plan:
+        if isinstance(p, Keep):
+            pieces.append(index.source(p.index))
+        elif isinstance(p, Cut):
+            pieces.append(cut_source(index, p.index, p.drop))
+        else:
+            pieces.append(p.json)
+    text = index.text
+    arr = index.array
+    out = text[: arr.start] + rebuild_array(text, arr, pieces) + text[arr.end :]
+    return out.encode("utf-8")
+
+
+def plan_views(index: BodyIndex, plan: Sequence[Piece]) -> list[MessageView]:
+    """The views of the output messages, without re-reading the new body."""
+    views: list[MessageView] = []
+    for p in plan:
+        if isinstance(p, Keep):
+            views.append(index.messages[p.index].view)
+        elif isinstance(p, Cut):
+            views.append(index.dialect.view(cut_value(index, p.index, p.drop)))
+        else:
+            views.append(p.view)
+    return views
+
+
+def plan_sources(plan: Sequence[Piece]) -> list[str]:
+    """A stable name per output message: which input message it came from, or `new#k`."""
+    out: list[str] = []
+    k = 0
+    for p in plan:
+        if isinstance(p, Insert):
+            out.append(f"new#{k}")
+            k += 1
+        else:
+            out.append(f"m{p.index}")
+    return out

@@ -1,0 +1,35 @@
+"""Counters for `/_cg/stats` and `cg.stats`: one object on the addon, no module globals."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+
+@dataclass(slots=True)
+class SummaryCounts:
+    commissioned: int = 0
+    completed: int = 0
+    failed: int = 0
+    timed_out: int = 0
+    reused: int = 0
+
+
+@dataclass(slots=True)
+class Stats:
+    requests: int = 0
+    rewritten: int = 0
+    passed_through: int = 0
+    failed_open: int = 0
+    bypassed: int = 0
+    retried_original: int = 0
+    tokens_before: int = 0
+    tokens_after: int = 0
+    summaries: SummaryCounts = field(default_factory=SummaryCounts)
+
+    def count(self, outcome: str) -> None:
+        if outcome in ("rewritten", "passed_through", "failed_open", "bypassed"):
+            setattr(self, outcome, getattr(self, outcome) + 1)
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
