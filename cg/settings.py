@@ -7,7 +7,7 @@ and bad values are refused with a message naming the key and the value.
 from __future__ import annotations
 
 import fnmatch
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -34,13 +34,17 @@ class Config(BaseModel):
     model_windows: dict[str, int] = Field(default_factory=dict)
 
 
-def describe(e: ValidationError, source: str) -> str:
-    """One line per error, naming the key path and the value that was refused."""
+def describe(e: ValidationError, source: str, secret_keys: Collection[str] = ()) -> str:
+    """One line per error, naming the key path and the value that was refused.
+
+    The value under a key in `secret_keys` is never echoed.
+    """
     lines = []
     for err in e.errors():
         key = ".".join(str(p) for p in err["loc"]) or "(top level)"
-        value = err.get("input")
-        lines.append(f"{source}: {key}: {err['msg']} (got {value!r})")
+        secret = any(str(p) in secret_keys for p in err["loc"])
+        value = "<redacted>" if secret else repr(err.get("input"))
+        lines.append(f"{source}: {key}: {err['msg']} (got {value})")
     return "; ".join(lines)
 
 
