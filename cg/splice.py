@@ -65,8 +65,19 @@ def cut_source(index: BodyIndex, i: int, drop: frozenset[int]) -> str:
         raise ValueError(f"messages[{i}] has no content block array to cut from")
     text = index.text
     m = index.messages[i]
-    kept = [text[e.start : e.end] for n, e in enumerate(arr.elements) if n not in drop]
-    return text[m.start : arr.start] + rebuild_array(text, arr, kept) + text[arr.end : m.end]
+    els = arr.elements
+    keep = [n for n in range(len(els)) if n not in drop]
+    if not keep:
+        return text[m.start : arr.start] + rebuild_array(text, arr, []) + text[arr.end : m.end]
+    # Each dropped block goes with one separator next to it; every other byte (including the
+    # whitespace between kept blocks, uniform or not) stays exactly as the client sent it.
+    parts = [text[m.start : els[0].start]]
+    for a, n in enumerate(keep):
+        parts.append(text[els[n].start : els[n].end])
+        if a + 1 < len(keep):
+            parts.append(text[els[n].end : els[n + 1].start])
+    parts.append(text[els[-1].end : m.end])
+    return "".join(parts)
 
 
 def cut_value(index: BodyIndex, i: int, drop: frozenset[int]) -> dict[str, Any]:
