@@ -1,0 +1,36 @@
+"""Fixtures for end-to-end tests: one fake provider and one `off`-preset mitmdump per session.
+
+Tests that need another preset or options start their own with `Proxy.start(...)` and stop it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from tests.e2e.harness import Proxy
+from tests.fakeprovider import FakeProvider
+
+
+@pytest.fixture(scope="session")
+def provider() -> Iterator[FakeProvider]:
+    with FakeProvider() as p:
+        yield p
+
+
+@pytest.fixture(autouse=True)
+def _unscripted(provider: FakeProvider) -> Iterator[None]:
+    """A reply a test scripted but never used must not leak into the next test."""
+    yield
+    provider.clear_script()
+
+
+@pytest.fixture(scope="session")
+def proxy(provider: FakeProvider, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Proxy]:
+    p = Proxy.start(provider.url, tmp_path_factory.mktemp("proxy-off"))
+    try:
+        yield p
+    finally:
+        p.stop()
+    assert not p.addon_errors(), p.log_text()

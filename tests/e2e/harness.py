@@ -1,0 +1,239 @@
+"""A real `mitmdump -s cg_addon.py` subprocess in reverse mode, and the recorder's decision log.
+
+`Proxy.start(upstream, workdir)` has mitmdump listen on port 0, reads the port from mitmdump's startup line, then
+polls `/_cg/health` until the addon answers. `Proxy.stop()` terminates the process by PID (kill
+after a deadline). Waits are bounded condition waits, never sleeps.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from tests.fakeprovider import FakeProvider, Recorded
+
+REPO = Path(__file__).resolve().parents[2]
+RECORDER = Path(__file__).resolve().parent / "recorder.py"
+MITMDUMP = Path(sys.executable).parent / "mitmdump"
+LISTENING = re.compile(r"listening at 127\.0\.0\.1:(\d+)")
+STARTUP_TIMEOUT = 30.0
+POLL = 0.02  # seconds between polls of a file or an endpoint
+
+
+def new_id() -> str:
+    """A value for the `x-e2e-id` header that ties a test's request to its records."""
+    return uuid.uuid4().hex
+
+
+def poll(timeout: float) -> Iterator[None]:
+    """Yield until `timeout` seconds have passed, pausing POLL seconds between rounds."""
+    end = time.monotonic() + timeout
+    pause = threading.Event()  # never set: wait() is a bounded pause, not a sleep
+    while True:
+        yield
+        if time.monotonic() >= end:
+            return
+        pause.wait(POLL)
+
+
+class DecisionLog:
+    """The recorder's JSON lines: one per finished flow."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def lines(self) -> list[dict[str, Any]]:
+        try:
+            text = self.path.read_text(encoding="utf-8")
+        except FileNotFoundError:
+            return []
+        return [json.loads(x) for x in text.split("\n")[:-1]]  # the last piece is unfinished
+
+    def wait(self, e2e_id: str, timeout: float = 10.0) -> dict[str, Any]:
+        """The line of the flow whose request carried `x-e2e-id: e2e_id`."""
+        for _ in poll(timeout):
+            found = [x for x in self.lines() if x["id"] == e2e_id]
+            if found:
+                assert len(found) == 1, found
+                return found[0]
+        raise TimeoutError(f"no recorder line for x-e2e-id {e2e_id} within {timeout}s")
+
+
+@dataclass
+class Proxy:
+    proc: subprocess.Popen[str]
+    port: int
+    records: DecisionLog
+    log: list[str] = field(default_factory=list)
+    _reader: threading.Thread | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def client(self, **kw: Any) -> httpx.Client:
+        return httpx.Client(**{"base_url": self.url, "trust_env": False, "timeout": 30.0, **kw})
+
+    @classmethod
+    def start(
+        cls,
+        upstream: str,
+        workdir: Path,
+        preset: str = "off",
+        options: Sequence[str] = (),
+    ) -> Proxy:
+        """Start mitmdump in front of `upstream`; `options` are extra `--set` values."""
+        confdir = workdir / "confdir"
+        confdir.mkdir(parents=True, exist_ok=True)
+        record = workdir / "decisions.jsonl"
+        cmd = [
+            str(MITMDUMP),
+            "--mode",
+            f"reverse:{upstream}",
+            "--listen-host",
+            "127.0.0.1",
+            "--listen-port",
+            "0",
+            "-s",
+            str(REPO / "cg_addon.py"),
+            "-s",
+            str(RECORDER),
+            "--set",
+            f"confdir={confdir}",
+            "--set",
+            f"cg_preset={preset}",
+            "--set",
+            f"cg_record={record}",
+        ]
+        for opt in options:
+            cmd += ["--set", opt]
+        proc = subprocess.Popen(
+            cmd,
+            cwd=REPO,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )
+        proxy = cls(proc, 0, DecisionLog(record))
+        listening = threading.Event()
+
+        def read() -> None:
+            assert proc.stdout is not None
+            for line in proc.stdout:
+                proxy.log.append(line.rstrip("\n"))
+                m = LISTENING.search(line)
+                if m and not listening.is_set():
+                    proxy.port = int(m.group(1))
+                    listening.set()
+            listening.set()  # EOF: the process is gone; start() notices
+
+        proxy._reader = threading.Thread(target=read, name="mitmdump-log", daemon=True)
+        proxy._reader.start()
+        try:
+            if not listening.wait(STARTUP_TIMEOUT) or proxy.port == 0:
+                raise RuntimeError("mitmdump did not start:\n" + proxy.log_text())
+            proxy._wait_healthy()
+        except BaseException:
+            proxy.stop()
+            raise
+        return proxy
+
+    def _wait_healthy(self) -> None:
+        with self.client(timeout=2.0) as c:
+            for _ in poll(STARTUP_TIMEOUT):
+                if self.proc.poll() is not None:
+                    break
+                try:
+                    r = c.get("/_cg/health")
+                    if r.status_code == 200 and r.json().get("ok") is True:
+                        return
+                except httpx.TransportError:
+                    pass
+        raise RuntimeError("mitmdump never answered /_cg/health:\n" + self.log_text())
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=10)
+        if self._reader is not None:
+            self._reader.join(timeout=10)
+        if self.proc.stdout is not None:
+            self.proc.stdout.close()
+
+    def log_text(self) -> str:
+        return "\n".join(self.log)
+
+    def addon_errors(self) -> list[str]:
+        """Log lines that show a hook raised (mitmproxy logs hook exceptions, never raises)."""
+        return [x for x in self.log if "Traceback" in x or "Addon error" in x]
+
+
+# -- what a client sent vs what the provider got ---------------------------------------------
+
+
+class Capture:
+    """An httpx request hook (sync or async) that keeps every request a client sends.
+
+    Pass `event_hooks=capture.hooks()` (or `.async_hooks()`) to the httpx client handed to an SDK;
+    `request.content` is then the exact body bytes that went on the wire.
+    """
+
+    def __init__(self) -> None:
+        self.sent: list[httpx.Request] = []
+
+    def _keep(self, request: httpx.Request) -> None:
+        self.sent.append(request)
+
+    async def _akeep(self, request: httpx.Request) -> None:
+        self.sent.append(request)
+
+    def hooks(self) -> dict[str, list[Any]]:
+        return {"request": [self._keep]}
+
+    def async_hooks(self) -> dict[str, list[Any]]:
+        return {"request": [self._akeep]}
+
+    def only(self) -> httpx.Request:
+        assert len(self.sent) == 1, [str(r.url) for r in self.sent]
+        return self.sent[0]
+
+
+def by_id(e2e_id: str) -> Any:
+    return lambda r: r.header("x-e2e-id") == e2e_id
+
+
+def _comparable(items: Any) -> list[tuple[str, str]]:
+    return sorted((k.lower(), v) for k, v in items if k.lower() != "host")
+
+
+def assert_forwarded_unchanged(sent: httpx.Request, got: Recorded) -> None:
+    """Method, path, body bytes and every header but `host` (reverse mode rewrites it) as sent."""
+    assert got.method == sent.method
+    assert got.path == sent.url.raw_path.decode("ascii")
+    assert got.body == sent.content, "body bytes changed on the way through the proxy"
+    assert _comparable(got.headers) == _comparable(sent.headers.multi_items())
+
+
+def received(provider: FakeProvider, e2e_id: str) -> Recorded:
+    """The one request the provider received carrying `x-e2e-id: e2e_id` (waits for it)."""
+    got = provider.wait_for(1, where=by_id(e2e_id))
+    assert len(got) == 1, f"the provider received {len(got)} requests for one send"
+    return got[0]

@@ -1,0 +1,58 @@
+"""A test-only mitmproxy script: one JSON line per finished flow, with its decision record.
+
+    mitmdump -s cg_addon.py -s tests/e2e/recorder.py --set cg_record=FILE
+
+Load it after cg_addon.py. Each line: phase (response|error), method, path, the `x-e2e-id` request
+header tests use to find their flow, status, error, and `cg` — `flow.metadata["context_guru"]`, or
+null for a flow the addon did not decide on. Lines are flushed as written.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import IO, Any
+
+from mitmproxy import ctx, http
+
+
+class Recorder:
+    def __init__(self) -> None:
+        self.out: IO[str] | None = None
+
+    def load(self, loader: Any) -> None:
+        loader.add_option("cg_record", str, "", "Append a JSON line per finished flow here.")
+
+    def configure(self, updated: set[str]) -> None:
+        if "cg_record" in updated:
+            self.done()
+            if ctx.options.cg_record:
+                self.out = open(ctx.options.cg_record, "a", encoding="utf-8")  # noqa: SIM115
+
+    def done(self) -> None:
+        if self.out is not None:
+            self.out.close()
+            self.out = None
+
+    def response(self, flow: http.HTTPFlow) -> None:
+        self._write("response", flow)
+
+    def error(self, flow: http.HTTPFlow) -> None:
+        self._write("error", flow)
+
+    def _write(self, phase: str, flow: http.HTTPFlow) -> None:
+        if self.out is None:
+            return
+        line = {
+            "phase": phase,
+            "method": flow.request.method,
+            "path": flow.request.path,
+            "id": flow.request.headers.get("x-e2e-id"),
+            "status": flow.response.status_code if flow.response else None,
+            "error": flow.error.msg if flow.error else None,
+            "cg": flow.metadata.get("context_guru"),
+        }
+        self.out.write(json.dumps(line) + "\n")
+        self.out.flush()
+
+
+addons = [Recorder()]

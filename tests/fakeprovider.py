@@ -1,0 +1,405 @@
+"""A fake LLM provider on 127.0.0.1 that speaks the real Anthropic and OpenAI wire formats.
+
+    POST …/v1/messages           Anthropic Messages: a `message` JSON, or SSE when "stream": true
+    POST …/v1/chat/completions   OpenAI Chat Completions: a `chat.completion`, or chunk SSE
+    GET  anything else           200, a JSON echo of method and path
+    other                        404, a JSON error
+
+Every request is recorded (method, path, headers, the raw body bytes as received, and a
+gzip-decoded copy). Tests wait for requests on a condition variable, never on sleeps. Replies to
+the two provider endpoints can be scripted with `FakeProvider.script(Reply(...))`; unscripted
+requests get a normal answer whose text is `Reply.text`'s default.
+"""
+
+from __future__ import annotations
+
+import gzip
+import itertools
+import json
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+DEFAULT_TEXT = "Hello from the fake provider, streamed in pieces."
+GATE_TIMEOUT = 5.0
+
+
+@dataclass(frozen=True)
+class Recorded:
+    """One request as the provider received it."""
+
+    method: str
+    path: str
+    headers: list[tuple[str, str]]
+    body: bytes
+    decoded: bytes | None = None  # the body with a gzip content-encoding undone, else None
+
+    def header(self, name: str) -> str | None:
+        name = name.lower()
+        return next((v for k, v in self.headers if k.lower() == name), None)
+
+    def json(self) -> Any:
+        return json.loads(self.decoded if self.decoded is not None else self.body)
+
+
+@dataclass
+class Reply:
+    """A scripted answer for the next provider request.
+
+    `body` set: sent as is with `status` and `headers`. Otherwise a normal (JSON or SSE) answer
+    in the request's dialect carrying `text`. `gate`: an SSE answer stops after its first text
+    delta until the gate is set (or GATE_TIMEOUT passes, which sets `gate_timed_out`) — a test
+    that the proxy streams instead of buffering.
+    """
+
+    status: int = 200
+    text: str = DEFAULT_TEXT
+    body: bytes | None = None
+    headers: dict[str, str] = field(default_factory=dict)
+    gate: threading.Event | None = None
+    gate_timed_out: bool = False
+
+    @classmethod
+    def json(cls, status: int, payload: Any) -> Reply:
+        return cls(status, body=_dumps(payload).encode(), headers=_JSON)
+
+
+def anthropic_error(status: int, kind: str, message: str) -> Reply:
+    return Reply.json(status, {"type": "error", "error": {"type": kind, "message": message}})
+
+
+def openai_error(status: int, kind: str, message: str) -> Reply:
+    return Reply.json(
+        status, {"error": {"message": message, "type": kind, "param": None, "code": None}}
+    )
+
+
+_JSON = {"content-type": "application/json"}
+_SSE = {"content-type": "text/event-stream; charset=utf-8", "cache-control": "no-cache"}
+_ids = itertools.count(1)
+
+
+def _dumps(value: Any) -> str:
+    """Compact JSON with raw UTF-8, as both providers send it."""
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+
+
+def _pieces(text: str) -> list[str]:
+    """Split text into a few deltas the way a model streams it (words with their spaces)."""
+    words = text.split(" ")
+    return [w + (" " if i < len(words) - 1 else "") for i, w in enumerate(words)] or [""]
+
+
+def _anthropic_events(model: str, text: str, in_tokens: int) -> Iterator[tuple[str, Any]]:
+    out_tokens = max(1, len(text) // 4)
+    yield (
+        "message_start",
+        {
+            "type": "message_start",
+            "message": {
+                "id": f"msg_fake{next(_ids):06d}",
+                "type": "message",
+                "role": "assistant",
+                "model": model,
+                "content": [],
+                "stop_reason": None,
+                "stop_sequence": None,
+                "usage": {"input_tokens": in_tokens, "output_tokens": 1},
+            },
+        },
+    )
+    yield (
+        "content_block_start",
+        {"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}},
+    )
+    yield "ping", {"type": "ping"}
+    for piece in _pieces(text):
+        yield (
+            "content_block_delta",
+            {
+                "type": "content_block_delta",
+                "index": 0,
+                "delta": {"type": "text_delta", "text": piece},
+            },
+        )
+    yield "content_block_stop", {"type": "content_block_stop", "index": 0}
+    yield (
+        "message_delta",
+        {
+            "type": "message_delta",
+            "delta": {"stop_reason": "end_turn", "stop_sequence": None},
+            "usage": {"output_tokens": out_tokens},
+        },
+    )
+    yield "message_stop", {"type": "message_stop"}
+
+
+def _anthropic_message(model: str, text: str, in_tokens: int) -> dict[str, Any]:
+    return {
+        "id": f"msg_fake{next(_ids):06d}",
+        "type": "message",
+        "role": "assistant",
+        "model": model,
+        "content": [{"type": "text", "text": text}],
+        "stop_reason": "end_turn",
+        "stop_sequence": None,
+        "usage": {"input_tokens": in_tokens, "output_tokens": max(1, len(text) // 4)},
+    }
+
+
+def _openai_usage(text: str, in_tokens: int) -> dict[str, int]:
+    out = max(1, len(text) // 4)
+    return {"prompt_tokens": in_tokens, "completion_tokens": out, "total_tokens": in_tokens + out}
+
+
+def _openai_completion(model: str, text: str, in_tokens: int) -> dict[str, Any]:
+    return {
+        "id": f"chatcmpl-fake{next(_ids):06d}",
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": model,
+        "choices": [
+            {
+                "index": 0,
+                "message": {"role": "assistant", "content": text, "refusal": None},
+                "logprobs": None,
+                "finish_reason": "stop",
+            }
+        ],
+        "usage": _openai_usage(text, in_tokens),
+        "system_fingerprint": "fp_fake",
+    }
+
+
+def _openai_chunks(model: str, text: str, in_tokens: int, usage: bool) -> Iterator[Any]:
+    base = {
+        "id": f"chatcmpl-fake{next(_ids):06d}",
+        "object": "chat.completion.chunk",
+        "created": int(time.time()),
+        "model": model,
+        "system_fingerprint": "fp_fake",
+    }
+    extra: dict[str, Any] = {"usage": None} if usage else {}
+
+    def chunk(delta: dict[str, Any], finish: str | None) -> dict[str, Any]:
+        choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+        return {**base, "choices": [choice], **extra}
+
+    yield chunk({"role": "assistant", "content": "", "refusal": None}, None)
+    for piece in _pieces(text):
+        yield chunk({"content": piece}, None)
+    yield chunk({}, "stop")
+    if usage:
+        yield {**base, "choices": [], "usage": _openai_usage(text, in_tokens)}
+    yield "[DONE]"
+
+
+def _has_content(chunk: Any) -> bool:
+    return isinstance(chunk, dict) and any(
+        c.get("delta", {}).get("content") for c in chunk.get("choices", [])
+    )
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+    provider: FakeProvider
+
+
+class _Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    server: _Server
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+    def do_GET(self) -> None:
+        self._handle()
+
+    do_POST = do_PUT = do_PATCH = do_DELETE = do_GET
+
+    # -- request -----------------------------------------------------------------------------
+
+    def _read_body(self) -> bytes:
+        if "chunked" in self.headers.get("transfer-encoding", "").lower():
+            parts: list[bytes] = []
+            while True:
+                size = int(self.rfile.readline().split(b";", 1)[0].strip(), 16)
+                if size == 0:
+                    while self.rfile.readline() not in (b"\r\n", b"\n", b""):
+                        pass  # trailers
+                    return b"".join(parts)
+                parts.append(self.rfile.read(size))
+                self.rfile.readline()
+        return self.rfile.read(int(self.headers.get("content-length") or 0))
+
+    def _handle(self) -> None:
+        body = self._read_body()
+        decoded = None
+        if self.headers.get("content-encoding", "").strip().lower() == "gzip":
+            try:
+                decoded = gzip.decompress(body)
+            except (OSError, EOFError):
+                decoded = None
+        rec = Recorded(self.command, self.path, list(self.headers.items()), body, decoded)
+        provider = self.server.provider
+        provider._record(rec)
+        bare = self.path.split("?", 1)[0].rstrip("/")
+        if self.command == "POST" and bare.endswith("/v1/messages"):
+            self._provider("anthropic", rec, provider._next_reply())
+        elif self.command == "POST" and bare.endswith("/v1/chat/completions"):
+            self._provider("openai", rec, provider._next_reply())
+        elif self.command == "GET":
+            self._send(200, _JSON, _dumps({"echo": True, "path": self.path}))
+        else:
+            msg = f"no route for {self.command} {bare}"
+            self._send(404, _JSON, _dumps({"error": {"type": "not_found", "message": msg}}))
+
+    # -- response ----------------------------------------------------------------------------
+
+    def _send(self, status: int, headers: dict[str, str], body: bytes | str) -> None:
+        data = body.encode() if isinstance(body, str) else body
+        self.send_response(status)
+        for k, v in headers.items():
+            self.send_header(k, v)
+        self.send_header("content-length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def _provider(self, dialect: str, rec: Recorded, reply: Reply) -> None:
+        if reply.body is not None:
+            self._send(reply.status, reply.headers or _JSON, reply.body)
+            return
+        try:
+            req = rec.json()
+        except ValueError as e:
+            req = f"invalid JSON: {e}"
+        if not isinstance(req, dict):
+            problem = req if isinstance(req, str) else "the body must be a JSON object"
+            err = anthropic_error if dialect == "anthropic" else openai_error
+            bad = err(400, "invalid_request_error", problem)
+            self._send(bad.status, bad.headers, bad.body or b"")
+            return
+        model = str(req.get("model", "fake-model"))
+        in_tokens = len(rec.decoded or rec.body) // 4
+        if req.get("stream") is not True:
+            make = _anthropic_message if dialect == "anthropic" else _openai_completion
+            self._send(
+                reply.status,
+                {**_JSON, **reply.headers},
+                _dumps(make(model, reply.text, in_tokens)),
+            )
+            return
+        self.send_response(reply.status)
+        for k, v in {**_SSE, **reply.headers}.items():
+            self.send_header(k, v)
+        self.send_header("transfer-encoding", "chunked")
+        self.end_headers()
+        if dialect == "anthropic":
+            frames = [
+                (f"event: {name}\ndata: {_dumps(data)}\n\n", name == "content_block_delta")
+                for name, data in _anthropic_events(model, reply.text, in_tokens)
+            ]
+        else:
+            opts = req.get("stream_options")
+            usage = isinstance(opts, dict) and opts.get("include_usage") is True
+            frames = [
+                (f"data: {_dumps(c) if c != '[DONE]' else c}\n\n", _has_content(c))
+                for c in _openai_chunks(model, reply.text, in_tokens, usage)
+            ]
+        gated = reply.gate is not None
+        for frame, is_delta in frames:
+            self._chunk(frame.encode())
+            if gated and is_delta and reply.gate is not None:
+                gated = False
+                reply.gate_timed_out = not reply.gate.wait(GATE_TIMEOUT)
+        self._chunk(b"")
+
+    def _chunk(self, data: bytes) -> None:
+        self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
+        self.wfile.flush()
+
+
+class FakeProvider:
+    """`with FakeProvider() as p:` serves on `p.url` until the block ends."""
+
+    def __init__(self) -> None:
+        self._server = _Server(("127.0.0.1", 0), _Handler)
+        self._server.provider = self
+        self._cond = threading.Condition()
+        self._requests: list[Recorded] = []
+        self._replies: deque[Reply] = deque()
+        self._thread = threading.Thread(
+            target=self._server.serve_forever, name="fake-provider", daemon=True
+        )
+
+    @property
+    def port(self) -> int:
+        return int(self._server.server_address[1])
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self) -> FakeProvider:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+        self._thread.join(timeout=10)
+
+    def __enter__(self) -> FakeProvider:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    # -- scripting ---------------------------------------------------------------------------
+
+    def script(self, *replies: Reply) -> None:
+        """Queue replies for the next provider requests, in order."""
+        with self._cond:
+            self._replies.extend(replies)
+
+    def clear_script(self) -> None:
+        with self._cond:
+            self._replies.clear()
+
+    def _next_reply(self) -> Reply:
+        with self._cond:
+            return self._replies.popleft() if self._replies else Reply()
+
+    # -- recording ---------------------------------------------------------------------------
+
+    def _record(self, rec: Recorded) -> None:
+        with self._cond:
+            self._requests.append(rec)
+            self._cond.notify_all()
+
+    @property
+    def requests(self) -> list[Recorded]:
+        with self._cond:
+            return list(self._requests)
+
+    def wait_for(
+        self,
+        n: int,
+        timeout: float = 10.0,
+        where: Callable[[Recorded], bool] | None = None,
+    ) -> list[Recorded]:
+        """Block until at least `n` recorded requests match `where` (all, if None); return them."""
+
+        def matching() -> list[Recorded]:
+            return [r for r in self._requests if where is None or where(r)]
+
+        with self._cond:
+            if not self._cond.wait_for(lambda: len(matching()) >= n, timeout):
+                raise TimeoutError(
+                    f"fake provider: {len(matching())} of {n} requests in {timeout}s"
+                )
+            return matching()
