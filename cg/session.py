@@ -1,0 +1,156 @@
+"""Which conversation a request belongs to (SPEC §8).
+
+The first usable of, in order:
+
+1. header `x-context-guru-session` — set by the operator or a wrapper script;
+2. header `x-claude-code-session-id` — Claude Code sends it on every request;
+3. anthropic `metadata.user_id`, only where it names a session: Claude Code 2.x sends a JSON-object
+   string `{"device_id": …, "account_uuid": …, "session_id": …}` (its `session_id` is used), and
+   1.x sent `user_<hash>_account_<uuid>_session_<uuid>` (the part after `_session_` is used).
+   Any other `user_id` names a user, who may run many conversations at once, so it is not a
+   session id and resolution falls through;
+4. a hash of the conversation head: the system prompt plus the first user message, as
+   `h:` + 32 hex digits. `cache_control` markers are left out of the hash, since a client moves
+   them from message to message as the conversation grows.
+
+An explicit id is used only when it is allow-listed (ASCII letters, digits and `._:-`, 1 to 128
+characters, surrounding whitespace ignored); anything else falls through to the next source, and
+the skipped sources are listed in `SessionId.skipped` for the decision record. Nothing else of the
+headers (credentials included) is read or kept.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from cg.body import BodyIndex
+from cg.dialects import SYSTEM_ROLES
+
+HEADER_CG = "x-context-guru-session"
+HEADER_CLAUDE_CODE = "x-claude-code-session-id"
+SOURCE_METADATA = "metadata.user_id"
+SOURCE_HEAD = "head"
+
+SESSION_RE = re.compile(r"[A-Za-z0-9._:-]{1,128}")
+_LEGACY_USER_ID = re.compile(r"user_[0-9a-f]*_account_[0-9a-fA-F-]*_session_(.+)")
+
+
+@dataclass(frozen=True, slots=True)
+class SessionId:
+    """`id` is allow-listed; `source` is the header name, `metadata.user_id` or `head`."""
+
+    id: str
+    source: str
+    skipped: tuple[str, ...] = ()
+
+
+def valid_session_id(s: object) -> bool:
+    return isinstance(s, str) and SESSION_RE.fullmatch(s) is not None
+
+
+def _header(headers: Mapping[str, str], name: str) -> str | None:
+    v = headers.get(name)
+    if v is None:  # a plain dict: look the name up case-insensitively
+        v = next((val for k, val in headers.items() if k.lower() == name), None)
+    return v
+
+
+def session_from_user_id(user_id: object) -> str | None:
+    """The session named inside an anthropic `metadata.user_id`, as sent; None if none."""
+    if not isinstance(user_id, str):
+        return None
+    s = user_id.strip()
+    if s.startswith("{"):
+        try:
+            obj = json.loads(s)
+        except ValueError:
+            return None
+        sid = obj.get("session_id") if isinstance(obj, dict) else None
+        return sid if isinstance(sid, str) else None
+    m = _LEGACY_USER_ID.fullmatch(s)
+    return m.group(1) if m else None
+
+
+def _strip_cache_control(v: Any) -> Any:
+    if isinstance(v, dict):
+        return {k: _strip_cache_control(x) for k, x in v.items() if k != "cache_control"}
+    if isinstance(v, list):
+        return [_strip_cache_control(x) for x in v]
+    return v
+
+
+def head_hash(system: object, first_user: object) -> str:
+    """`h:` + a 16-byte blake2b of the canonical system prompt and first user message."""
+    canon = json.dumps(
+        [_strip_cache_control(system), _strip_cache_control(first_user)],
+        sort_keys=True,
+        ensure_ascii=True,
+        separators=(",", ":"),
+    )
+    return "h:" + hashlib.blake2b(canon.encode("ascii"), digest_size=16).hexdigest()
+
+
+def resolve_session(
+    headers: Mapping[str, str],
+    metadata: object = None,
+    system: object = None,
+    first_user: object = None,
+) -> SessionId:
+    """The session of one request; never fails.
+
+    `headers` is looked up case-insensitively (mitmproxy's `Headers` or a plain dict).
+    `metadata` is the parsed top-level `metadata` value (anthropic), `system` the parsed system
+    prompt (anthropic: the top-level `system`; openai: `messages[0]` when its role is system or
+    developer) and `first_user` the parsed first user message; `conversation_head` finds the last
+    two for either dialect.
+    """
+    skipped: list[str] = []
+    for name in (HEADER_CG, HEADER_CLAUDE_CODE):
+        v = _header(headers, name)
+        if v is not None:
+            if valid_session_id(v.strip()):
+                return SessionId(v.strip(), name, tuple(skipped))
+            skipped.append(name)
+    if isinstance(metadata, dict) and "user_id" in metadata:
+        sid = session_from_user_id(metadata["user_id"])
+        if sid is not None:
+            if valid_session_id(sid.strip()):
+                return SessionId(sid.strip(), SOURCE_METADATA, tuple(skipped))
+            skipped.append(SOURCE_METADATA)
+    return SessionId(head_hash(system, first_user), SOURCE_HEAD, tuple(skipped))
+
+
+def conversation_head(
+    dialect: str, top_level: Mapping[str, Any], messages: Sequence[Any]
+) -> tuple[object, object]:
+    """(system prompt, first user message) of a parsed body, for `resolve_session`.
+
+    `top_level` maps top-level keys to parsed values (only `system` is read); `messages` are the
+    parsed messages. For openai the system prompt is `messages[0]` when its role is system or
+    developer; for anthropic it is the top-level `system`.
+    """
+    system: object = None
+    if dialect == "openai":
+        if messages and isinstance(messages[0], dict) and messages[0].get("role") in SYSTEM_ROLES:
+            system = messages[0]
+    else:
+        system = top_level.get("system")
+    first_user = next(
+        (m for m in messages if isinstance(m, dict) and m.get("role") == "user"), None
+    )
+    return system, first_user
+
+
+def session_of(headers: Mapping[str, str], index: BodyIndex) -> SessionId:
+    """`resolve_session` for an indexed body (`metadata.user_id` is read for anthropic only)."""
+    top = {k: m.value for k, m in index.members.items()}
+    system, first_user = conversation_head(
+        index.dialect.name, top, [m.value for m in index.messages]
+    )
+    metadata = top.get("metadata") if index.dialect.name == "anthropic" else None
+    return resolve_session(headers, metadata, system, first_user)

@@ -1,0 +1,603 @@
+"""SQLite stashes, checkpoints and session clocks (SPEC §6, §7): one file, WAL, bounded.
+
+Tables (schema version in `PRAGMA user_version`):
+
+    stashes      (key, session) -> the original span: `[` + the messages' exact source text
+                 joined by `,` + `]`, UTF-8. `key` is `stash_key(span)`, a content hash, so the
+                 same span stashed by two sessions (a resumed conversation) is one key, two rows.
+    checkpoints  session -> the summary that replaced a covered prefix, and the exact serialised
+                 summary message, so reuse re-emits byte-identical bytes.
+    sessions     session -> when its last request was seen and the cache TTL it asked for.
+
+Safe under concurrent processes (WAL, `busy_timeout`, every write one `BEGIN IMMEDIATE`
+transaction) and a killed process (a transaction is all or nothing). Bounded by a TTL on
+`last_used` and a total stash size, evicted least recently used first; eviction runs on open and
+opportunistically after writes, at most once per `evict_interval` seconds. Session clocks expire by
+the same TTL, and a checkpoint with its session (reading a checkpoint marks its stash used).
+
+Credentials never reach this module: its API takes only session ids (allow-listed, `cg.session`),
+message text, summaries and times, never headers, API keys or model settings.
+
+Errors: every failure is a `StoreError` (a `RuntimeError`) saying what failed and on which file.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import sqlite3
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager, suppress
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from cg.jsonspan import JsonSpanError, walk_array
+from cg.settings import StoreConfig
+
+SCHEMA_VERSION = 1
+MEMORY = ":memory:"
+KEY_PATTERN = r"[0-9a-f]{24}"
+KEY_RE = re.compile(rf"\A{KEY_PATTERN}\Z")
+DEFAULT_BUSY_TIMEOUT_MS = 5000
+DEFAULT_EVICT_INTERVAL = 60.0
+_DEFAULTS = StoreConfig()
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS stashes (
+    key TEXT NOT NULL,
+    session TEXT NOT NULL,
+    created REAL NOT NULL,
+    last_used REAL NOT NULL,
+    size INTEGER NOT NULL,
+    dialect TEXT NOT NULL,
+    count INTEGER NOT NULL,
+    span BLOB NOT NULL,
+    PRIMARY KEY (key, session)
+);
+CREATE INDEX IF NOT EXISTS stashes_lru ON stashes (last_used, size);
+CREATE INDEX IF NOT EXISTS stashes_session ON stashes (session);
+CREATE TABLE IF NOT EXISTS checkpoints (
+    session TEXT PRIMARY KEY,
+    summary TEXT NOT NULL,
+    head_count INTEGER NOT NULL,
+    covered_count INTEGER NOT NULL,
+    covered_hash TEXT NOT NULL,
+    key TEXT,
+    message TEXT NOT NULL,
+    created REAL NOT NULL,
+    updated REAL NOT NULL,
+    meta TEXT
+);
+CREATE TABLE IF NOT EXISTS sessions (
+    session TEXT PRIMARY KEY,
+    last_request REAL NOT NULL,
+    cache_ttl REAL
+);
+"""
+
+
+class StoreError(RuntimeError):
+    """The store cannot be opened or an operation on it failed."""
+
+
+def stash_key(span_sources: Sequence[str]) -> str:
+    """A content hash of a span's message sources: 24 lowercase hex digits (`KEY_RE`)."""
+    h = hashlib.blake2b(b"cg-stash-v1", digest_size=12)
+    for s in span_sources:
+        b = s.encode("utf-8", "surrogatepass")
+        h.update(len(b).to_bytes(8, "big"))
+        h.update(b)
+    return h.hexdigest()
+
+
+def valid_key(s: object) -> bool:
+    return isinstance(s, str) and KEY_RE.match(s) is not None
+
+
+def span_bytes(span_sources: Sequence[str]) -> bytes:
+    """The stored form of a span: a JSON array of the messages' exact source text."""
+    return ("[" + ",".join(span_sources) + "]").encode("utf-8")
+
+
+@dataclass(frozen=True, slots=True)
+class Stash:
+    key: str
+    session: str
+    created: float
+    last_used: float
+    size: int
+    dialect: str
+    count: int
+    span: bytes
+
+    @property
+    def text(self) -> str:
+        return self.span.decode("utf-8")
+
+    def sources(self) -> list[str]:
+        """Each stashed message's exact source text, as it was put."""
+        text = self.text
+        try:
+            arr = walk_array(text, 0)
+        except JsonSpanError as e:
+            raise StoreError(f"stash {self.key}: stored span is not a JSON array: {e}") from None
+        return [text[el.start : el.end] for el in arr.elements]
+
+    def messages(self) -> list[Any]:
+        """The stashed messages, parsed."""
+        value: list[Any] = json.loads(self.span)
+        return value
+
+
+@dataclass(frozen=True, slots=True)
+class Checkpoint:
+    """A session's summary of `messages[head_count:head_count + covered_count]`.
+
+    `covered_hash` identifies the covered prefix, `key` the stash of the replaced span (None when
+    nothing was stashed), `message` the exact serialised summary message. `created`/`updated` are
+    stamped by `Store.put_checkpoint`; `meta` is free JSON for the caller.
+    """
+
+    session: str
+    summary: str
+    head_count: int
+    covered_count: int
+    covered_hash: str
+    key: str | None
+    message: str
+    created: float = 0.0
+    updated: float = 0.0
+    meta: dict[str, Any] = field(default_factory=dict, hash=False)
+
+
+@dataclass(frozen=True, slots=True)
+class SessionRecord:
+    session: str
+    last_request: float
+    cache_ttl: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class SessionInfo:
+    """One line of the CLI's session listing."""
+
+    session: str
+    last_request: float | None
+    cache_ttl: float | None
+    checkpoint_updated: float | None
+    covered_count: int | None
+    stashes: int
+    stash_bytes: int
+
+
+@dataclass(frozen=True, slots=True)
+class EvictResult:
+    expired_stashes: int = 0
+    lru_stashes: int = 0
+    checkpoints: int = 0
+    sessions: int = 0
+
+    @property
+    def total(self) -> int:
+        return self.expired_stashes + self.lru_stashes + self.checkpoints + self.sessions
+
+
+@dataclass(frozen=True, slots=True)
+class StoreStats:
+    path: str
+    persistent: bool
+    journal_mode: str
+    stashes: int
+    stash_bytes: int
+    checkpoints: int
+    sessions: int
+    file_bytes: int
+    ttl_hours: float
+    max_mb: float
+    evicted: int
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _stash(row: tuple[Any, ...]) -> Stash:
+    key, session, created, last_used, size, dialect, count, span = row
+    return Stash(key, session, created, last_used, size, dialect, count, bytes(span))
+
+
+_STASH_COLS = "key, session, created, last_used, size, dialect, count, span"
+_CP_COLS = (
+    "session, summary, head_count, covered_count, covered_hash, key, message, created, "
+    "updated, meta"
+)
+
+
+def _checkpoint(row: tuple[Any, ...]) -> Checkpoint:
+    session, summary, head, covered, chash, key, message, created, updated, meta = row
+    return Checkpoint(
+        session, summary, head, covered, chash, key, message, created, updated,
+        json.loads(meta) if meta else {},
+    )  # fmt: skip
+
+
+class Store:
+    """One SQLite file; every method is thread-safe. Use as a context manager or `close()`."""
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str] = _DEFAULTS.path,
+        *,
+        ttl_hours: float = _DEFAULTS.ttl_hours,
+        max_mb: float = _DEFAULTS.max_mb,
+        now: Callable[[], float] = time.time,
+        evict_interval: float = DEFAULT_EVICT_INTERVAL,
+        busy_timeout_ms: int = DEFAULT_BUSY_TIMEOUT_MS,
+    ) -> None:
+        if ttl_hours <= 0 or max_mb <= 0:
+            raise ValueError("ttl_hours and max_mb must be positive")
+        raw = os.fspath(path)
+        self.persistent = raw != MEMORY
+        self.path = str(Path(raw).expanduser()) if self.persistent else MEMORY
+        self.ttl = ttl_hours * 3600.0
+        self.max_bytes = int(max_mb * 1024 * 1024)
+        self.now = now
+        self.evict_interval = evict_interval
+        self.evicted = 0
+        self._last_evict = float("-inf")
+        self._lock = threading.Lock()
+        self._conn: sqlite3.Connection | None = None
+        self._conn = self._open(busy_timeout_ms)
+        self.journal_mode: str = self._conn.execute("PRAGMA journal_mode").fetchone()[0]
+        try:
+            self.evict()
+        except StoreError:
+            self.close()
+            raise
+
+    @classmethod
+    def from_config(
+        cls,
+        cfg: StoreConfig,
+        path: str | None = None,
+        now: Callable[[], float] = time.time,
+    ) -> Store:
+        """The store of a config's `store:` block; `path` (option `cg_db`) overrides its path."""
+        return cls(path or cfg.path, ttl_hours=cfg.ttl_hours, max_mb=cfg.max_mb, now=now)
+
+    @classmethod
+    def memory(cls, now: Callable[[], float] = time.time) -> Store:
+        """A store that does not persist (`persistent` is False): for tests and degraded runs."""
+        return cls(MEMORY, now=now)
+
+    # -- opening ----------------------------------------------------------------------------
+
+    def _open(self, busy_timeout_ms: int) -> sqlite3.Connection:
+        where = self.path
+        if self.persistent:
+            p = Path(self.path)
+            try:
+                p.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+                if not p.exists():
+                    # The store holds transcripts: readable by its owner only.
+                    os.close(os.open(p, os.O_RDWR | os.O_CREAT, 0o600))
+            except OSError as e:
+                raise StoreError(
+                    f"cannot create the store {where}: {e.strerror or e}; set cg_db to a "
+                    "writable path"
+                ) from None
+        try:
+            conn = sqlite3.connect(
+                self.path, timeout=busy_timeout_ms / 1000, isolation_level=None,
+                check_same_thread=False,
+            )  # fmt: skip
+        except sqlite3.Error as e:
+            raise StoreError(f"cannot open the store {where}: {e}") from None
+        try:
+            conn.execute(f"PRAGMA busy_timeout = {int(busy_timeout_ms)}")
+            if self.persistent:
+                mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
+                if str(mode).lower() != "wal":
+                    raise StoreError(f"cannot open the store {where}: WAL mode refused ({mode})")
+                conn.execute("PRAGMA synchronous = NORMAL")
+            conn.execute("PRAGMA foreign_keys = OFF")
+            self._migrate(conn)
+        except sqlite3.Error as e:
+            conn.close()
+            raise StoreError(f"cannot open the store {where}: {e}") from None
+        except StoreError:
+            conn.close()
+            raise
+        return conn
+
+    def _migrate(self, conn: sqlite3.Connection) -> None:
+        version = conn.execute("PRAGMA user_version").fetchone()[0]
+        if version == SCHEMA_VERSION:
+            return
+        if version > SCHEMA_VERSION:
+            raise StoreError(
+                f"the store {self.path} has schema version {version}, newer than this "
+                f"context-guru understands ({SCHEMA_VERSION}); use a newer context-guru or "
+                "another cg_db"
+            )
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            if conn.execute("PRAGMA user_version").fetchone()[0] == 0:
+                for stmt in _SCHEMA.split(";"):
+                    if stmt.strip():
+                        conn.execute(stmt)
+                conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+            conn.execute("COMMIT")
+        except BaseException:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            raise
+
+    # -- plumbing ---------------------------------------------------------------------------
+
+    @contextmanager
+    def _op(self, what: str) -> Iterator[sqlite3.Connection]:
+        with self._lock:
+            if self._conn is None:
+                raise StoreError(f"{what}: the store {self.path} is closed")
+            try:
+                yield self._conn
+            except sqlite3.Error as e:
+                raise StoreError(f"{what} on {self.path}: {e}") from None
+
+    @contextmanager
+    def _tx(self, what: str) -> Iterator[sqlite3.Connection]:
+        """One write transaction, taken up front so concurrent writers queue, never deadlock."""
+        with self._op(what) as conn:
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                yield conn
+            except BaseException:
+                if conn.in_transaction:
+                    conn.execute("ROLLBACK")
+                raise
+            conn.execute("COMMIT")
+
+    def _maybe_evict(self) -> None:
+        if self.now() - self._last_evict >= self.evict_interval:
+            self.evict()
+
+    def close(self) -> None:
+        with self._lock:
+            if self._conn is not None:
+                with suppress(sqlite3.Error):
+                    self._conn.execute("PRAGMA optimize")
+                self._conn.close()
+                self._conn = None
+
+    def __enter__(self) -> Store:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- stashes ----------------------------------------------------------------------------
+
+    def put_stash(self, key: str, session: str, span_sources: Sequence[str], dialect: str) -> None:
+        """Stash a span under `key` for `session`; putting it again only refreshes `last_used`."""
+        if not valid_key(key):
+            raise ValueError(f"put_stash: malformed key {key!r}")
+        span = span_bytes(span_sources)
+        t = self.now()
+        with self._tx("put_stash") as conn:
+            conn.execute(
+                f"INSERT INTO stashes ({_STASH_COLS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?) "
+                "ON CONFLICT (key, session) DO UPDATE SET last_used = excluded.last_used",
+                (key, session, t, t, len(span), dialect, len(span_sources), span),
+            )
+        self._maybe_evict()
+
+    def get_stash(self, key: str, session: str | None = None) -> Stash | None:
+        """The stash under `key` (owned by `session` when given), marked used; None if absent."""
+        if not valid_key(key):
+            return None
+        t = self.now()
+        with self._tx("get_stash") as conn:
+            if session is None:
+                row = conn.execute(
+                    f"SELECT {_STASH_COLS} FROM stashes WHERE key = ? "
+                    "ORDER BY last_used DESC LIMIT 1",
+                    (key,),
+                ).fetchone()
+            else:
+                row = conn.execute(
+                    f"SELECT {_STASH_COLS} FROM stashes WHERE key = ? AND session = ?",
+                    (key, session),
+                ).fetchone()
+            if row is None:
+                return None
+            conn.execute(
+                "UPDATE stashes SET last_used = ? WHERE key = ? AND session = ?",
+                (t, row[0], row[1]),
+            )
+        st = _stash(row)
+        return Stash(st.key, st.session, st.created, t, st.size, st.dialect, st.count, st.span)
+
+    def has_stash(self, key: str, session: str | None = None) -> bool:
+        """Whether `key` resolves (for `session` when given); does not mark it used."""
+        if not valid_key(key):
+            return False
+        with self._op("has_stash") as conn:
+            if session is None:
+                row = conn.execute("SELECT 1 FROM stashes WHERE key = ?", (key,)).fetchone()
+            else:
+                row = conn.execute(
+                    "SELECT 1 FROM stashes WHERE key = ? AND session = ?", (key, session)
+                ).fetchone()
+        return row is not None
+
+    def delete_stash(self, key: str, session: str | None = None) -> int:
+        with self._tx("delete_stash") as conn:
+            if session is None:
+                cur = conn.execute("DELETE FROM stashes WHERE key = ?", (key,))
+            else:
+                cur = conn.execute(
+                    "DELETE FROM stashes WHERE key = ? AND session = ?", (key, session)
+                )
+        return cur.rowcount
+
+    # -- checkpoints ------------------------------------------------------------------------
+
+    def put_checkpoint(self, cp: Checkpoint) -> Checkpoint:
+        """Create or replace the session's checkpoint; returns it with its times stamped.
+
+        `created` is kept from the checkpoint being replaced; `updated` is now.
+        """
+        t = self.now()
+        meta = json.dumps(cp.meta, ensure_ascii=False, sort_keys=True) if cp.meta else None
+        with self._tx("put_checkpoint") as conn:
+            row = conn.execute(
+                "SELECT created FROM checkpoints WHERE session = ?", (cp.session,)
+            ).fetchone()
+            created = row[0] if row else t
+            conn.execute(
+                f"INSERT OR REPLACE INTO checkpoints ({_CP_COLS}) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (
+                    cp.session, cp.summary, cp.head_count, cp.covered_count, cp.covered_hash,
+                    cp.key, cp.message, created, t, meta,
+                ),
+            )  # fmt: skip
+        self._maybe_evict()
+        return Checkpoint(
+            cp.session, cp.summary, cp.head_count, cp.covered_count, cp.covered_hash,
+            cp.key, cp.message, created, t, dict(cp.meta),
+        )  # fmt: skip
+
+    def get_checkpoint(self, session: str) -> Checkpoint | None:
+        """The session's checkpoint. Reading it marks its stash used, so a live checkpoint's
+        marker keeps resolving while older stashes are evicted first."""
+        t = self.now()
+        with self._tx("get_checkpoint") as conn:
+            row = conn.execute(
+                f"SELECT {_CP_COLS} FROM checkpoints WHERE session = ?", (session,)
+            ).fetchone()
+            if row is None:
+                return None
+            cp = _checkpoint(row)
+            if cp.key is not None:
+                conn.execute(
+                    "UPDATE stashes SET last_used = ? WHERE key = ? AND session = ?",
+                    (t, cp.key, session),
+                )
+        return cp
+
+    def delete_checkpoint(self, session: str) -> bool:
+        with self._tx("delete_checkpoint") as conn:
+            cur = conn.execute("DELETE FROM checkpoints WHERE session = ?", (session,))
+        return cur.rowcount > 0
+
+    # -- sessions ---------------------------------------------------------------------------
+
+    def touch_session(
+        self, session: str, now: float | None = None, cache_ttl: float | None = None
+    ) -> SessionRecord | None:
+        """Record a request of `session` at `now`; returns the record it replaces (None when the
+        session is seen for the first time), so the caller can judge the cache state."""
+        t = self.now() if now is None else now
+        with self._tx("touch_session") as conn:
+            row = conn.execute(
+                "SELECT last_request, cache_ttl FROM sessions WHERE session = ?", (session,)
+            ).fetchone()
+            conn.execute(
+                "INSERT OR REPLACE INTO sessions (session, last_request, cache_ttl) "
+                "VALUES (?, ?, ?)",
+                (session, t, cache_ttl),
+            )
+        return SessionRecord(session, row[0], row[1]) if row else None
+
+    def get_session(self, session: str) -> SessionRecord | None:
+        with self._op("get_session") as conn:
+            row = conn.execute(
+                "SELECT last_request, cache_ttl FROM sessions WHERE session = ?", (session,)
+            ).fetchone()
+        return SessionRecord(session, row[0], row[1]) if row else None
+
+    def last_request(self, session: str) -> float | None:
+        rec = self.get_session(session)
+        return rec.last_request if rec else None
+
+    def sessions(self) -> list[SessionInfo]:
+        """Every session the store knows of, most recently seen first."""
+        with self._op("sessions") as conn:
+            rows = conn.execute(
+                """
+                WITH ids AS (
+                    SELECT session FROM sessions
+                    UNION SELECT session FROM checkpoints
+                    UNION SELECT session FROM stashes
+                ), st AS (
+                    SELECT session, COUNT(*) AS n, SUM(size) AS bytes, MAX(last_used) AS used
+                    FROM stashes GROUP BY session
+                )
+                SELECT ids.session, s.last_request, s.cache_ttl, c.updated, c.covered_count,
+                       COALESCE(st.n, 0), COALESCE(st.bytes, 0),
+                       MAX(COALESCE(s.last_request, 0), COALESCE(c.updated, 0),
+                           COALESCE(st.used, 0)) AS seen
+                FROM ids
+                LEFT JOIN sessions s ON s.session = ids.session
+                LEFT JOIN checkpoints c ON c.session = ids.session
+                LEFT JOIN st ON st.session = ids.session
+                ORDER BY seen DESC, ids.session
+                """
+            ).fetchall()
+        return [SessionInfo(*r[:7]) for r in rows]
+
+    # -- bounds -----------------------------------------------------------------------------
+
+    def stats(self) -> StoreStats:
+        with self._op("stats") as conn:
+            n, total = conn.execute(
+                "SELECT COUNT(*), COALESCE(SUM(size), 0) FROM stashes"
+            ).fetchone()
+            cps = conn.execute("SELECT COUNT(*) FROM checkpoints").fetchone()[0]
+            sess = conn.execute("SELECT COUNT(*) FROM sessions").fetchone()[0]
+        file_bytes = 0
+        if self.persistent:
+            for suffix in ("", "-wal", "-shm"):
+                with suppress(OSError):
+                    file_bytes += os.path.getsize(self.path + suffix)
+        return StoreStats(
+            self.path, self.persistent, self.journal_mode, n, total, cps, sess, file_bytes,
+            self.ttl / 3600.0, self.max_bytes / (1024 * 1024), self.evicted,
+        )  # fmt: skip
+
+    def evict(self) -> EvictResult:
+        """Drop what outlived the TTL, then the least recently used stashes over the size cap."""
+        t = self.now()
+        cutoff = t - self.ttl
+        with self._tx("evict") as conn:
+            expired = conn.execute("DELETE FROM stashes WHERE last_used < ?", (cutoff,)).rowcount
+            # A checkpoint lives while its session does, even when it was written long ago.
+            cps = conn.execute(
+                "DELETE FROM checkpoints WHERE updated < ? AND session NOT IN "
+                "(SELECT session FROM sessions WHERE last_request >= ?)",
+                (cutoff, cutoff),
+            ).rowcount
+            sess = conn.execute("DELETE FROM sessions WHERE last_request < ?", (cutoff,)).rowcount
+            total = conn.execute("SELECT COALESCE(SUM(size), 0) FROM stashes").fetchone()[0]
+            lru = 0
+            if total > self.max_bytes:
+                victims: list[tuple[str, str]] = []
+                for key, session, size in conn.execute(
+                    "SELECT key, session, size FROM stashes ORDER BY last_used, created"
+                ).fetchall():
+                    if total <= self.max_bytes:
+                        break
+                    victims.append((key, session))
+                    total -= size
+                conn.executemany("DELETE FROM stashes WHERE key = ? AND session = ?", victims)
+                lru = len(victims)
+        self._last_evict = t
+        result = EvictResult(expired, lru, cps, sess)
+        self.evicted += result.expired_stashes + result.lru_stashes
+        return result

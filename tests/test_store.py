@@ -1,0 +1,517 @@
+"""cg.store on real SQLite files: byte-exact stashes, per-session scoping, checkpoints that survive
+a restart, TTL and size-bounded LRU eviction, concurrent writers and a killed writer."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sqlite3
+import stat
+import subprocess
+import sys
+import textwrap
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+from cg.settings import StoreConfig
+from cg.store import (
+    KEY_PATTERN,
+    KEY_RE,
+    SCHEMA_VERSION,
+    Checkpoint,
+    Store,
+    StoreError,
+    span_bytes,
+    stash_key,
+    valid_key,
+)
+
+HOUR = 3600.0
+
+
+class Clock:
+    def __init__(self, t: float = 1_000_000.0):
+        self.t = t
+
+    def __call__(self) -> float:
+        return self.t
+
+
+@pytest.fixture
+def clock() -> Clock:
+    return Clock()
+
+
+@pytest.fixture
+def db(tmp_path: Path) -> Path:
+    return tmp_path / "sub" / "cg.sqlite3"
+
+
+SOURCES = [
+    '{"role": "user", "content": "caf\\u00e9 \\ud83d\\ude00 \\"quoted\\" \\n"}',
+    '{"role":"assistant","content":[{"type":"text","text":"café 😀 ⟪cg⟫ \u2028 tab\\t"}]}',
+    '{\n  "role": "user",\n  "content": "  spaced  "\n}',
+]
+
+
+def checkpoint(session: str = "s1", key: str | None = None, n: int = 4) -> Checkpoint:
+    msg = json.dumps({"role": "user", "content": f"=== History Summary ===\nsummary {n}"})
+    return Checkpoint(
+        session=session,
+        summary=f"summary {n}",
+        head_count=1,
+        covered_count=n,
+        covered_hash=f"hash{n}",
+        key=key,
+        message=msg,
+    )
+
+
+# -- keys ------------------------------------------------------------------------------------
+
+
+def test_stash_key_is_a_24_hex_content_hash():
+    k = stash_key(SOURCES)
+    assert KEY_RE.match(k) and valid_key(k) and len(k) == 24
+    assert stash_key(list(SOURCES)) == k
+    assert stash_key(SOURCES[:2]) != k
+    # Unambiguous: moving text across the boundary between two sources changes the key.
+    assert stash_key(["ab", "c"]) != stash_key(["a", "bc"])
+    assert KEY_PATTERN == "[0-9a-f]{24}"
+
+
+@pytest.mark.parametrize("bad", ["", "abc", "G" * 24, "a" * 25, "a" * 23, "a" * 24 + "\n", None])
+def test_key_allow_list_refuses_malformed_ids(bad: object):
+    assert not valid_key(bad)
+
+
+# -- stashes ---------------------------------------------------------------------------------
+
+
+def test_stash_round_trips_byte_exact(db: Path, clock: Clock):
+    with Store(db, now=clock) as st:
+        key = stash_key(SOURCES)
+        st.put_stash(key, "s1", SOURCES, "anthropic")
+        got = st.get_stash(key, "s1")
+    assert got is not None
+    assert got.sources() == SOURCES
+    assert got.span == span_bytes(SOURCES) == ("[" + ",".join(SOURCES) + "]").encode()
+    assert got.messages() == [json.loads(s) for s in SOURCES]
+    assert (got.key, got.session, got.dialect, got.count) == (key, "s1", "anthropic", 3)
+    assert got.size == len(got.span)
+    # \u escapes stay escapes, raw non-ASCII stays raw.
+    assert b"\\u00e9" in got.span and "😀".encode() in got.span
+
+
+def test_an_empty_span_round_trips(db: Path):
+    with Store(db) as st:
+        st.put_stash(stash_key([]), "s", [], "openai")
+        got = st.get_stash(stash_key([]))
+    assert got is not None and got.sources() == [] and got.count == 0
+
+
+def test_stash_is_scoped_to_its_owner_session(db: Path):
+    with Store(db) as st:
+        key = stash_key(SOURCES)
+        st.put_stash(key, "owner", SOURCES, "anthropic")
+        assert st.get_stash(key, "owner") is not None
+        assert st.get_stash(key, "intruder") is None
+        assert not st.has_stash(key, "intruder")
+        assert st.has_stash(key, "owner") and st.has_stash(key)
+        # Unscoped (control endpoint, CLI) resolves it.
+        got = st.get_stash(key)
+        assert got is not None and got.session == "owner"
+
+
+def test_same_span_in_two_sessions_resolves_for_both(db: Path):
+    # A resumed conversation under a new session id stashes identical content.
+    with Store(db) as st:
+        key = stash_key(SOURCES)
+        st.put_stash(key, "old", SOURCES, "anthropic")
+        st.put_stash(key, "new", SOURCES, "anthropic")
+        a, b = st.get_stash(key, "old"), st.get_stash(key, "new")
+        assert a is not None and b is not None and a.span == b.span
+        assert st.stats().stashes == 2
+
+
+def test_put_stash_is_idempotent_and_refreshes_last_used(db: Path, clock: Clock):
+    with Store(db, now=clock) as st:
+        key = stash_key(SOURCES)
+        st.put_stash(key, "s", SOURCES, "anthropic")
+        clock.t += 10
+        st.put_stash(key, "s", SOURCES, "anthropic")
+        assert st.stats().stashes == 1
+        got = st.get_stash(key, "s")
+        assert got is not None and got.created == clock.t - 10 and got.sources() == SOURCES
+
+
+def test_get_stash_marks_it_used_has_stash_does_not(db: Path, clock: Clock):
+    with Store(db, now=clock) as st:
+        key = stash_key(SOURCES)
+        st.put_stash(key, "s", SOURCES, "anthropic")
+        clock.t += 100
+        assert st.has_stash(key)
+        clock.t += 100
+        got = st.get_stash(key, "s")
+        assert got is not None and got.last_used == clock.t
+        assert st.sessions()[0].session == "s"
+
+
+def test_unknown_or_malformed_keys_resolve_to_none(db: Path):
+    with Store(db) as st:
+        assert st.get_stash("0" * 24) is None
+        assert st.get_stash("'; DROP TABLE stashes; --") is None
+        assert not st.has_stash("nope")
+        with pytest.raises(ValueError):
+            st.put_stash("not-a-key", "s", SOURCES, "anthropic")
+
+
+def test_delete_stash(db: Path):
+    with Store(db) as st:
+        key = stash_key(SOURCES)
+        st.put_stash(key, "a", SOURCES, "anthropic")
+        st.put_stash(key, "b", SOURCES, "anthropic")
+        assert st.delete_stash(key, "a") == 1
+        assert not st.has_stash(key, "a") and st.has_stash(key, "b")
+        assert st.delete_stash(key) == 1
+        assert not st.has_stash(key)
+
+
+# -- checkpoints -----------------------------------------------------------------------------
+
+
+def test_checkpoint_put_get_replace_delete(db: Path, clock: Clock):
+    with Store(db, now=clock) as st:
+        assert st.get_checkpoint("s1") is None
+        cp = checkpoint(n=4)
+        stored = st.put_checkpoint(cp)
+        assert (stored.created, stored.updated) == (clock.t, clock.t)
+        got = st.get_checkpoint("s1")
+        assert got == stored
+        assert got is not None and got.message == cp.message and got.key is None
+
+        clock.t += 60
+        rolled = st.put_checkpoint(checkpoint(n=9))
+        got = st.get_checkpoint("s1")
+        assert got == rolled
+        assert got is not None and got.covered_count == 9 and got.summary == "summary 9"
+        assert got.created == clock.t - 60 and got.updated == clock.t
+
+        assert st.get_checkpoint("s2") is None
+        assert st.delete_checkpoint("s1")
+        assert not st.delete_checkpoint("s1")
+        assert st.get_checkpoint("s1") is None
+
+
+def test_checkpoint_message_and_meta_round_trip_exactly(db: Path):
+    text = (
+        '{"role": "user", "content": "=== History Summary ===\\n<summary>caf\\u00e9 😀</summary>"}'
+    )
+    cp = Checkpoint("s", "café 😀", 2, 7, "ab" * 16, stash_key(SOURCES), text, meta={"n": [1, "é"]})
+    with Store(db) as st:
+        st.put_checkpoint(cp)
+        got = st.get_checkpoint("s")
+    assert got is not None
+    assert got.message == text and got.message.encode() == text.encode()
+    assert got.meta == {"n": [1, "é"]}
+    assert (got.summary, got.head_count, got.covered_count, got.covered_hash, got.key) == (
+        cp.summary,
+        2,
+        7,
+        cp.covered_hash,
+        cp.key,
+    )
+
+
+def test_a_restart_keeps_checkpoints_stashes_and_session_clocks(db: Path, clock: Clock):
+    key = stash_key(SOURCES)
+    st = Store(db, now=clock)
+    st.put_stash(key, "s1", SOURCES, "anthropic")
+    stored = st.put_checkpoint(checkpoint(key=key))
+    st.touch_session("s1", cache_ttl=300.0)
+    st.close()
+    with pytest.raises(StoreError, match="closed"):
+        st.get_checkpoint("s1")
+
+    with Store(db, now=clock) as again:
+        assert again.get_checkpoint("s1") == stored
+        got = again.get_stash(key, "s1")
+        assert got is not None and got.sources() == SOURCES
+        assert again.last_request("s1") == clock.t
+        rec = again.get_session("s1")
+        assert rec is not None and rec.cache_ttl == 300.0
+
+
+def test_reading_a_checkpoint_keeps_its_stash_from_lru_eviction(db: Path, clock: Clock):
+    old, live = stash_key(["1"]), stash_key(["2"])
+    with Store(db, now=clock) as st:
+        st.put_stash(live, "s", ["2" * 100], "anthropic")
+        clock.t += 1
+        st.put_stash(old, "t", ["1" * 100], "anthropic")
+        st.put_checkpoint(checkpoint("s", key=live))
+        clock.t += 1
+        assert st.get_checkpoint("s") is not None  # marks `live` used
+        st.max_bytes = 150
+        result = st.evict()
+        assert result.lru_stashes == 1
+        assert st.has_stash(live) and not st.has_stash(old)
+
+
+# -- sessions --------------------------------------------------------------------------------
+
+
+def test_touch_session_returns_the_previous_record(db: Path, clock: Clock):
+    with Store(db, now=clock) as st:
+        assert st.touch_session("s") is None  # first seen
+        assert st.last_request("s") == clock.t
+        first = clock.t
+        clock.t += 30
+        prev = st.touch_session("s", cache_ttl=3600.0)
+        assert prev is not None and prev.last_request == first and prev.cache_ttl is None
+        prev = st.touch_session("s", now=clock.t + 5)
+        assert prev is not None and prev.cache_ttl == 3600.0
+        assert st.last_request("s") == clock.t + 5
+        assert st.last_request("unknown") is None
+
+
+def test_sessions_lists_every_known_session_most_recent_first(db: Path, clock: Clock):
+    with Store(db, now=clock) as st:
+        st.touch_session("a")
+        clock.t += 1
+        st.put_checkpoint(checkpoint("b", n=5))
+        clock.t += 1
+        st.put_stash(stash_key(SOURCES), "c", SOURCES, "openai")
+        infos = st.sessions()
+    assert [i.session for i in infos] == ["c", "b", "a"]
+    c, b, a = infos
+    assert c.stashes == 1 and c.stash_bytes == len(span_bytes(SOURCES))
+    assert b.covered_count == 5 and b.checkpoint_updated is not None and b.stashes == 0
+    assert a.last_request is not None and a.checkpoint_updated is None
+
+
+# -- eviction --------------------------------------------------------------------------------
+
+
+def test_ttl_eviction_on_last_used(db: Path, clock: Clock):
+    with Store(db, now=clock, ttl_hours=1, evict_interval=0) as st:
+        stale, fresh = stash_key(["1"]), stash_key(["2"])
+        st.put_stash(stale, "s", ["1"], "anthropic")
+        st.put_stash(fresh, "s", ["2"], "anthropic")
+        st.put_checkpoint(checkpoint("old"))
+        st.touch_session("old")
+        clock.t += 0.5 * HOUR
+        assert st.get_stash(fresh, "s") is not None  # used: its hour starts again
+        clock.t += 0.6 * HOUR
+        result = st.evict()
+        assert result.expired_stashes == 1
+        assert result.checkpoints == 1 and result.sessions == 1
+        assert not st.has_stash(stale) and st.has_stash(fresh)
+        assert st.get_checkpoint("old") is None and st.last_request("old") is None
+        assert st.stats().evicted == 1
+
+
+def test_a_checkpoint_lives_while_its_session_is_active(db: Path, clock: Clock):
+    with Store(db, now=clock, ttl_hours=1) as st:
+        st.put_checkpoint(checkpoint("live"))
+        clock.t += 2 * HOUR
+        st.touch_session("live")
+        st.evict()
+        assert st.get_checkpoint("live") is not None
+
+
+def test_eviction_runs_on_open(db: Path, clock: Clock):
+    with Store(db, now=clock, ttl_hours=1) as st:
+        st.put_stash(stash_key(SOURCES), "s", SOURCES, "anthropic")
+    clock.t += 2 * HOUR
+    with Store(db, now=clock, ttl_hours=1) as st:
+        assert st.stats().stashes == 0
+
+
+def test_eviction_runs_opportunistically_on_put_at_most_once_per_interval(db: Path, clock: Clock):
+    with Store(db, now=clock, ttl_hours=1, evict_interval=600) as st:
+        a = stash_key(["a"])
+        st.put_stash(a, "s", ["a"], "anthropic")
+        clock.t += 2 * HOUR  # `a` is now stale
+        st.put_stash(stash_key(["b"]), "s", ["b"], "anthropic")  # evicts
+        assert not st.has_stash(a)
+        c = stash_key(["c"])
+        st.put_stash(c, "s", ["c"], "anthropic")
+        clock.t += 2 * HOUR  # `c` is stale and the interval has passed again
+        st.put_stash(stash_key(["d"]), "s", ["d"], "anthropic")
+        assert not st.has_stash(c)
+
+
+def test_no_eviction_between_intervals(db: Path, clock: Clock):
+    with Store(db, now=clock, ttl_hours=1, evict_interval=10 * HOUR) as st:
+        a = stash_key(["a"])
+        st.put_stash(a, "s", ["a"], "anthropic")
+        clock.t += 2 * HOUR
+        st.put_stash(stash_key(["b"]), "s", ["b"], "anthropic")
+        assert st.has_stash(a)  # stale, but the last eviction was under 10 h ago
+        assert st.evict().expired_stashes == 1
+
+
+def test_size_bound_evicts_least_recently_used_first(db: Path, clock: Clock):
+    mb = 1024 * 1024
+    blob = "x" * (mb // 5)  # four of these fit in 1 MiB, five do not (with their brackets)
+    keys = [stash_key([f"{i}"]) for i in range(6)]
+    with Store(db, now=clock, max_mb=1, evict_interval=HOUR) as st:
+        for i, k in enumerate(keys[:4]):
+            st.put_stash(k, "s", [json.dumps(blob + str(i))], "anthropic")
+            clock.t += 1
+        clock.t += 1
+        assert st.get_stash(keys[0], "s") is not None  # the oldest, but recently used
+        st.put_stash(keys[4], "s", [json.dumps(blob)], "anthropic")
+        st.put_stash(keys[5], "s", [json.dumps(blob)], "anthropic")
+        result = st.evict()
+        assert result.lru_stashes == 2
+        assert st.has_stash(keys[0])  # kept: used recently
+        assert not st.has_stash(keys[1]) and not st.has_stash(keys[2])
+        assert all(st.has_stash(k) for k in keys[3:])
+        assert st.stats().stash_bytes <= mb
+
+
+# -- the file --------------------------------------------------------------------------------
+
+
+def test_wal_mode_is_on_and_the_file_is_private(db: Path):
+    with Store(db) as st:
+        assert st.journal_mode == "wal" and st.persistent
+        st.put_stash(stash_key(SOURCES), "s", SOURCES, "anthropic")
+        assert st.stats().file_bytes > 0
+        assert st.stats().journal_mode == "wal"
+    conn = sqlite3.connect(db)
+    try:
+        assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+        assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
+    finally:
+        conn.close()
+    assert stat.S_IMODE(os.stat(db).st_mode) == 0o600
+
+
+def test_tilde_path_and_config(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setenv("HOME", str(tmp_path))
+    cfg = StoreConfig(path="~/.context-guru/cg.sqlite3", ttl_hours=2, max_mb=3)
+    with Store.from_config(cfg) as st:
+        assert st.path == str(tmp_path / ".context-guru" / "cg.sqlite3")
+        assert st.ttl == 2 * HOUR and st.max_bytes == 3 * 1024 * 1024
+    assert (tmp_path / ".context-guru" / "cg.sqlite3").is_file()
+    other = tmp_path / "other.db"
+    with Store.from_config(cfg, path=str(other)) as st:
+        assert st.path == str(other)
+
+
+def test_memory_store_does_not_persist():
+    with Store.memory() as st:
+        assert not st.persistent
+        st.put_stash(stash_key(SOURCES), "s", SOURCES, "anthropic")
+        assert st.has_stash(stash_key(SOURCES))
+        assert st.stats().file_bytes == 0
+
+
+def test_an_unwritable_location_raises_store_error(tmp_path: Path):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a directory")
+    with pytest.raises(StoreError, match=r"cannot create the store .*a-file"):
+        Store(blocker / "cg.sqlite3")
+
+
+def test_a_file_that_is_not_a_database_raises_store_error(tmp_path: Path):
+    bad = tmp_path / "cg.sqlite3"
+    bad.write_bytes(b"this is not sqlite" * 100)
+    with pytest.raises(StoreError, match="cannot open the store"):
+        Store(bad)
+    assert bad.read_bytes() == b"this is not sqlite" * 100
+
+
+def test_a_newer_schema_is_refused(db: Path):
+    Store(db).close()
+    conn = sqlite3.connect(db)
+    conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION + 1}")
+    conn.commit()
+    conn.close()
+    with pytest.raises(StoreError, match="newer"):
+        Store(db)
+
+
+def test_two_stores_on_one_file_written_from_two_threads(db: Path):
+    a, b = Store(db), Store(db)
+    n = 150
+
+    def work(st: Store, who: str) -> None:
+        for i in range(n):
+            src = [f'{{"i": {i}, "who": "{who}"}}']
+            k = stash_key(src)
+            st.put_stash(k, who, src, "anthropic")
+            st.touch_session(who)
+            st.put_checkpoint(checkpoint(who, key=k, n=i))
+            got = st.get_stash(k, who)
+            assert got is not None and got.sources() == src
+
+    with ThreadPoolExecutor(3) as pool:
+        # Two Stores (two connections) on one file, and one Store shared by two threads.
+        futures = [pool.submit(work, a, "A"), pool.submit(work, b, "B"), pool.submit(work, a, "C")]
+        for f in futures:
+            f.result()  # re-raises a worker's exception here
+    for st in (a, b):
+        assert st.stats().stashes == 3 * n
+        for who in "ABC":
+            cp = st.get_checkpoint(who)
+            assert cp is not None and cp.covered_count == n - 1
+    a.close()
+    b.close()
+    conn = sqlite3.connect(db)
+    assert conn.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+    conn.close()
+
+
+KILLED_WRITER = textwrap.dedent(
+    """
+    import sys
+    from cg.store import Store, stash_key
+    st = Store(sys.argv[1])
+    i = 0
+    while True:
+        src = ['{"i": %d, "pad": "%s"}' % (i, "p" * 2000)]
+        st.put_stash(stash_key(src), "victim", src, "anthropic")
+        i += 1
+        if i == 50:
+            print("ready", flush=True)
+    """
+)
+
+
+@pytest.mark.skipif(not hasattr(signal, "SIGKILL"), reason="needs SIGKILL")
+def test_a_writer_killed_mid_write_leaves_a_readable_store(db: Path):
+    Store(db).close()
+    root = Path(__file__).resolve().parent.parent
+    proc = subprocess.Popen(
+        [sys.executable, "-c", KILLED_WRITER, str(db)],
+        stdout=subprocess.PIPE,
+        cwd=root,
+        env={**os.environ, "PYTHONPATH": str(root)},
+    )
+    try:
+        assert proc.stdout is not None
+        assert proc.stdout.readline() == b"ready\n"  # 50 commits done, more in flight
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=30)
+        if proc.stdout is not None:
+            proc.stdout.close()
+    assert proc.returncode == -signal.SIGKILL
+    with Store(db) as st:
+        n = st.stats().stashes
+        assert n >= 50
+        for info in st.sessions():
+            assert info.session == "victim"
+        src = ['{"i": 0, "pad": "%s"}' % ("p" * 2000)]
+        got = st.get_stash(stash_key(src), "victim")
+        assert got is not None and got.sources() == src
+        st.put_stash(stash_key(["after"]), "s", ["after"], "anthropic")
+    conn = sqlite3.connect(db)
+    assert conn.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+    conn.close()
