@@ -17,6 +17,8 @@ from typing import Any
 
 _DECODER = json.JSONDecoder()
 _WS = re.compile(r"[ \t\n\r]*")
+# What may follow an array element: `,` and the whitespace after it (group 1 set), or `]`.
+_ARRAY_SEP = re.compile(r"[ \t\n\r]*(?:(,)[ \t\n\r]*|\])")
 
 
 class JsonSpanError(ValueError):
@@ -77,14 +79,12 @@ def walk_array(text: str, i: int) -> ArraySpan:
         except json.JSONDecodeError as e:
             raise JsonSpanError(f"bad array element: {e.msg}", e.pos) from None
         elements.append(Element(i, end, value))
-        i = skip_ws(text, end)
-        c = text[i : i + 1]
-        if c == ",":
-            i = skip_ws(text, i + 1)
-        elif c == "]":
-            return ArraySpan(start, i + 1, tuple(elements))
-        else:
-            raise JsonSpanError("expected ',' or ']'", i)
+        sep = _ARRAY_SEP.match(text, end)  # one match per element: this loop is the hot path
+        if sep is None:
+            raise JsonSpanError("expected ',' or ']'", skip_ws(text, end))
+        if sep.group(1) is None:
+            return ArraySpan(start, sep.end(), tuple(elements))
+        i = sep.end()
 
 
 def walk_object(text: str, i: int, arrays: Collection[str] = ()) -> tuple[list[Member], int]:

@@ -15,6 +15,9 @@ from cg.dialects.base import (
     message_role,
 )
 
+# `json.dumps(x, ensure_ascii=False)` builds a new encoder per call; this one gives the same text.
+_ENCODER = json.JSONEncoder(ensure_ascii=False)
+
 
 def _result_text(content: Any) -> str:
     if isinstance(content, str):
@@ -45,9 +48,7 @@ def _block(block: Any) -> BlockView:
         )
     if kind == "tool_use":
         tid = block.get("id")
-        rendered = (
-            f"[tool_use {block.get('name')}] {json.dumps(block.get('input'), ensure_ascii=False)}"
-        )
+        rendered = f"[tool_use {block.get('name')}] {_ENCODER.encode(block.get('input'))}"
         return BlockView(kind, rendered, tool_call_id=tid if isinstance(tid, str) else "")
     if kind == "tool_result":
         rid = block.get("tool_use_id")
@@ -78,15 +79,28 @@ class Anthropic(Dialect):
         if not isinstance(content, list):
             raise MessageShapeError(f"'content' is a {type(content).__name__}")
         form = "blocks"
-        blocks = tuple(_block(b) for b in content)
+        blocks = tuple([_block(b) for b in content])
+        texts: list[str] = []
+        calls: list[str] = []
+        results: list[str] = []
+        blank = not blocks
+        for b in blocks:  # one pass: this runs for every message of every request
+            if b.text:
+                texts.append(b.text)
+            if b.tool_call_id is not None:
+                calls.append(b.tool_call_id)
+            if b.tool_result_id is not None:
+                results.append(b.tool_result_id)
+            if b.blank:
+                blank = True
         return MessageView(
             role=role,
-            text="\n".join(b.text for b in blocks if b.text),
+            text="\n".join(texts),
             form=form,
             blocks=blocks,
-            tool_call_ids=tuple(b.tool_call_id for b in blocks if b.tool_call_id is not None),
-            tool_result_ids=tuple(b.tool_result_id for b in blocks if b.tool_result_id is not None),
-            blank=not blocks or any(b.blank for b in blocks),
+            tool_call_ids=tuple(calls),
+            tool_result_ids=tuple(results),
+            blank=blank,
         )
 
     def msg_unanswered(self, i: int, ids: list[str]) -> str:

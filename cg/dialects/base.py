@@ -59,7 +59,8 @@ class MessageView:
 
 
 def is_blank_text(s: object) -> bool:
-    return not isinstance(s, str) or not s.strip()
+    # `isspace` stops at the first non-space character; `strip()` would copy the whole string.
+    return not isinstance(s, str) or not s or s.isspace()
 
 
 class Dialect:
