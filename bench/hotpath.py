@@ -1,0 +1,274 @@
+"""Hot-path timings on a ~1 MiB, 400-message body: `python -m bench.hotpath [--json] [--check]`.
+
+What runs per request (SPEC §3), step by step and together, for an Anthropic body grown from a
+real Claude Code capture and its OpenAI equivalent (`bench/corpus.py`):
+
+    index_body                 decode, locate every message's span, parse each once, build views
+      · its parts              the UTF-8 decode, the span walk (each message parsed by the C
+                               scanner), the dialect views; and `json.loads` of the whole body,
+                               for reference: the cost of parsing it all once, at C speed
+    identity splice            `identity(n)` plan + `splice` (returns the original bytes object)
+    validate_shape             the four list rules over the 400 views
+    index+splice+validate      the three above in sequence: the budget line
+    rewrite_body, no comps     what the addon runs with `cg_preset=off`
+    cut plan: splice+validate  keep messages[0], insert a summary, keep the last 3; splice, then
+                               validate exactly as `rewrite_body` does (list rules on the plan's
+                               views, introduced-violation diff, wire-role check on the new bytes)
+    rewrite_body, cut comp     the whole rewrite with a component that returns that plan
+
+Each line is `--reps` timed calls after `--warmup` untimed ones, the steps of one body taken in
+turn (round-robin) so that other load on the machine spreads over all of them; the garbage
+collector stays on, as it is in the proxy. Median, p90 and min in milliseconds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import math
+import os
+import platform
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from bench.corpus import TARGET_MESSAGES, anthropic_body, openai_body
+from cg.body import BodyIndex, index_body
+from cg.dialects import ANTHROPIC, OPENAI, Dialect
+from cg.jsonspan import walk_document
+from cg.pipeline import Step
+from cg.rewrite import rewrite_body
+from cg.shape import check_wire_roles, introduced, validate_shape
+from cg.splice import Insert, Keep, Plan, identity, plan_sources, plan_views, splice
+
+BUDGET_MS = 5.0
+BUDGET_STEP = "index+splice+validate"
+
+
+@dataclass
+class Row:
+    body: str
+    step: str
+    median_ms: float
+    p90_ms: float
+    min_ms: float
+    reps: int
+
+
+def timeit(
+    steps: list[tuple[str, Callable[[], object]]], reps: int, warmup: int
+) -> list[list[float]]:
+    """Samples in ms per step. Steps run round-robin, so a burst of load hits all of them alike."""
+    for _ in range(warmup):
+        for _, fn in steps:
+            fn()
+    gc.collect()
+    out: list[list[float]] = [[] for _ in steps]
+    clock = time.perf_counter
+    for _ in range(reps):
+        for (_, fn), samples in zip(steps, out, strict=True):
+            t0 = clock()
+            fn()
+            samples.append((clock() - t0) * 1000.0)
+    return out
+
+
+def p90(samples: list[float]) -> float:
+    s = sorted(samples)
+    return s[max(0, math.ceil(0.9 * len(s)) - 1)]
+
+
+def summary_insert(dialect: Dialect) -> Insert:
+    text = (
+        "<context-guru-summary>\nEarlier in this session the agent ran the test suite, read "
+        "src/app/config.py and src/app/parser.py, found that Config.load crashed on an empty "
+        "file, guarded it, and re-ran the failing tests, which now pass.\n</context-guru-summary>"
+    )
+    if dialect.name == "anthropic":
+        return Insert.message(
+            {"role": "user", "content": [{"type": "text", "text": text}]}, dialect
+        )
+    return Insert.message({"role": "user", "content": text}, dialect)
+
+
+def cut_plan(n: int, summary: Insert) -> Plan:
+    """Keep the first message, insert the summary, keep the last three."""
+    return [Keep(0), summary, *(Keep(i) for i in range(n - 3, n))]
+
+
+class CutMiddle:
+    """A stand-in for `summarize` with its summary already made (a reused checkpoint)."""
+
+    name = "cut-middle"
+
+    def __init__(self, summary: Insert) -> None:
+        self.summary = summary
+
+    def apply(self, index: BodyIndex, plan: Plan) -> Step:
+        return Step(cut_plan(len(index.messages), self.summary), "bench")
+
+
+def validate_cut(index: BodyIndex, plan: Plan, new: bytes, before: list[Any]) -> list[Any]:
+    """The post-splice checks of `rewrite_body`, in the same order."""
+    d = index.dialect
+    after = validate_shape(plan_views(index, plan), d)
+    sources = plan_sources(plan)
+    bad = introduced(before, after, sources)
+    wire = check_wire_roles(new, d)
+    before_roles = {f"m{i}" for i, m in enumerate(index.views) if m.role not in d.wire_roles}
+    bad += [v for v in wire if v.index < 0 or sources[v.index] not in before_roles]
+    return bad
+
+
+def check_corpus(name: str, raw: bytes, dialect: Dialect) -> dict[str, Any]:
+    """Sanity checks, outside the timings: the benchmark measures what it claims to."""
+    index = index_body(raw, dialect)
+    n = len(index.messages)
+    assert n == TARGET_MESSAGES, f"{name}: {n} messages"
+    assert validate_shape(index.views, dialect) == [], f"{name}: input has violations"
+    assert splice(index, identity(n)) is raw
+    result = rewrite_body(raw, dialect, [])
+    assert result.outcome == "passed_through", result.record
+    summary = summary_insert(dialect)
+    plan = cut_plan(n, summary)
+    new = splice(index, plan)
+    assert validate_cut(index, plan, new, []) == [], f"{name}: cut plan introduced violations"
+    out = index_body(new, dialect)
+    assert [out.source(i) for i in (0, 2, 3, 4)] == [
+        index.source(i) for i in (0, n - 3, n - 2, n - 1)
+    ]
+    assert out.source(1) == summary.json
+    cut = rewrite_body(raw, dialect, [CutMiddle(summary)])
+    assert cut.outcome == "rewritten" and cut.body == new, cut.record
+    return {"bytes": len(raw), "messages": n, "cut_bytes": len(new)}
+
+
+def bench_body(name: str, raw: bytes, dialect: Dialect, reps: int, warmup: int) -> list[Row]:
+    index = index_body(raw, dialect)
+    n = len(index.messages)
+    summary = summary_insert(dialect)
+    plan = cut_plan(n, summary)
+    before = validate_shape(index.views, dialect)
+    comp = [CutMiddle(summary)]
+
+    def total() -> None:
+        ix = index_body(raw, dialect)
+        splice(ix, identity(len(ix.messages)))
+        validate_shape(ix.views, dialect)
+
+    def cut() -> None:
+        new = splice(index, plan)
+        validate_cut(index, plan, new, before)
+
+    text = raw.decode("utf-8")
+    values = [m.value for m in index.messages]
+    steps: list[tuple[str, Callable[[], object]]] = [
+        ("index_body", lambda: index_body(raw, dialect)),
+        ("· utf-8 decode", lambda: raw.decode("utf-8")),
+        ("· walk_document (parse + spans)", lambda: walk_document(text, arrays=("messages",))),
+        (f"· dialect.view × {n}", lambda: [dialect.view(v) for v in values]),
+        ("· ref: json.loads(body)", lambda: json.loads(raw)),
+        ("identity splice", lambda: splice(index, identity(n))),
+        ("validate_shape", lambda: validate_shape(index.views, dialect)),
+        (BUDGET_STEP, total),
+        ("rewrite_body, no components", lambda: rewrite_body(raw, dialect, [])),
+        ("cut plan: splice+validate", cut),
+        ("rewrite_body, cut component", lambda: rewrite_body(raw, dialect, comp)),
+    ]
+    return [
+        Row(name, step, statistics.median(s), p90(s), min(s), reps)
+        for (step, _), s in zip(steps, timeit(steps, reps, warmup), strict=True)
+    ]
+
+
+def machine() -> dict[str, Any]:
+    cpu = "unknown"
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            cpu = next(
+                (ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), cpu
+            )
+    except OSError:
+        pass
+    return {
+        "cpu": cpu,
+        "nproc": os.cpu_count(),
+        "python": platform.python_version(),
+        "implementation": platform.python_implementation(),
+        "platform": platform.platform(),
+        "loadavg": os.getloadavg(),
+    }
+
+
+def markdown(rows: list[Row], bodies: dict[str, dict[str, Any]]) -> str:
+    lines = [
+        "| body | step | median ms | p90 ms | min ms |",
+        "|---|---|--:|--:|--:|",
+    ]
+    for r in rows:
+        step = f"**{r.step}**" if r.step == BUDGET_STEP else r.step
+        lines.append(f"| {r.body} | {step} | {r.median_ms:.3f} | {r.p90_ms:.3f} | {r.min_ms:.3f} |")
+    sizes = ", ".join(
+        f"{k}: {v['bytes']:,} bytes, {v['messages']} messages (cut: {v['cut_bytes']:,} bytes)"
+        for k, v in bodies.items()
+    )
+    return "\n".join([f"Bodies — {sizes}; {rows[0].reps} reps per line.", "", *lines])
+
+
+def verdict(rows: list[Row]) -> tuple[bool, str]:
+    budget = [r for r in rows if r.step == BUDGET_STEP]
+    ok = all(r.median_ms < BUDGET_MS for r in budget)
+    parts = ", ".join(f"{r.body} {r.median_ms:.2f} ms" for r in budget)
+    word = "met" if ok else "NOT met"
+    what = f"index + identity splice + validation, median < {BUDGET_MS:g} ms"
+    return ok, f"Budget ({what}): {word} — {parts}."
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m bench.hotpath", description=__doc__.split("\n")[0])
+    ap.add_argument("--reps", type=int, default=200, help="timed calls per line (default 200)")
+    ap.add_argument("--warmup", type=int, default=20, help="untimed calls first (default 20)")
+    ap.add_argument("--json", action="store_true", help="print JSON instead of a markdown table")
+    ap.add_argument("--check", action="store_true", help="exit 1 when the budget is not met")
+    ap.add_argument(
+        "--dialect", choices=("anthropic", "openai", "both"), default="both", help="which body"
+    )
+    args = ap.parse_args(argv)
+    if args.reps < 1 or args.warmup < 0:
+        ap.error("--reps must be >= 1 and --warmup >= 0")
+
+    cases: list[tuple[str, bytes, Dialect]] = []
+    if args.dialect in ("anthropic", "both"):
+        cases.append(("anthropic", anthropic_body(), ANTHROPIC))
+    if args.dialect in ("openai", "both"):
+        cases.append(("openai", openai_body(), OPENAI))
+
+    bodies = {name: check_corpus(name, raw, d) for name, raw, d in cases}
+    rows = [r for name, raw, d in cases for r in bench_body(name, raw, d, args.reps, args.warmup)]
+    ok, line = verdict(rows)
+    if args.json:
+        payload = {
+            "machine": machine(),
+            "budget_ms": BUDGET_MS,
+            "budget_met": ok,
+            "bodies": bodies,
+            "rows": [r.__dict__ for r in rows],
+        }
+        json.dump(payload, sys.stdout, indent=1)
+        print()
+    else:
+        m = machine()
+        load = " ".join(f"{x:.2f}" for x in m["loadavg"])
+        print(f"{m['cpu']}, {m['nproc']} CPUs, Python {m['python']}, load average {load}\n")
+        print(markdown(rows, bodies))
+        print()
+        print(line)
+    return 1 if (args.check and not ok) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
