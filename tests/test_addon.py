@@ -1,0 +1,451 @@
+"""cg.addon: the mitmproxy face — routing, pass-through, control endpoints, options."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import warnings
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from mitmproxy import exceptions, http
+
+with warnings.catch_warnings():
+    # mitmproxy.addons -> proxyauth -> ldap3 touches a name newer pyasn1 deprecates on import.
+    warnings.simplefilter("ignore", DeprecationWarning)
+    from mitmproxy.test import taddons, tflow, tutils
+
+from cg import addon as addon_mod
+from cg.addon import BYPASS_HEADER, META, ContextGuru
+from cg.body import BodyIndex
+from cg.pipeline import Step
+from cg.splice import Insert, Keep, Plan
+
+MSGS = [
+    {"role": "user", "content": "task"},
+    {"role": "assistant", "content": "a1"},
+    {"role": "user", "content": "u2"},
+    {"role": "assistant", "content": "a3"},
+    {"role": "user", "content": "now ☃"},
+]
+BODY = json.dumps({"model": "claude", "max_tokens": 9, "messages": MSGS}, indent=2).encode()
+SUMMARY = {"role": "user", "content": "=== History Summary === <<cg:x>>"}
+REWRITTEN = {"model": "claude", "max_tokens": 9, "messages": [MSGS[0], SUMMARY, MSGS[4]]}
+
+
+class Toy:
+    """Keeps the first and last message and puts a summary between them."""
+
+    name = "toy"
+    calls = 0
+
+    def __init__(self, config: dict[str, Any]) -> None:
+        self.role = config.get("role", "user")
+
+    def apply(self, index: BodyIndex, plan: Plan) -> Step:
+        Toy.calls += 1
+        n = len(index.messages)
+        summary = Insert.message({**SUMMARY, "role": self.role}, index.dialect)
+        return Step([Keep(0), summary, Keep(n - 1)], "summarized")
+
+
+@pytest.fixture
+def toy_config(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    """A cg_config file whose pipeline is the toy component, registered for this test only."""
+    monkeypatch.setitem(addon_mod.KNOWN_COMPONENTS, "toy", Toy)
+    Toy.calls = 0
+    path = tmp_path / "cg.yaml"
+    path.write_text("pipeline: [toy]\n", encoding="utf-8")
+    yield str(path)
+
+
+def make_flow(
+    path: str = "/v1/messages",
+    content: bytes | None = BODY,
+    method: str = "POST",
+    host: str = "api.anthropic.com",
+    peer: tuple[Any, ...] = ("127.0.0.1", 50000),
+    headers: dict[str, str] | None = None,
+) -> http.HTTPFlow:
+    req = tutils.treq(method=method.encode(), path=path.encode(), host=host, content=content)
+    for k, v in (headers or {}).items():
+        req.headers[k] = v
+    f = tflow.tflow(req=req)
+    f.client_conn.peername = peer
+    return f
+
+
+def setup(tctx: taddons.context, cg: ContextGuru, **options: Any) -> None:
+    tctx.configure(cg, cg_preset="off", **options)
+
+
+# -- pass-through ----------------------------------------------------------------------------
+
+
+async def test_off_preset_passes_the_same_bytes_and_records_why() -> None:
+    cg = ContextGuru()
+    with taddons.context(cg) as tctx:
+        setup(tctx, cg)
+        f = make_flow()
+        raw = f.request.raw_content
+        headers = list(f.request.headers.fields)
+        cg.request(f)
+        assert f.request.raw_content is raw
+        assert list(f.request.headers.fields) == headers  # no header added
+        rec = f.metadata[META]
+        assert (rec["outcome"], rec["reason"], rec["dialect"]) == (
+            "passed_through",
+            "no component acted",
+            "anthropic",
+        )
+        assert rec["messages_in"] == 5 and "hook" in rec["timings_ms"]
+        assert f.response is None and not f.marked
+        assert (cg.stats.requests, cg.stats.passed_through, cg.stats.rewritten) == (1, 1, 0)
+
+
+@pytest.mark.parametrize(
+    ("method", "path"),
+    [
+        ("GET", "/v1/messages"),
+        ("POST", "/v1/messages/count_tokens"),
+        ("POST", "/v1/messages/batches"),
+        ("POST", "/v1/models"),
+        ("POST", "/_cg"),
+        ("POST", "/v1/embeddings"),
+    ],
+)
+async def test_non_provider_requests_are_not_touched(
+    method: str, path: str, toy_config: str
+) -> None:
+    cg = ContextGuru()
+    with taddons.context(cg) as tctx:
+        setup(tctx, cg, cg_config=toy_config)
+        f = make_flow(path=path, method=method)
+        raw = f.request.raw_content
+        cg.request(f)
+        assert META not in f.metadata
+        assert f.request.raw_content is raw and f.response is None
+        assert cg.stats.requests == 0 and Toy.calls == 0
+
+
+async def test_malformed_json_passes_through_with_a_reason() -> None:
+    cg = ContextGuru()
+    with taddons.context(cg) as tctx:
+        setup(tctx, cg)
+        f = make_flow(path="/v1/chat/completions", content=b'{"messages": [')
+        cg.request(f)
+        assert f.request.raw_content == b'{"messages": ['
+        rec = f.metadata[META]
+        assert rec["outcome"] == "passed_through" and "malformed JSON" in rec["reason"]
+        assert rec["dialect"] == "openai"
+
+
+# -- rewriting through the hook --------------------------------------------------------------
+
+
+async def test_a_rewrite_replaces_the_body_once_and_marks_the_flow(toy_config: str) -> None:
+    cg = ContextGuru()
+    with taddons.context(cg) as tctx:
+        setup(tctx, cg, cg_config=toy_config)
+        assert [c.name for c in cg.components] == ["toy"]
+        f = make_flow(path="/v1/messages?beta=true")
+        cg.request(f)
+        assert Toy.calls == 1
+        assert json.loads(f.request.content or b"") == REWRITTEN
+        assert f.request.headers["content-length"] == str(len(f.request.raw_content or b""))
+        rec = f.metadata[META]
+        assert rec["outcome"] == "rewritten"
+        assert f.marked and f.comment == "cg: 5→3 messages"
+        assert cg.stats.rewritten == 1
+
+
+async def test_a_violating_rewrite_fails_open(tmp_path: Path, toy_config: str) -> None:
+    Path(toy_config).write_text("pipeline: [toy]\ncomponents:\n  toy: {role: system}\n")
+    cg = ContextGuru()
+    with taddons.context(cg) as tctx:
+        setup(tctx, cg, cg_config=toy_config)
+        f = make_flow()
+        raw = f.request.raw_content
+        cg.request(f)
+        assert Toy.calls == 1
+        assert f.request.raw_content is raw
+        rec = f.metadata[META]
+        assert rec["outcome"] == "failed_open"
+        assert rec["violations"][0]["rule"] == "system-position"
+        assert not f.marked and cg.stats.failed_open == 1
+
+
+async def test_gzip_body_is_decoded_rewritten_and_reencoded(toy_config: str) -> None:
+    cg = ContextGuru()
+    with taddons.context(cg) as tctx:
+        setup(tctx, cg, cg_config=toy_config)
+        f = make_flow(content=gzip.compress(BODY), headers={"content-encoding": "gzip"})
+        cg.request(f)
+        assert f.metadata[META]["outcome"] == "rewritten"
+        assert f.request.headers["content-encoding"] == "gzip"
+        assert json.loads(gzip.decompress(f.request.raw_content or b"")) == REWRITTEN
+
+
+async def test_gzip_body_passes_through_as_the_same_bytes() -> None:
+    cg = ContextGuru()
+    with taddons.context(cg) as tctx:
+        setup(tctx, cg)
+        f = make_flow(content=gzip.compress(BODY), headers={"content-encoding": "gzip"})
+        raw = f.request.raw_content
+        cg.request(f)
+        assert f.metadata[META]["outcome"] == "passed_through"
+        assert f.metadata[META]["messages_in"] == 5  # it was decoded and read
+        assert f.request.raw_content is raw
+
+
+@pytest.mark.parametrize("encoding", ["gzip", "x-unheard-of"])
+async def test_undecodable_body_passes_through(encoding: str, toy_config: str) -> None:
+    cg = ContextGuru()
+    with taddons.context(cg) as tctx:
+        setup(tctx, cg, cg_config=toy_config)
+        f = make_flow(content=b"not really compressed", headers={"content-encoding": encoding})
+        cg.request(f)
+        rec = f.metadata[META]
+        assert rec["outcome"] == "passed_through" and "cannot decode body" in rec["reason"]
+        assert f.request.raw_content == b"not really compressed" and Toy.calls == 0
+
+
+async def test_streamed_body_passes_through(toy_config: str) -> None:
+    cg = ContextGuru()
+    with taddons.context(cg) as tctx:
+        setup(tctx, cg, cg_config=toy_config)
+        f = make_flow(content=None)
+        assert f.request.raw_content is None
+        cg.request(f)
+        assert f.metadata[META]["reason"] == "body streamed" and Toy.calls == 0
+
+
+# -- bypass, hosts, size cap -----------------------------------------------------------------
+
+
+async def test_bypass_header(toy_config: str) -> None:
+    cg = ContextGuru()
+    with taddons.context(cg) as tctx:
+        setup(tctx, cg, cg_config=toy_config)
+        f = make_flow(headers={BYPASS_HEADER: " 1 "})
+        raw = f.request.raw_content
+        cg.request(f)
+        assert f.metadata[META]["outcome"] == "bypassed"
+        assert f.request.raw_content is raw and Toy.calls == 0
+        assert cg.stats.bypassed == 1
+        f2 = make_flow(headers={BYPASS_HEADER: "0"})
+        cg.request(f2)
+        assert f2.metadata[META]["outcome"] == "rewritten"
+        assert BYPASS_HEADER in f2.request.headers  # the addon adds and removes nothing
+
+
+@pytest.mark.parametrize(
+    ("hosts", "host", "touched"),
+    [
+        (["api.anthropic.com"], "api.anthropic.com", True),
+        (["api.anthropic.com"], "api.openai.com", False),
+        (["*.openai.com"], "api.openai.com", True),
+        (["*.openai.com"], "openai.com", False),
+        ([], "localhost", True),
+    ],
+)
+async def test_cg_hosts_restricts_which_hosts_are_touched(
+    hosts: list[str], host: str, touched: bool, toy_config: str
+) -> None:
+    cg = ContextGuru()
+    with taddons.context(cg) as tctx:
+        setup(tctx, cg, cg_config=toy_config, cg_hosts=hosts)
+        f = make_flow(host=host)
+        raw = f.request.raw_content
+        cg.request(f)
+        assert (META in f.metadata) is touched
+        assert (f.request.raw_content is raw) is not touched
+        assert cg.stats.requests == int(touched)
+
+
+async def test_body_size_cap(toy_config: str) -> None:
+    cg = ContextGuru()
+    with taddons.context(cg) as tctx:
+        setup(tctx, cg, cg_config=toy_config, cg_max_body_mb=0)
+        f = make_flow()
+        raw = f.request.raw_content
+        cg.request(f)
+        rec = f.metadata[META]
+        assert rec["outcome"] == "passed_through" and "over cg_max_body_mb" in rec["reason"]
+        assert f.request.raw_content is raw and Toy.calls == 0
+
+
+@pytest.mark.parametrize(("extra", "over"), [(0, False), (1, True)])
+async def test_body_size_cap_boundary(extra: int, over: bool, toy_config: str) -> None:
+    mib = 1024 * 1024
+    pad = mib - len(json.dumps({"pad": "", "messages": MSGS}).encode()) + extra
+    raw = json.dumps({"pad": "x" * pad, "messages": MSGS}).encode()
+    assert len(raw) == mib + extra
+    cg = ContextGuru()
+    with taddons.context(cg) as tctx:
+        setup(tctx, cg, cg_config=toy_config, cg_max_body_mb=1)
+        f = make_flow(content=raw)
+        cg.request(f)
+        assert (f.metadata[META]["outcome"] == "passed_through") is over
+        assert Toy.calls == int(not over)
+
+
+# -- control endpoints -----------------------------------------------------------------------
+
+
+def _json(f: http.HTTPFlow) -> Any:
+    assert f.response is not None
+    return json.loads(f.response.content or b"")
+
+
+@pytest.mark.parametrize(
+    "peer",
+    [("127.0.0.1", 1), ("127.8.9.10", 1), ("::1", 1, 0, 0), ("::ffff:127.0.0.1", 1, 0, 0)],
+)
+async def test_health_answers_loopback_clients(peer: tuple[Any, ...]) -> None:
+    cg = ContextGuru()
+    with taddons.context(cg) as tctx:
+        setup(tctx, cg)
+        f = make_flow(path="/_cg/health", method="GET", host="anything.example", peer=peer)
+        cg.request(f)
+        assert f.response is not None and f.response.status_code == 200
+        assert f.response.headers["content-type"] == "application/json"
+        body = _json(f)
+        assert body["ok"] is True and body["preset"] == "off"
+        assert META not in f.metadata and cg.stats.requests == 0
+
+
+@pytest.mark.parametrize("peer", [("203.0.113.9", 1), ("10.0.0.2", 1), ("2001:db8::1", 1, 0, 0)])
+async def test_control_refuses_remote_clients_unless_allowed(peer: tuple[Any, ...]) -> None:
+    cg = ContextGuru()
+    with taddons.context(cg) as tctx:
+        setup(tctx, cg)
+        f = make_flow(path="/_cg/health", method="GET", peer=peer)
+        cg.request(f)
+        assert f.response is not None and f.response.status_code == 403
+        assert "loopback" in _json(f)["error"]
+        tctx.configure(cg, cg_control_remote=True)
+        f2 = make_flow(path="/_cg/health", method="GET", peer=peer)
+        cg.request(f2)
+        assert f2.response is not None and f2.response.status_code == 200
+
+
+async def test_stats_endpoint_counts_requests() -> None:
+    cg = ContextGuru()
+    with taddons.context(cg) as tctx:
+        setup(tctx, cg)
+        cg.request(make_flow())
+        cg.request(make_flow(headers={BYPASS_HEADER: "1"}))
+        f = make_flow(path="/_cg/stats?x=1", method="GET")
+        cg.request(f)
+        stats = _json(f)
+        for key in (
+            "requests",
+            "rewritten",
+            "passed_through",
+            "failed_open",
+            "retried_original",
+            "tokens_before",
+            "tokens_after",
+        ):
+            assert key in stats
+        assert set(stats["summaries"]) >= {
+            "commissioned",
+            "completed",
+            "failed",
+            "timed_out",
+            "reused",
+        }
+        assert (stats["requests"], stats["passed_through"], stats["bypassed"]) == (2, 1, 1)
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "status"),
+    [("GET", "/_cg/nope", 404), ("POST", "/_cg/health", 405), ("HEAD", "/_cg/health", 200)],
+)
+async def test_control_errors(method: str, path: str, status: int) -> None:
+    cg = ContextGuru()
+    with taddons.context(cg) as tctx:
+        setup(tctx, cg)
+        f = make_flow(path=path, method=method)
+        cg.request(f)
+        assert f.response is not None and f.response.status_code == status
+
+
+# -- streaming responses ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("path", "content_type", "streamed"),
+    [
+        ("/v1/messages", "text/event-stream; charset=utf-8", True),
+        ("/v1/messages", "application/json", False),
+        ("/v1/models", "text/event-stream", False),
+    ],
+)
+async def test_sse_responses_of_provider_flows_stream(
+    path: str, content_type: str, streamed: bool
+) -> None:
+    cg = ContextGuru()
+    with taddons.context(cg) as tctx:
+        setup(tctx, cg)
+        f = make_flow(path=path)
+        cg.request(f)
+        f.response = tutils.tresp(headers=http.Headers(content_type=content_type))
+        cg.responseheaders(f)
+        assert bool(f.response.stream) is streamed
+
+
+# -- options ---------------------------------------------------------------------------------
+
+
+async def test_unknown_preset_is_refused_naming_the_option() -> None:
+    cg = ContextGuru()
+    with taddons.context(cg) as tctx:
+        setup(tctx, cg)
+        with pytest.raises(exceptions.OptionsError, match="cg_preset: unknown preset 'nope'"):
+            tctx.configure(cg, cg_preset="nope")
+        assert tctx.options.cg_preset == "off"  # rolled back
+
+
+@pytest.mark.parametrize(
+    ("yaml_text", "fragment"),
+    [
+        ("pipelin: [toy]\n", "pipelin"),
+        ("store:\n  ttl_hours: -1\n", "store.ttl_hours"),
+        ("pipeline: [ghost]\n", "unknown component 'ghost'"),
+        ("pipeline: [\n", "not valid YAML"),
+    ],
+)
+async def test_bad_config_file_is_refused_naming_the_key(
+    tmp_path: Path, yaml_text: str, fragment: str, toy_config: str
+) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(yaml_text, encoding="utf-8")
+    cg = ContextGuru()
+    with taddons.context(cg) as tctx:
+        setup(tctx, cg, cg_config=toy_config)
+        with pytest.raises(exceptions.OptionsError) as e:
+            tctx.configure(cg, cg_config=str(bad))
+        assert fragment in str(e.value)
+        assert [c.name for c in cg.components] == ["toy"]  # the good config stays in force
+
+
+async def test_missing_config_file_is_refused(tmp_path: Path) -> None:
+    cg = ContextGuru()
+    with (
+        taddons.context(cg) as tctx,
+        pytest.raises(exceptions.OptionsError, match="cg_config: cannot read"),
+    ):
+        tctx.configure(cg, cg_config=str(tmp_path / "absent.yaml"))
+
+
+async def test_negative_body_cap_is_refused() -> None:
+    cg = ContextGuru()
+    with (
+        taddons.context(cg) as tctx,
+        pytest.raises(exceptions.OptionsError, match="cg_max_body_mb"),
+    ):
+        tctx.configure(cg, cg_max_body_mb=-1)

@@ -1,0 +1,136 @@
+"""cg.body: one decode of the body, the exact span and view of every message, or a reason."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from hypothesis import given
+
+from cg.body import BodyRejected, index_body
+from cg.dialects import ANTHROPIC, DIALECTS, OPENAI, Dialect
+from tests.strategies import SETTINGS, Sample, bodies
+
+
+@SETTINGS
+@given(bodies(allow_empty=True))
+def test_every_message_span_parses_to_the_message(s: Sample) -> None:
+    d = DIALECTS[s.dialect]
+    idx = index_body(s.raw, d)
+    assert idx.raw is s.raw or idx.raw == s.raw
+    assert idx.text == s.text
+    assert idx.dialect is d
+    assert len(idx.messages) == len(s.messages)
+    for n, (m, expected) in enumerate(zip(idx.messages, s.messages, strict=True)):
+        assert json.loads(s.text[m.start : m.end]) == expected
+        assert idx.source(n) == s.text[m.start : m.end]
+        assert m.value == expected
+        assert m.view == d.view(expected)
+    assert idx.views == [m.view for m in idx.messages]
+    # the messages array and every other top-level field, by exact span
+    assert json.loads(s.text[idx.array.start : idx.array.end]) == s.messages
+    assert list(idx.members) == list(s.body)
+    for key, member in idx.members.items():
+        assert json.loads(s.text[member.start : member.end]) == s.body[key]
+
+
+@SETTINGS
+@given(bodies())
+def test_content_array_spans_parse_to_the_blocks(s: Sample) -> None:
+    idx = index_body(s.raw, DIALECTS[s.dialect])
+    saw_blocks = False
+    for n, msg in enumerate(s.messages):
+        arr = idx.content_array(n)
+        assert idx.content_array(n) is arr  # cached
+        content = msg.get("content")
+        if not isinstance(content, list):
+            assert arr is None
+            continue
+        saw_blocks = True
+        assert arr is not None
+        assert idx.messages[n].start < arr.start < arr.end < idx.messages[n].end
+        assert [json.loads(s.text[e.start : e.end]) for e in arr.elements] == content
+    if any(isinstance(m.get("content"), list) for m in s.messages):
+        assert saw_blocks  # vacuity guard
+
+
+def test_escaped_messages_key_and_nested_decoy() -> None:
+    raw = (
+        b'{"metadata": {"messages": [{"role": "tool"}]}, "messag\\u0065s": '
+        b'[{"role": "user", "content": "hi"}], "model": "m"}'
+    )
+    idx = index_body(raw, ANTHROPIC)
+    assert [m.value for m in idx.messages] == [{"role": "user", "content": "hi"}]
+    assert idx.source(0) == '{"role": "user", "content": "hi"}'
+    assert set(idx.members) == {"metadata", "messages", "model"}
+
+
+def test_empty_messages_array() -> None:
+    idx = index_body(b'{"messages": [ ], "model": "m"}', OPENAI)
+    assert idx.messages == [] and idx.views == []
+
+
+def test_whitespace_around_the_document_is_fine() -> None:
+    idx = index_body(b' \r\n\t{"messages":[{"role":"user","content":"x"}]}\n\n', OPENAI)
+    assert len(idx.messages) == 1
+
+
+@pytest.mark.parametrize(
+    ("raw", "dialect", "fragment"),
+    [
+        (b"", ANTHROPIC, "empty body"),
+        (b'{"messages": [{"role": "user", "content": "\xff"}]}', ANTHROPIC, "not UTF-8"),
+        (b'{"messages": "\xc3("}', OPENAI, "not UTF-8"),
+        ('\ufeff{"messages": []}'.encode(), ANTHROPIC, "byte-order mark"),
+        (b"[]", ANTHROPIC, "not a JSON object"),
+        (b'"messages"', ANTHROPIC, "not a JSON object"),
+        (b"42", OPENAI, "not a JSON object"),
+        (b"   ", OPENAI, "not a JSON object"),
+        (b'{"messages": [}', ANTHROPIC, "malformed JSON"),
+        (b'{"messages": []} trailing', ANTHROPIC, "malformed JSON"),
+        (b'{"messages": [], "model": "a", "model": "b"}', ANTHROPIC, "duplicate top-level key"),
+        (b'{"model": "m"}', ANTHROPIC, "no 'messages' field"),
+        (b'{"messages": {"role": "user"}}', ANTHROPIC, "is a dict, not an array"),
+        (b'{"messages": null}', OPENAI, "is a NoneType, not an array"),
+        (b'{"messages": ["hi"]}', ANTHROPIC, "messages[0] is a str, not an object"),
+        (b'{"messages": [{"role": "user", "content": "a"}, 7]}', OPENAI, "messages[1] is a int"),
+        (b'{"messages": [{"content": "a"}]}', ANTHROPIC, "messages[0]: a message has no string"),
+        (b'{"messages": [{"role": 1, "content": "a"}]}', OPENAI, "no string 'role'"),
+        (b'{"messages": [{"role": "tool", "content": "a"}]}', ANTHROPIC, "unknown role 'tool'"),
+        (b'{"messages": [{"role": "developer", "content": "a"}]}', ANTHROPIC, "unknown role"),
+        (b'{"messages": [{"role": "robot", "content": "a"}]}', OPENAI, "unknown role 'robot'"),
+        (b'{"messages": [{"role": "user", "content": 5}]}', ANTHROPIC, "'content' is a int"),
+        (b'{"messages": [{"role": "user", "content": {}}]}', OPENAI, "'content' is a dict"),
+        (b'{"messages": [{"role": "user", "content": ["x"]}]}', ANTHROPIC, "content block"),
+        (b'{"messages": [{"role": "user", "content": [{"text": "x"}]}]}', OPENAI, "content part"),
+        (b'{"messages": [{"role": "assistant", "tool_calls": {}}]}', OPENAI, "'tool_calls'"),
+        (b'{"messages": [{"role": "assistant", "tool_calls": [1]}]}', OPENAI, "a tool call"),
+    ],
+)
+def test_rejections_say_why(raw: bytes, dialect: Dialect, fragment: str) -> None:
+    with pytest.raises(BodyRejected) as e:
+        index_body(raw, dialect)
+    assert fragment in str(e.value)
+
+
+def test_deeply_nested_body_is_rejected_not_crashed() -> None:
+    deep = b"[" * 200_000 + b"]" * 200_000
+    raw = b'{"messages": [{"role": "user", "content": "x", "extra": ' + deep + b"}]}"
+    with pytest.raises(BodyRejected, match="malformed JSON"):
+        index_body(raw, ANTHROPIC)
+
+
+def test_unknown_block_types_are_indexed_not_rejected() -> None:
+    raw = json.dumps(
+        {
+            "messages": [
+                {"role": "user", "content": [{"type": "x_new", "blob": [1, {"a": None}]}]},
+                {
+                    "role": "assistant",
+                    "content": [{"type": "mystery"}, {"type": "text", "text": "k"}],
+                },
+            ]
+        }
+    ).encode()
+    idx = index_body(raw, ANTHROPIC)
+    assert [v.block_types for v in idx.views] == [("x_new",), ("mystery", "text")]

@@ -1,0 +1,283 @@
+"""cg.dialects: read-only message views for each wire format, and routing requests to them."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from hypothesis import given
+
+from cg.dialects import ANTHROPIC, DIALECTS, OPENAI, BlockView, MessageShapeError, route
+from tests.strategies import SETTINGS, Sample, bodies
+
+# -- anthropic -------------------------------------------------------------------------------
+
+
+def test_anthropic_string_content() -> None:
+    v = ANTHROPIC.view({"role": "user", "content": "hello 😀"})
+    assert (v.role, v.text, v.form, v.blocks, v.blank) == ("user", "hello 😀", "string", (), False)
+    assert v.tool_call_ids == v.tool_result_ids == ()
+    assert not v.is_system and not v.calls_tools
+
+
+def test_anthropic_every_block_type() -> None:
+    content = [
+        {"type": "thinking", "thinking": "let me think", "signature": "c2ln"},
+        {"type": "redacted_thinking", "data": "ZW5j"},
+        {"type": "text", "text": "I'll run it", "cache_control": {"type": "ephemeral"}},
+        {"type": "tool_use", "id": "toolu_1", "name": "bash", "input": {"cmd": "ls ü"}},
+        {"type": "tool_use", "id": "toolu_2", "name": "read", "input": {}},
+        {"type": "server_tool_use", "id": "srvtoolu_1", "name": "web_search", "input": {}},
+        {"type": "x_from_the_future", "anything": [1, 2]},
+    ]
+    v = ANTHROPIC.view({"role": "assistant", "content": content})
+    assert v.form == "blocks"
+    assert v.block_types == (
+        "thinking",
+        "redacted_thinking",
+        "text",
+        "tool_use",
+        "tool_use",
+        "server_tool_use",
+        "x_from_the_future",
+    )
+    assert v.tool_call_ids == ("toolu_1", "toolu_2")  # server tools are not client tool calls
+    assert v.tool_result_ids == ()
+    assert v.calls_tools and not v.blank
+    assert v.blocks[0] == BlockView("thinking", "let me think", False)
+    assert v.blocks[1] == BlockView("redacted_thinking", "[redacted_thinking]")
+    assert v.blocks[3].text == '[tool_use bash] {"cmd": "ls ü"}'
+    assert v.blocks[6] == BlockView("x_from_the_future", "[x_from_the_future]")
+    assert "let me think" in v.text and "I'll run it" in v.text
+
+
+def test_anthropic_tool_results_string_and_block_content() -> None:
+    content = [
+        {"type": "tool_result", "tool_use_id": "toolu_1", "content": "file.txt"},
+        {
+            "type": "tool_result",
+            "tool_use_id": "toolu_2",
+            "is_error": True,
+            "content": [
+                {"type": "text", "text": "line 1"},
+                {"type": "image", "source": {"type": "base64", "data": "AA=="}},
+            ],
+        },
+        {"type": "tool_result", "tool_use_id": "toolu_3"},
+        {"type": "text", "text": "continue"},
+    ]
+    v = ANTHROPIC.view({"role": "user", "content": content})
+    assert v.tool_result_ids == ("toolu_1", "toolu_2", "toolu_3")
+    assert v.tool_call_ids == ()
+    assert [b.text for b in v.blocks] == ["file.txt", "line 1\n[image]", "", "continue"]
+    assert not v.blank  # an empty tool_result is not blank content
+    assert not v.calls_tools  # only assistants call tools
+
+
+def test_anthropic_image_and_document_blocks() -> None:
+    img = {"type": "image", "source": {"type": "url", "url": "https://x/y.png"}}
+    doc = {"type": "document", "source": {"type": "text", "media_type": "text/plain", "data": "d"}}
+    v = ANTHROPIC.view({"role": "user", "content": [img, doc]})
+    assert v.block_types == ("image", "document")
+    assert v.text == "[image]\n[document]"
+    assert not v.blank
+
+
+@pytest.mark.parametrize(
+    ("content", "blank"),
+    [
+        ("", True),
+        (" \n", True),
+        ([], True),
+        ([{"type": "text", "text": ""}], True),
+        ([{"type": "text", "text": 5}], True),
+        ([{"type": "thinking", "thinking": " ", "signature": "s"}], True),
+        ([{"type": "thinking", "signature": "s"}, {"type": "text", "text": "x"}], True),
+        ([{"type": "redacted_thinking", "data": ""}], False),
+        ("x", False),
+    ],
+)
+def test_anthropic_blank(content: Any, blank: bool) -> None:
+    assert ANTHROPIC.view({"role": "assistant", "content": content}).blank is blank
+
+
+def test_anthropic_null_and_missing_content() -> None:
+    assert ANTHROPIC.view({"role": "user", "content": None}).form == "null"
+    missing = ANTHROPIC.view({"role": "user"})
+    assert (missing.form, missing.blank) == ("missing", True)
+
+
+def test_anthropic_system_message_mid_array() -> None:
+    v = ANTHROPIC.view({"role": "system", "content": [{"type": "text", "text": "reminder"}]})
+    assert v.is_system and v.text == "reminder"
+
+
+def test_anthropic_tool_use_without_an_id_still_counts_as_a_call() -> None:
+    v = ANTHROPIC.view({"role": "assistant", "content": [{"type": "tool_use", "name": "x"}]})
+    assert v.tool_call_ids == ("",) and v.calls_tools
+
+
+@pytest.mark.parametrize(
+    "message",
+    [
+        "not an object",
+        {"content": "no role"},
+        {"role": None, "content": "x"},
+        {"role": "user", "content": 1},
+        {"role": "user", "content": {"type": "text"}},
+        {"role": "user", "content": ["bare string block"]},
+        {"role": "user", "content": [{"type": 3}]},
+        {"role": "user", "content": [{"text": "no type"}]},
+    ],
+)
+def test_anthropic_unreadable_messages(message: Any) -> None:
+    with pytest.raises(MessageShapeError):
+        ANTHROPIC.view(message)
+
+
+# -- openai ----------------------------------------------------------------------------------
+
+
+def test_openai_system_developer_and_name() -> None:
+    s = OPENAI.view({"role": "system", "content": "be terse"})
+    d = OPENAI.view(
+        {"role": "developer", "content": [{"type": "text", "text": "rules"}], "name": "x"}
+    )
+    assert s.is_system and d.is_system
+    assert (d.form, d.text, d.block_types) == ("blocks", "rules", ("text",))
+    u = OPENAI.view({"role": "user", "name": "alice", "content": "hi"})
+    assert (u.role, u.text, u.blank) == ("user", "hi", False)
+
+
+def test_openai_parallel_tool_calls_with_null_content() -> None:
+    msg = {
+        "role": "assistant",
+        "content": None,
+        "tool_calls": [
+            {"id": "call_1", "type": "function", "function": {"name": "a", "arguments": '{"x":1}'}},
+            {"id": "call_2", "type": "function", "function": {"name": "b", "arguments": "{}"}},
+        ],
+    }
+    v = OPENAI.view(msg)
+    assert v.tool_call_ids == ("call_1", "call_2")
+    assert v.calls_tools and not v.blank
+    assert v.form == "null"
+    assert v.text == '[tool_call a] {"x":1}\n[tool_call b] {}'
+
+
+@pytest.mark.parametrize("content", [None, "", "MISSING"])
+def test_openai_tool_calls_excuse_empty_content(content: Any) -> None:
+    msg: dict[str, Any] = {"role": "assistant", "tool_calls": [{"id": "c", "function": {}}]}
+    if content != "MISSING":
+        msg["content"] = content
+    assert not OPENAI.view(msg).blank
+    no_calls = {k: v for k, v in msg.items() if k != "tool_calls"}
+    assert OPENAI.view(no_calls).blank
+
+
+def test_openai_tool_role_message() -> None:
+    v = OPENAI.view({"role": "tool", "tool_call_id": "call_1", "content": "42", "name": "a"})
+    assert (v.role, v.tool_result_ids, v.text, v.blank) == ("tool", ("call_1",), "42", False)
+    parts = OPENAI.view(
+        {"role": "tool", "tool_call_id": "c", "content": [{"type": "text", "text": "r"}]}
+    )
+    assert parts.text == "r"
+
+
+def test_openai_legacy_function_call() -> None:
+    call = OPENAI.view(
+        {"role": "assistant", "content": None, "function_call": {"name": "f", "arguments": "{}"}}
+    )
+    assert not call.blank
+    assert call.text == "[tool_call f] {}"
+    assert call.tool_call_ids == ()  # legacy calls are not paired by id
+    result = OPENAI.view({"role": "function", "name": "f", "content": "1"})
+    assert result.tool_result_ids == ()
+
+
+def test_openai_content_parts() -> None:
+    v = OPENAI.view(
+        {
+            "role": "user",
+            "content": [
+                {"type": "text", "text": "look"},
+                {"type": "image_url", "image_url": {"url": "https://x/y.png"}},
+                {"type": "input_audio", "input_audio": {"data": "AA", "format": "wav"}},
+            ],
+        }
+    )
+    assert v.block_types == ("text", "image_url", "input_audio")
+    assert v.text == "look\n[image_url]\n[input_audio]"
+    refusal = OPENAI.view({"role": "assistant", "content": [{"type": "refusal", "refusal": "no"}]})
+    assert refusal.text == "no" and not refusal.blank
+
+
+@pytest.mark.parametrize(
+    "message",
+    [
+        ["not", "an", "object"],
+        {"content": "x"},
+        {"role": "user", "content": 3.5},
+        {"role": "user", "content": ["bare"]},
+        {"role": "assistant", "content": None, "tool_calls": "call"},
+        {"role": "assistant", "content": None, "tool_calls": ["call"]},
+    ],
+)
+def test_openai_unreadable_messages(message: Any) -> None:
+    with pytest.raises(MessageShapeError):
+        OPENAI.view(message)
+
+
+@SETTINGS
+@given(bodies())
+def test_views_of_generated_messages_are_consistent(s: Sample) -> None:
+    d = DIALECTS[s.dialect]
+    for m in s.messages:
+        v = d.view(m)
+        assert v.role == m["role"]
+        assert not v.blank or m["role"] == "assistant"  # only the empty prefill is blank
+        if v.calls_tools:
+            assert v.role == "assistant"
+        if s.dialect == "openai" and m["role"] == "tool":
+            assert v.tool_result_ids == (m["tool_call_id"],)
+
+
+def test_content_blocks_key() -> None:
+    assert ANTHROPIC.content_blocks_key() == OPENAI.content_blocks_key() == "content"
+
+
+# -- routing ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "dialect"),
+    [
+        ("POST", "/v1/messages", "anthropic"),
+        ("POST", "/v1/messages?beta=true", "anthropic"),
+        ("POST", "/v1/messages/", "anthropic"),
+        ("POST", "/anthropic/v1/messages", "anthropic"),
+        ("post", "/v1/messages", "anthropic"),
+        ("POST", "/v1/chat/completions", "openai"),
+        ("POST", "/openai/v1/chat/completions?api-version=1", "openai"),
+        ("POST", "/api/proxy/v1/chat/completions#x", "openai"),
+        ("POST", "/v1/messages/count_tokens", None),
+        ("POST", "/v1/messages/count_tokens?beta=true", None),
+        ("POST", "/v1/messages/batches", None),
+        ("POST", "/v1/messages/batches/msgbatch_1/cancel", None),
+        ("POST", "/v1/completions", None),
+        ("POST", "/v1/responses", None),
+        ("POST", "/v1/chat/completions/abc", None),
+        ("POST", "/xv1/messages", None),
+        ("POST", "/", None),
+        ("POST", "", None),
+        ("GET", "/v1/messages", None),
+        ("GET", "/v1/chat/completions", None),
+        ("PUT", "/v1/messages", None),
+        ("OPTIONS", "/v1/chat/completions", None),
+    ],
+)
+def test_route(method: str, path: str, dialect: str | None) -> None:
+    d = route(method, path)
+    assert (d.name if d else None) == dialect
+    if dialect:
+        assert d is DIALECTS[dialect]
