@@ -40,7 +40,7 @@ from bench.corpus import TARGET_MESSAGES, anthropic_body, openai_body
 from cg.body import BodyIndex, index_body
 from cg.dialects import ANTHROPIC, OPENAI, Dialect
 from cg.jsonspan import walk_document
-from cg.pipeline import Step
+from cg.pipeline import RequestContext, Step
 from cg.rewrite import rewrite_body
 from cg.shape import check_wire_roles, introduced, validate_shape
 from cg.splice import Insert, Keep, Plan, identity, plan_sources, plan_views, splice
@@ -108,7 +108,8 @@ class CutMiddle:
     def __init__(self, summary: Insert) -> None:
         self.summary = summary
 
-    def apply(self, index: BodyIndex, plan: Plan) -> Step:
+    def apply(self, req: RequestContext, plan: Plan) -> Step:
+        index = req.index
         return Step(cut_plan(len(index.messages), self.summary), "bench")
 
 

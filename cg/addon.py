@@ -16,6 +16,7 @@ from typing import Any
 from mitmproxy import ctx, exceptions, http
 
 from cg import __version__, control
+from cg.body import MessageCache
 from cg.dialects import route
 from cg.pipeline import Component
 from cg.rewrite import rewrite_body
@@ -32,6 +33,7 @@ KNOWN_COMPONENTS: dict[str, type] = {}
 class ContextGuru:
     def __init__(self) -> None:
         self.stats = Stats()
+        self.cache = MessageCache()
         self.config = Config()
         self.components: list[Component] = []
         self.hosts: Sequence[str] = ()
@@ -131,7 +133,9 @@ class ContextGuru:
                     "reason": f"cannot decode body: {e}",
                 }
             if raw is not None:
-                result = rewrite_body(raw, dialect, self.components)
+                result = rewrite_body(
+                    raw, dialect, self.components, headers=req.headers, cache=self.cache
+                )
                 record = result.record
                 if result.body is not None:
                     try:

@@ -7,7 +7,10 @@ passes through untouched.
 
 from __future__ import annotations
 
+from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from cg.dialects import Dialect, MessageShapeError, MessageView
 from cg.jsonspan import ArraySpan, Element, JsonSpanError, Member, walk_document, walk_object
@@ -55,7 +58,42 @@ class BodyIndex:
         return self._blocks[i]
 
 
-def index_body(raw: bytes, dialect: Dialect) -> BodyIndex:
+class MessageCache:
+    """The message lists of recent requests, so a turn that repeats the previous turn's
+    messages (every agent turn does) parses and views only what is new.
+
+    Lists are keyed by dialect and first message: an agent session keeps its first message, so
+    its next turn finds its previous one. Parsed values and views are shared read-only.
+    """
+
+    def __init__(self, max_lists: int = 16) -> None:
+        self.max_lists = max_lists
+        self._lists: OrderedDict[tuple[str, str], list[tuple[str, Any, MessageView]]] = (
+            OrderedDict()
+        )
+        self.hits = 0
+
+    def offer(self, dialect: Dialect) -> Callable[[str, int], list[tuple[str, Any, MessageView]]]:
+        def known(text: str, first: int) -> list[tuple[str, Any, MessageView]]:
+            for (name, src), msgs in reversed(self._lists.items()):
+                if name == dialect.name and text.startswith(src, first):
+                    self._lists.move_to_end((name, src))
+                    return msgs
+            return []
+
+        return known
+
+    def remember(self, index: BodyIndex) -> None:
+        if not index.messages:
+            return
+        msgs = [(index.source(i), m.value, m.view) for i, m in enumerate(index.messages)]
+        self._lists[(index.dialect.name, msgs[0][0])] = msgs
+        self._lists.move_to_end((index.dialect.name, msgs[0][0]))
+        while len(self._lists) > self.max_lists:
+            self._lists.popitem(last=False)
+
+
+def index_body(raw: bytes, dialect: Dialect, cache: MessageCache | None = None) -> BodyIndex:
     if not raw:
         raise BodyRejected("empty body")
     try:
@@ -67,8 +105,14 @@ def index_body(raw: bytes, dialect: Dialect) -> BodyIndex:
     stripped = text.lstrip(" \t\r\n")
     if stripped[:1] != "{":
         raise BodyRejected("body is not a JSON object")
+    offered: list[tuple[str, Any, MessageView]] = []
+
+    def known(t: str, first: int) -> list[tuple[str, Any, MessageView]]:
+        offered.extend(cache.offer(dialect)(t, first) if cache is not None else ())
+        return offered
+
     try:
-        members = walk_document(text, arrays=("messages",))
+        members = walk_document(text, arrays=("messages",), known=known)
     except (JsonSpanError, RecursionError) as e:
         raise BodyRejected(f"malformed JSON: {e}") from None
     by_key: dict[str, Member] = {}
@@ -83,13 +127,21 @@ def index_body(raw: bytes, dialect: Dialect) -> BodyIndex:
         raise BodyRejected(f"'messages' is a {type(msgs.value).__name__}, not an array")
     out: list[RawMessage] = []
     for n, el in enumerate(msgs.array.elements):
-        out.append(_message(dialect, n, el))
-    return BodyIndex(raw, text, dialect, by_key, msgs.array, out)
+        if n < len(offered) and el.value is offered[n][1]:
+            out.append(RawMessage(el.start, el.end, el.value, offered[n][2]))
+            if cache is not None:
+                cache.hits += 1
+        else:
+            out.append(_message(dialect, n, el))
+    index = BodyIndex(raw, text, dialect, by_key, msgs.array, out)
+    if cache is not None:
+        cache.remember(index)
+    return index
 
 
 def _message(dialect: Dialect, n: int, el: Element) -> RawMessage:
     if not isinstance(el.value, dict):
-        raise BodyRejected(f"messages[{n}] is a {type(el.value).__name__}, not an object")
+        raise BodyRejected(f"messages[{n}] is not an object (got {type(el.value).__name__})")
     try:
         view = dialect.view(el.value)
     except MessageShapeError as e:

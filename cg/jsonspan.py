@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Collection
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from json.decoder import scanstring  # type: ignore[attr-defined]
 from typing import Any
@@ -64,8 +64,18 @@ def skip_ws(text: str, i: int) -> int:
     return m.end()
 
 
-def walk_array(text: str, i: int) -> ArraySpan:
-    """Walk the array starting at `text[i]`, parsing each element once."""
+# Offered items begin with `(source, value)`; anything after is the caller's.
+Known = Callable[[str, int], Sequence[tuple[Any, ...]]]
+
+
+def walk_array(text: str, i: int, known: Known | None = None) -> ArraySpan:
+    """Walk the array starting at `text[i]`, parsing each element once.
+
+    `known(text, first)` may offer `(source, value)` pairs for the leading elements, e.g. the
+    previous turn's messages: while the text repeats them verbatim, their parsed values are
+    reused and nothing is parsed. Objects and arrays are self-delimiting, so a verbatim match
+    of a whole object's source is that element exactly.
+    """
     if text[i : i + 1] != "[":
         raise JsonSpanError("expected '['", i)
     start = i
@@ -73,11 +83,22 @@ def walk_array(text: str, i: int) -> ArraySpan:
     i = skip_ws(text, i + 1)
     if text[i : i + 1] == "]":
         return ArraySpan(start, i + 1, ())
+    offered = known(text, i) if known is not None else ()
+    k = 0
     while True:
-        try:
-            value, end = _DECODER.raw_decode(text, i)
-        except json.JSONDecodeError as e:
-            raise JsonSpanError(f"bad array element: {e.msg}", e.pos) from None
+        if (
+            k < len(offered)
+            and offered[k][0][:1] in ("{", "[")
+            and text.startswith(offered[k][0], i)
+        ):
+            value, end = offered[k][1], i + len(offered[k][0])
+            k += 1
+        else:
+            k = len(offered)
+            try:
+                value, end = _DECODER.raw_decode(text, i)
+            except json.JSONDecodeError as e:
+                raise JsonSpanError(f"bad array element: {e.msg}", e.pos) from None
         elements.append(Element(i, end, value))
         sep = _ARRAY_SEP.match(text, end)  # one match per element: this loop is the hot path
         if sep is None:
@@ -87,7 +108,9 @@ def walk_array(text: str, i: int) -> ArraySpan:
         i = sep.end()
 
 
-def walk_object(text: str, i: int, arrays: Collection[str] = ()) -> tuple[list[Member], int]:
+def walk_object(
+    text: str, i: int, arrays: Collection[str] = (), known: Known | None = None
+) -> tuple[list[Member], int]:
     """Walk the object starting at `text[i]`; return its members in order and its end index.
 
     Values under keys in `arrays` that are arrays are walked element by element (each element
@@ -111,7 +134,7 @@ def walk_object(text: str, i: int, arrays: Collection[str] = ()) -> tuple[list[M
             raise JsonSpanError("expected ':'", i)
         i = skip_ws(text, i + 1)
         if key in arrays and text[i : i + 1] == "[":
-            arr = walk_array(text, i)
+            arr = walk_array(text, i, known)
             value = [e.value for e in arr.elements]
             members.append(Member(key, i, arr.end, value, arr))
             end = arr.end
@@ -131,10 +154,12 @@ def walk_object(text: str, i: int, arrays: Collection[str] = ()) -> tuple[list[M
             raise JsonSpanError("expected ',' or '}'", i)
 
 
-def walk_document(text: str, arrays: Collection[str] = ()) -> list[Member]:
+def walk_document(
+    text: str, arrays: Collection[str] = (), known: Known | None = None
+) -> list[Member]:
     """Walk a whole document that must be one JSON object, with only whitespace around it."""
     i = skip_ws(text, 0)
-    members, end = walk_object(text, i, arrays)
+    members, end = walk_object(text, i, arrays, known)
     if skip_ws(text, end) != len(text):
         raise JsonSpanError("trailing data after the object", end)
     return members

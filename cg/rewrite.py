@@ -7,13 +7,14 @@ violation the rewrite introduced, it returns `body=None` (forward the original) 
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from cg.body import BodyRejected, index_body
+from cg.body import BodyRejected, MessageCache, index_body
 from cg.dialects import Dialect
-from cg.pipeline import Component, run_pipeline
+from cg.pipeline import Component, PipelineResult, RequestContext, run_pipeline
+from cg.session import session_of
 from cg.shape import check_wire_roles, introduced, validate_shape
 from cg.splice import is_identity, plan_sources, plan_views, splice
 
@@ -26,6 +27,7 @@ class Rewrite:
 
     body: bytes | None
     record: dict[str, Any]
+    commissions: list[tuple[Component, Any]] = field(default_factory=list)
 
     @property
     def outcome(self) -> Outcome:
@@ -33,7 +35,16 @@ class Rewrite:
         return o
 
 
-def rewrite_body(raw: bytes, dialect: Dialect, components: Sequence[Component]) -> Rewrite:
+def rewrite_body(
+    raw: bytes,
+    dialect: Dialect,
+    components: Sequence[Component],
+    *,
+    headers: Mapping[str, str] | None = None,
+    now: float | None = None,
+    cache: MessageCache | None = None,
+) -> Rewrite:
+    """Run one request body through the pipeline. `headers` are read, never stored."""
     t0 = time.perf_counter()
     timings: dict[str, float] = {}
     record: dict[str, Any] = {"dialect": dialect.name, "timings_ms": timings}
@@ -43,15 +54,17 @@ def rewrite_body(raw: bytes, dialect: Dialect, components: Sequence[Component]) 
         timings[name] = round((now - since) * 1000, 3)
         return now
 
+    result: PipelineResult | None = None
+
     def done(outcome: Outcome, reason: str, body: bytes | None = None) -> Rewrite:
         record["outcome"] = outcome
         record["reason"] = reason
         timings["total"] = round((time.perf_counter() - t0) * 1000, 3)
-        return Rewrite(body, record)
+        return Rewrite(body, record, result.commissions if result is not None else [])
 
     try:
         try:
-            index = index_body(raw, dialect)
+            index = index_body(raw, dialect, cache)
         except BodyRejected as e:
             return done("passed_through", str(e))
         t = lap("index", t0)
@@ -60,7 +73,12 @@ def rewrite_body(raw: bytes, dialect: Dialect, components: Sequence[Component]) 
         if before:
             record["input_violations"] = [v.to_json() for v in before]
 
-        result = run_pipeline(components, index)
+        if not components:
+            return done("passed_through", "no components in the pipeline")
+        sid = session_of(headers or {}, index)
+        record["session"] = sid.id
+        req = RequestContext(index, sid.id, headers or {}, time.time() if now is None else now)
+        result = run_pipeline(components, req)
         record["components"] = result.records
         t = lap("pipeline", t)
         if is_identity(result.plan, len(index.messages)):
@@ -71,12 +89,8 @@ def rewrite_body(raw: bytes, dialect: Dialect, components: Sequence[Component]) 
         record["messages_out"] = len(result.plan)
         after = validate_shape(plan_views(index, result.plan), dialect)
         bad = introduced(before, after, plan_sources(result.plan))
-        wire = check_wire_roles(new, dialect)
-        before_roles = {
-            f"m{i}" for i, m in enumerate(index.views) if m.role not in dialect.wire_roles
-        }
-        sources = plan_sources(result.plan)
-        bad += [v for v in wire if v.index < 0 or sources[v.index] not in before_roles]
+        # index_body admits only wire-legal roles, so any role violation here is the rewrite's.
+        bad += check_wire_roles(new, dialect)
         lap("validate", t)
         if bad:
             record["violations"] = [v.to_json() for v in bad]

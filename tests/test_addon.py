@@ -19,8 +19,7 @@ with warnings.catch_warnings():
 
 from cg import addon as addon_mod
 from cg.addon import BYPASS_HEADER, META, ContextGuru
-from cg.body import BodyIndex
-from cg.pipeline import Step
+from cg.pipeline import RequestContext, Step
 from cg.splice import Insert, Keep, Plan
 
 MSGS = [
@@ -44,7 +43,8 @@ class Toy:
     def __init__(self, config: dict[str, Any]) -> None:
         self.role = config.get("role", "user")
 
-    def apply(self, index: BodyIndex, plan: Plan) -> Step:
+    def apply(self, req: RequestContext, plan: Plan) -> Step:
+        index = req.index
         Toy.calls += 1
         n = len(index.messages)
         summary = Insert.message({**SUMMARY, "role": self.role}, index.dialect)
@@ -97,7 +97,7 @@ async def test_off_preset_passes_the_same_bytes_and_records_why() -> None:
         rec = f.metadata[META]
         assert (rec["outcome"], rec["reason"], rec["dialect"]) == (
             "passed_through",
-            "no component acted",
+            "no components in the pipeline",
             "anthropic",
         )
         assert rec["messages_in"] == 5 and "hook" in rec["timings_ms"]

@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 from hypothesis import given
+from hypothesis import strategies as st
 
-from cg.body import BodyRejected, index_body
+from cg.body import BodyIndex, BodyRejected, MessageCache, index_body
 from cg.dialects import ANTHROPIC, DIALECTS, OPENAI, Dialect
-from tests.strategies import SETTINGS, Sample, bodies
+from tests.strategies import SETTINGS, Sample, bodies, dumps, styles
+
+FIXTURE = Path(__file__).parent / "fixtures" / "claude_code_2.1.197_turn16.json"
 
 
 @SETTINGS
@@ -92,15 +96,27 @@ def test_whitespace_around_the_document_is_fine() -> None:
         (b'{"model": "m"}', ANTHROPIC, "no 'messages' field"),
         (b'{"messages": {"role": "user"}}', ANTHROPIC, "is a dict, not an array"),
         (b'{"messages": null}', OPENAI, "is a NoneType, not an array"),
-        (b'{"messages": ["hi"]}', ANTHROPIC, "messages[0] is a str, not an object"),
-        (b'{"messages": [{"role": "user", "content": "a"}, 7]}', OPENAI, "messages[1] is a int"),
+        (b'{"messages": ["hi"]}', ANTHROPIC, "messages[0] is not an object (got str)"),
+        (
+            b'{"messages": [{"role": "user", "content": "a"}, 7]}',
+            OPENAI,
+            "messages[1] is not an object (got int)",
+        ),
         (b'{"messages": [{"content": "a"}]}', ANTHROPIC, "messages[0]: a message has no string"),
         (b'{"messages": [{"role": 1, "content": "a"}]}', OPENAI, "no string 'role'"),
         (b'{"messages": [{"role": "tool", "content": "a"}]}', ANTHROPIC, "unknown role 'tool'"),
         (b'{"messages": [{"role": "developer", "content": "a"}]}', ANTHROPIC, "unknown role"),
         (b'{"messages": [{"role": "robot", "content": "a"}]}', OPENAI, "unknown role 'robot'"),
-        (b'{"messages": [{"role": "user", "content": 5}]}', ANTHROPIC, "'content' is a int"),
-        (b'{"messages": [{"role": "user", "content": {}}]}', OPENAI, "'content' is a dict"),
+        (
+            b'{"messages": [{"role": "user", "content": 5}]}',
+            ANTHROPIC,
+            "'content' is not a string or an array (got int)",
+        ),
+        (
+            b'{"messages": [{"role": "user", "content": {}}]}',
+            OPENAI,
+            "'content' is not a string or an array (got dict)",
+        ),
         (b'{"messages": [{"role": "user", "content": ["x"]}]}', ANTHROPIC, "content block"),
         (b'{"messages": [{"role": "user", "content": [{"text": "x"}]}]}', OPENAI, "content part"),
         (b'{"messages": [{"role": "assistant", "tool_calls": {}}]}', OPENAI, "'tool_calls'"),
@@ -134,3 +150,63 @@ def test_unknown_block_types_are_indexed_not_rejected() -> None:
     ).encode()
     idx = index_body(raw, ANTHROPIC)
     assert [v.block_types for v in idx.views] == [("x_new",), ("mystery", "text")]
+
+
+# --------------------------------------------------------------------------------------------
+# MessageCache: the next turn reuses the previous turn's parsed messages, and nothing changes
+# --------------------------------------------------------------------------------------------
+
+
+def _same_index(a: BodyIndex, b: BodyIndex) -> None:
+    assert [(m.start, m.end) for m in a.messages] == [(m.start, m.end) for m in b.messages]
+    assert [m.value for m in a.messages] == [m.value for m in b.messages]
+    assert a.views == b.views
+    assert (a.array.start, a.array.end) == (b.array.start, b.array.end)
+    assert list(a.members) == list(b.members)
+
+
+@SETTINGS
+@given(bodies(min_turns=1), st.data())
+def test_cached_index_equals_a_fresh_one_on_grown_edited_and_reserialised_turns(
+    s: Sample, data: st.DataObject
+) -> None:
+    d = DIALECTS[s.dialect]
+    cache = MessageCache()
+    first = index_body(s.raw, d, cache)
+    _same_index(first, index_body(s.raw, d))
+
+    # the next turn: the same messages (maybe one edited, maybe re-serialised) plus new ones
+    msgs = list(s.messages)
+    edit: bool = data.draw(st.booleans(), label="edit")
+    if msgs and edit:
+        k = data.draw(st.integers(0, len(msgs) - 1), label="edited")
+        msgs[k] = {"role": "user", "content": "edited history"}
+    msgs += [{"role": "user", "content": "one more turn ✓"}]
+    style = s.style if data.draw(st.booleans(), label="same style") else data.draw(styles)
+    body = {**s.body, "messages": msgs}
+    raw = dumps(body, style).encode()
+    hits = cache.hits
+    cached = index_body(raw, d, cache)
+    _same_index(cached, index_body(raw, d))
+    if style == s.style and msgs[: len(s.messages)] == s.messages:
+        assert cache.hits - hits == len(s.messages), "the repeated prefix was not reused"
+
+
+def test_cache_reuses_the_previous_turn_of_the_claude_code_fixture() -> None:
+    raw = FIXTURE.read_bytes()
+    cache = MessageCache()
+    index_body(raw, ANTHROPIC, cache)
+    doc = json.loads(raw)
+    doc["messages"].append({"role": "user", "content": "next"})
+    grown = json.dumps(doc, separators=(",", ":"), ensure_ascii=False).encode()
+    before = cache.hits
+    cached = index_body(grown, ANTHROPIC, cache)
+    assert cache.hits - before > 0, "vacuity: the fixture's messages were not found in the cache"
+    _same_index(cached, index_body(grown, ANTHROPIC))
+
+
+def test_cache_is_bounded() -> None:
+    cache = MessageCache(max_lists=2)
+    for n in range(5):
+        index_body(f'{{"messages":[{{"role":"user","content":"{n}"}}]}}'.encode(), OPENAI, cache)
+    assert len(cache._lists) == 2

@@ -12,7 +12,7 @@ from hypothesis import given
 
 from cg.body import BodyIndex, index_body
 from cg.dialects import ANTHROPIC, DIALECTS, OPENAI, Dialect
-from cg.pipeline import Step, run_pipeline
+from cg.pipeline import RequestContext, Step, run_pipeline
 from cg.rewrite import rewrite_body
 from cg.shape import validate_shape
 from cg.splice import Insert, Keep, Plan
@@ -27,7 +27,8 @@ class Toy:
     fn: Callable[[BodyIndex, Plan], Plan | None]
     calls: int = 0
 
-    def apply(self, index: BodyIndex, plan: Plan) -> Step:
+    def apply(self, req: RequestContext, plan: Plan) -> Step:
+        index = req.index
         self.calls += 1
         new = self.fn(index, plan)
         return Step(new, "acted" if new is not None else "skipped", {"seen": len(plan)})
@@ -211,7 +212,10 @@ def test_a_preexisting_violation_is_recorded_not_refused() -> None:
         (b'{"messages": [1]}', "not an object"),
         (b'{"messages": [{"role": "user", "content": "\xe9t\xe9"}]}', "not UTF-8"),
         (b'{"messages": [{"role": "wizard", "content": "x"}]}', "unknown role 'wizard'"),
-        (b'{"messages": [{"role": "user", "content": 7}]}', "'content' is a int"),
+        (
+            b'{"messages": [{"role": "user", "content": 7}]}',
+            "'content' is not a string or an array (got int)",
+        ),
         (b'{"model": "m"}', "no 'messages' field"),
     ],
 )
@@ -265,7 +269,7 @@ def test_rewrite_of_any_generated_body_is_valid_or_fails_open(s: Sample) -> None
 def test_run_pipeline_records_each_component() -> None:
     idx = index_body(body(CHAT), ANTHROPIC)
     skip = Toy("skip", lambda i, p: None)
-    res = run_pipeline([skip, raiser(), summarize_middle()], idx)
+    res = run_pipeline([skip, raiser(), summarize_middle()], RequestContext(idx))
     assert [r["component"] for r in res.records] == ["skip", "raiser", "summarize"]
     assert [r["acted"] for r in res.records] == [False, False, True]
     assert res.records[0]["reason"] == "skipped"

@@ -28,7 +28,7 @@ from cg.session import (
 TURN16 = next(
     (
         d / "claude_code_2.1.197_turn16.json"
-        for d in (Path(__file__).parent / "fixtures", Path("/work/shared/fixtures"))
+        for d in (Path(__file__).parent / "fixtures",)
         if (d / "claude_code_2.1.197_turn16.json").is_file()
     ),
     Path("missing"),

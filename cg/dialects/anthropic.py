@@ -77,7 +77,9 @@ class Anthropic(Dialect):
         if isinstance(content, str):
             return MessageView(role, content, "string", (), (), (), is_blank_text(content))
         if not isinstance(content, list):
-            raise MessageShapeError(f"'content' is a {type(content).__name__}")
+            raise MessageShapeError(
+                f"'content' is not a string or an array (got {type(content).__name__})"
+            )
         form = "blocks"
         blocks = tuple([_block(b) for b in content])
         texts: list[str] = []

@@ -58,7 +58,9 @@ class OpenAI(Dialect):
             form, blank = "blocks", not blocks or any(b.blank for b in blocks)
             texts.extend(b.text for b in blocks if b.text)
         else:
-            raise MessageShapeError(f"'content' is a {type(content).__name__}")
+            raise MessageShapeError(
+                f"'content' is not a string or an array (got {type(content).__name__})"
+            )
 
         calls: list[str] = []
         raw_calls = message.get("tool_calls")

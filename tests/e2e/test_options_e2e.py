@@ -38,7 +38,7 @@ def _body(size: int) -> bytes:
 @pytest.mark.parametrize(
     ("size", "reason"),
     [
-        (MB // 2, "no component acted"),
+        (MB // 2, "no components in the pipeline"),
         (2 * MB, "over cg_max_body_mb"),
         (4 * MB, "body streamed"),
     ],

@@ -74,7 +74,7 @@ def _check(
     cg: dict[str, Any] = record["cg"]
     assert cg["dialect"] == dialect
     assert cg["outcome"] == "passed_through"
-    assert cg["reason"] == "no component acted"
+    assert cg["reason"] == "no components in the pipeline"
     return cg
 
 
