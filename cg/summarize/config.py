@@ -1,0 +1,99 @@
+"""The `summarize` component's configuration (SPEC §5.1), strict: unknown keys and bad values
+are refused with a message naming the key and the value; nothing is clamped."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, model_validator
+
+from cg.settings import describe
+
+Fraction = float
+
+
+class TriggerConfig(BaseModel):
+    """Request-level gates, ANDed; a zero or unset gate imposes nothing."""
+
+    model_config = ConfigDict(extra="forbid")
+    min_request_tokens: int = Field(0, ge=0)
+    min_messages: int | None = Field(None, ge=0)
+    min_output_tokens: int = Field(0, ge=0)
+    min_request_frac: float = Field(0.9, ge=0, le=1)
+    min_output_frac: float = Field(0.0, ge=0, le=1)
+    huge_output_frac: float = Field(0.0, ge=0, le=1)
+
+
+class ModelConfig(BaseModel):
+    """Which model writes the summary. `api_key` is write-only: never printed, logged or stored."""
+
+    model_config = ConfigDict(extra="forbid")
+    source: Literal["incoming", "config"] = "incoming"
+    model: str | None = None
+    provider: Literal["anthropic", "openai"] | None = None
+    base_url: str | None = None
+    api_key: SecretStr | None = None
+    auth: Literal["x-api-key", "bearer"] | None = None
+
+
+class SummarizeConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    summary_level: Literal["concise", "regular", "highly_detailed"] = "regular"
+    keep_first: int = Field(1, ge=0)
+    keep_last: int = Field(3, ge=0)
+    min_tokens: int = Field(500, ge=0)
+    include_tool_calls: bool = False
+    resummarize_tokens: int = Field(6000, ge=0)
+    start_from_message: int = Field(6, ge=0)
+    custom_prompt: str | None = None
+    marker_mode: Literal["full", "summary", "off"] = "full"
+    cache_state: Literal["cold", "any"] = "cold"
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    trigger: TriggerConfig = Field(default_factory=TriggerConfig)
+
+    @model_validator(mode="after")
+    def _fold_legacy(self) -> SummarizeConfig:
+        # `start_from_message` is the legacy spelling of `trigger.min_messages`.
+        if self.trigger.min_messages is None:
+            self.trigger.min_messages = self.start_from_message
+        return self
+
+    @property
+    def min_messages(self) -> int:
+        return self.trigger.min_messages or 0
+
+
+CHEAP_ENV = {
+    "CHEAP_MODEL": "model",
+    "CHEAP_MODEL_PROVIDER": "provider",
+    "CHEAP_MODEL_BASE_URL": "base_url",
+    "CHEAP_MODEL_API_KEY": "api_key",
+    "CHEAP_MODEL_AUTH": "auth",
+}
+
+
+def parse_summarize(
+    raw: Mapping[str, Any], env: Mapping[str, str] | None = None
+) -> SummarizeConfig:
+    """Validate a `components.summarize` block; `CHEAP_MODEL*` env fills unset `model.*` keys.
+
+    The environment is read here, when settings are built, never at import.
+    """
+    env = os.environ if env is None else env
+    data = dict(raw)
+    model = (
+        dict(data.get("model") or {})
+        if isinstance(data.get("model"), Mapping)
+        else data.get("model")
+    )
+    if isinstance(model, dict):
+        for var, key in CHEAP_ENV.items():
+            if env.get(var) and model.get(key) in (None, ""):
+                model[key] = env[var]
+        data["model"] = model
+    try:
+        return SummarizeConfig.model_validate(data)
+    except ValidationError as e:
+        raise ValueError(describe(e, "components.summarize", secret_keys={"api_key"})) from None

@@ -1,0 +1,195 @@
+"""The summarizer's prompt (SPEC §5.5) and the summary message it turns into (§5.6).
+
+The prompt is grounded in the task: the first user turn and the latest user and assistant turns
+are given as what to summarize toward. An operator's `custom_prompt` is framed as the operator's
+instruction with a stated precedence — pasted bare after a long trajectory it reads as more
+trajectory — and two limits survive it: no invention, and the `<summary>` format.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+
+from cg.dialects import MessageView
+
+MASK = "<masked_tool_output>"
+TRAJECTORY_CAP_CHARS = 120_000
+GROUNDING_CAP_CHARS = 4_000
+CALL_CAP_CHARS = 1_000
+HEADER = "=== History Summary ==="
+SENTINEL = "⟪cg⟫"
+
+LEVELS = {
+    "concise": (
+        "Be concise: a short paragraph of state plus a terse bullet list of what was done, what "
+        "was learned and what is left. Prefer omission over detail."
+    ),
+    "regular": (
+        "Cover: the goal as it now stands; what was done and its outcome; files, commands, "
+        "identifiers and values that later work depends on; decisions and their reasons; errors "
+        "met and how they were resolved; what is still open."
+    ),
+    "highly_detailed": (
+        "Be thorough: keep every file path, command, identifier, number, error message and "
+        "decision that later work could need, in the order they happened, grouped by sub-task. "
+        "Quote short exact strings rather than paraphrasing them."
+    ),
+}
+
+
+def _clip(text: str, cap: int) -> str:
+    return text if len(text) <= cap else text[: cap // 2] + "\n[…]\n" + text[-cap // 2 :]
+
+
+def render_message(v: MessageView, include_tool_calls: bool) -> str:
+    """A message as readable text; tool outputs masked unless `include_tool_calls`."""
+    if v.role == "tool":
+        return v.text if include_tool_calls else MASK
+    if not v.blocks:
+        return v.text
+    parts: list[str] = []
+    for b in v.blocks:
+        if b.type in ("thinking", "redacted_thinking"):
+            continue
+        if b.type == "tool_result":
+            parts.append(
+                f"[tool_result]\n{b.text}" if include_tool_calls else f"[tool_result] {MASK}"
+            )
+        elif b.type == "tool_use":
+            parts.append(_clip(b.text, CALL_CAP_CHARS))
+        elif b.text:
+            parts.append(b.text)
+    return "\n".join(parts)
+
+
+def render_trajectory(
+    views: Sequence[MessageView], include_tool_calls: bool, cap: int = TRAJECTORY_CAP_CHARS
+) -> str:
+    """`[role]\\ntext` blocks, capped keeping the most recent part (the full span is stashed)."""
+    blocks = [f"[{v.role}]\n{render_message(v, include_tool_calls)}" for v in views]
+    total = 0
+    keep = 0
+    for b in reversed(blocks):
+        if total + len(b) + 2 > cap and keep:
+            break
+        total += len(b) + 2
+        keep += 1
+    omitted = len(blocks) - keep
+    kept = blocks[omitted:]
+    if kept and len(kept[0]) > cap:
+        kept[0] = "[…]" + kept[0][-cap:]
+    head = [f"[… {omitted} earlier messages omitted …]"] if omitted else []
+    return "\n\n".join(head + kept)
+
+
+def _user_text(v: MessageView) -> str:
+    """A user turn's own words, without tool results."""
+    if not v.blocks:
+        return v.text
+    return "\n".join(b.text for b in v.blocks if b.type == "text" and b.text)
+
+
+def grounding(views: Sequence[MessageView]) -> tuple[str, str, str]:
+    """(first user turn, latest user turn, latest assistant turn) of the whole transcript."""
+    users = [t for v in views if v.role == "user" and (t := _user_text(v).strip())]
+    assistants = [t for v in views if v.role == "assistant" and (t := v.text.strip())]
+    first = users[0] if users else ""
+    latest_user = users[-1] if len(users) > 1 else ""
+    latest_assistant = assistants[-1] if assistants else ""
+    return (
+        _clip(first, GROUNDING_CAP_CHARS),
+        _clip(latest_user, GROUNDING_CAP_CHARS),
+        _clip(latest_assistant, GROUNDING_CAP_CHARS),
+    )
+
+
+def build_prompt(
+    span: Sequence[MessageView],
+    transcript: Sequence[MessageView],
+    *,
+    level: str = "regular",
+    include_tool_calls: bool = False,
+    custom_prompt: str | None = None,
+    previous_summary: str | None = None,
+    cap: int = TRAJECTORY_CAP_CHARS,
+) -> str:
+    first, latest_user, latest_assistant = grounding(transcript)
+    out = [
+        "You are compressing the middle of a long conversation between a user and an AI agent "
+        "into a summary the agent will read in place of those messages, then continue its work.",
+        "",
+        "## The task — summarize toward this",
+        f"<first_user_turn>\n{first}\n</first_user_turn>",
+    ]
+    if latest_user:
+        out.append(f"<latest_user_turn>\n{latest_user}\n</latest_user_turn>")
+    if latest_assistant:
+        out.append(f"<latest_assistant_turn>\n{latest_assistant}\n</latest_assistant_turn>")
+    if previous_summary:
+        out += [
+            "",
+            "## The summary of what came before these messages",
+            f"<previous_summary>\n{previous_summary}\n</previous_summary>",
+        ]
+    out += [
+        "",
+        "## The messages to summarize",
+        f"<conversation>\n{render_trajectory(span, include_tool_calls, cap)}\n</conversation>",
+        "",
+        "## How to write the summary",
+        LEVELS[level],
+    ]
+    if not include_tool_calls:
+        out.append(
+            f"Tool outputs are masked as {MASK}: do not guess what they contained; say only what "
+            "the surrounding messages establish about them."
+        )
+    if custom_prompt and custom_prompt.strip():
+        out += [
+            "",
+            "## Operator instruction",
+            "The text below is an instruction from the operator who deployed this summarizer. It "
+            "is not part of the conversation: do not summarize it, follow it. It takes precedence "
+            "over the guidance above on what to include and how to organise the summary, but not "
+            "over the two rules that close this prompt.",
+            f"<operator_instruction>\n{custom_prompt.strip()}\n</operator_instruction>",
+        ]
+    out += [
+        "",
+        "## Rules that always hold",
+        "1. Use only what the conversation above contains. Never invent files, commands, results, "
+        "decisions, names or facts that are absent from it; if something is unknown, say so.",
+        "2. Write the summary inside <summary>…</summary> and write nothing outside those tags.",
+    ]
+    return "\n".join(out)
+
+
+_SUMMARY_RE = re.compile(r"<summary>(.*?)</summary>", re.DOTALL)
+
+
+def extract_summary(answer: str | None) -> str | None:
+    """The model's summary text, with `<summary>` tags ensured; None when blank."""
+    if not answer:
+        return None
+    m = _SUMMARY_RE.search(answer)
+    body = m.group(1) if m else answer.replace("<summary>", "").replace("</summary>", "")
+    body = body.strip()
+    return body or None
+
+
+def summary_text(
+    summary: str, mode: str, key: str | None, replaced: int, expired: bool = False
+) -> str:
+    """The text of the summary message: header, `<summary>`, then the marker for `mode`."""
+    text = f"{HEADER}\n<summary>\n{summary}\n</summary>"
+    if mode == "full" and key and not expired:
+        text += (
+            f"\n[{replaced} earlier messages were replaced by this summary. To read them verbatim, "
+            f'call the context_guru_expand tool with id "{key}".] <<cg:{key}>>'
+        )
+    elif mode == "full" and key and expired:
+        text += f"\n[{replaced} earlier messages were replaced by this summary; the originals have expired.]"
+    elif mode == "summary":
+        text += f"\n{SENTINEL}"
+    return text

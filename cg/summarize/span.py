@@ -1,0 +1,94 @@
+"""Where the summary goes: `[head | span | tail]`, and orphaned tool results after the splice.
+
+The head retreats and the tail moves so that no tool exchange is split across a boundary and the
+user-role summary never follows a mid-array system message (SPEC §5.3). Orphan repair (§5.4) is
+the safety net behind those rules: it cuts a tool result whose call is gone, block by block, and
+never invents a placeholder.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from cg.body import BodyIndex
+from cg.dialects import MessageView
+from cg.splice import Cut, Keep, Piece, Plan, plan_views
+
+
+@dataclass(frozen=True, slots=True)
+class Span:
+    """`messages[:head]` kept, `messages[head:end]` summarized, `messages[end:]` kept."""
+
+    head: int
+    end: int
+
+
+def _is_result(v: MessageView) -> bool:
+    return bool(v.tool_result_ids) and v.role in ("user", "tool")
+
+
+def select_span(views: Sequence[MessageView], keep_first: int, keep_last: int) -> Span | str:
+    """The span to summarize, or the reason there is none."""
+    n = len(views)
+    if keep_first < 0 or keep_last < 0:
+        raise ValueError("keep_first and keep_last must be >= 0")
+    if n <= keep_first + keep_last:
+        return f"transcript of {n} messages is within keep_first + keep_last"
+    head = keep_first
+    # A loop: consecutive tool-calling assistant messages are malformed input, and each would
+    # emit an unanswered call; a mid-array system message must not be followed by the summary.
+    while head > 0 and (
+        views[head - 1].calls_tools or (head - 1 > 0 and views[head - 1].is_system)
+    ):
+        head -= 1
+    end = n - keep_last
+    advanced = end
+    while advanced < n and _is_result(views[advanced]):
+        advanced += 1
+    if advanced < n or keep_last == 0:
+        end = advanced
+    else:
+        # Advancing would leave no tail at all (the latest turn is a tool result): keep the
+        # latest exchange whole in the tail instead, by starting the tail at its call.
+        while end > head and _is_result(views[end]):
+            end -= 1
+    if end <= head:
+        return "no span between head and tail"
+    return Span(head, end)
+
+
+def repair_orphans(index: BodyIndex, plan: Plan) -> Plan:
+    """Cut every tool result whose call is not in the message that opens its run.
+
+    Anthropic: the `tool_result` blocks are cut from the user message, which is dropped whole
+    if nothing else is left. OpenAI: the `role: tool` message is dropped.
+    """
+    views = plan_views(index, plan)
+    anthropic = index.dialect.name == "anthropic"
+    out: list[Piece] = []
+    opener_calls: set[str] = set()
+    prev: MessageView | None = None
+    for piece, v in zip(plan, views, strict=True):
+        if anthropic:
+            opener_calls = set(prev.tool_call_ids) if prev and prev.role == "assistant" else set()
+        elif v.role != "tool":
+            opener_calls = set(v.tool_call_ids) if v.role == "assistant" else set()
+        if not v.tool_result_ids or all(r in opener_calls for r in v.tool_result_ids):
+            out.append(piece)
+            prev = v
+            continue
+        if not anthropic or not isinstance(piece, Keep | Cut):
+            continue  # an orphaned `tool` message goes whole
+        base = piece.drop if isinstance(piece, Cut) else frozenset()
+        live = [n for n in range(len(index.messages[piece.index].view.blocks)) if n not in base]
+        drop = set(base)
+        for n in live:
+            b = index.messages[piece.index].view.blocks[n]
+            if b.tool_result_id is not None and b.tool_result_id not in opener_calls:
+                drop.add(n)
+        if len(drop) < len(index.messages[piece.index].view.blocks):
+            out.append(Cut(piece.index, frozenset(drop)))
+            prev = v
+        # else: nothing left but orphans; the message is dropped whole
+    return out
