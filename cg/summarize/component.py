@@ -38,7 +38,7 @@ from cg.summarize.triggers import (
 )
 from cg.tokens import TokenCounter
 
-Outcome = Literal["completed", "blank", "failed", "timed_out", "stale"]
+Outcome = Literal["completed", "blank", "failed", "timed_out", "no_model"]
 
 
 class SummarizerError(Exception):
@@ -130,8 +130,10 @@ class Summarize:
         tokens: TokenCounter,
         model_windows: Mapping[str, int] | None = None,
         table: WindowTable | None = None,
+        summarizer: Summarizer | None = None,
     ) -> None:
         self.cfg = cfg
+        self.summarizer = summarizer
         self.store = store
         self.tokens = tokens
         self.model_windows = dict(model_windows or {})
@@ -299,9 +301,13 @@ class Summarize:
 
     # -- off the hot path ----------------------------------------------------------------------
 
-    async def complete(self, job: Commission, summarizer: Summarizer) -> Outcome:
-        """Run the summarizer for `job` and store the result as the session's checkpoint."""
+    async def complete(self, job: Commission, summarizer: Summarizer | None = None) -> Outcome:
+        """Run the summarizer for `job` (default: this component's) and store the result as the
+        session's checkpoint. With no summarizer at all, the job is a counted no-op."""
+        summarizer = summarizer or self.summarizer
         try:
+            if summarizer is None:
+                return "no_model"
             try:
                 answer = await summarizer(job.prompt(self.cfg), job)
             except SummarizerTimeout:
