@@ -8,26 +8,30 @@ the original untouched. Every provider flow ends with its decision record in
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from mitmproxy import ctx, exceptions, http
 
 from cg import __version__, control
 from cg.body import MessageCache
+from cg.components import COMPONENTS, Services, build_pipeline
 from cg.dialects import route
-from cg.pipeline import Component
+from cg.pipeline import Commissioner, Component
 from cg.rewrite import rewrite_body
 from cg.settings import Config, host_allowed, load_config
 from cg.stats import Stats
+from cg.store import Store, StoreError
+from cg.tokens import TokenCounter
 
 log = logging.getLogger("context_guru")
 
 META = "context_guru"
 BYPASS_HEADER = "x-context-guru-bypass"
-KNOWN_COMPONENTS: dict[str, type] = {}
 
 
 class ContextGuru:
@@ -39,19 +43,30 @@ class ContextGuru:
         self.hosts: Sequence[str] = ()
         self.max_body = 32 * 1024 * 1024
         self.allow_remote_control = False
+        self.tokens = TokenCounter()
+        self.store: Store | None = None
+        self.store_note = ""
+        self.tasks: dict[str, asyncio.Task[str]] = {}
 
     def load(self, loader: Any) -> None:
         loader.add_option(
             "cg_preset",
             str,
-            "off",
-            "context-guru preset: a name from presets/ (e.g. off).",
+            "summarize",
+            "context-guru preset, a name from presets/: summarize (default), summarizer1509, off.",
         )
         loader.add_option(
             "cg_config",
             str | None,
             None,
             "A context-guru YAML config file, merged over the preset.",
+        )
+        loader.add_option(
+            "cg_db",
+            str,
+            "",
+            "The SQLite file for stashes, checkpoints and session clocks; empty means the "
+            "config's store.path (default ~/.context-guru/cg.sqlite3).",
         )
         loader.add_option(
             "cg_hosts",
@@ -80,16 +95,44 @@ class ContextGuru:
         try:
             if opts.cg_max_body_mb < 0:
                 raise ValueError(f"cg_max_body_mb: must be >= 0 (got {opts.cg_max_body_mb})")
-            config = load_config(opts.cg_preset, opts.cg_config, list(KNOWN_COMPONENTS))
+            config = load_config(opts.cg_preset, opts.cg_config, list(COMPONENTS))
+            store = self._open_store(config, opts.cg_db) if config.pipeline else self.store
+            services = Services(store or Store.memory(), self.tokens, config.model_windows)
+            components = build_pipeline(config.pipeline, config.components, services)
         except ValueError as e:
             raise exceptions.OptionsError(str(e)) from None  # type: ignore[no-untyped-call]
         self.config = config
-        self.components = [
-            KNOWN_COMPONENTS[n](config.components.get(n, {})) for n in config.pipeline
-        ]
+        self.components = components
         self.hosts = tuple(opts.cg_hosts)
         self.max_body = opts.cg_max_body_mb * 1024 * 1024
         self.allow_remote_control = opts.cg_control_remote
+
+    def _open_store(self, config: Config, cg_db: str) -> Store:
+        """The store for this config; reopened only when its file changes.
+
+        A store that cannot be opened is not fatal: the proxy runs on an in-memory store, and
+        `full` markers degrade to none (nothing could be restored from them).
+        """
+        path = cg_db or config.store.path
+        if self.store is not None and self.store_note == path:
+            return self.store
+        if self.store is not None:
+            self.store.close()
+        try:
+            self.store = Store.from_config(config.store, path=cg_db or None)
+        except StoreError as e:
+            log.warning("context-guru: %s; running without a persistent store", e)
+            self.store = Store.memory()
+        self.store_note = path
+        return self.store
+
+    def done(self) -> None:
+        for task in list(self.tasks.values()):
+            task.cancel()
+        self.tasks.clear()
+        if self.store is not None:
+            self.store.close()
+            self.store = None
 
     # -- hooks -------------------------------------------------------------------------------
 
@@ -137,6 +180,9 @@ class ContextGuru:
                     raw, dialect, self.components, headers=req.headers, cache=self.cache
                 )
                 record = result.record
+                self._count_components(record)
+                if result.commissions:
+                    self._commission(result.commissions)
                 if result.body is not None:
                     try:
                         req.content = result.body
@@ -152,6 +198,54 @@ class ContextGuru:
         elif record["outcome"] == "rewritten":
             flow.marked = ":scissors:"
             flow.comment = f"cg: {record.get('messages_in')}→{record.get('messages_out')} messages"
+
+    # -- summaries, off the hot path ------------------------------------------------------------
+
+    def _count_components(self, record: dict[str, Any]) -> None:
+        for rec in record.get("components", ()):
+            if rec.get("reused") and record.get("outcome") == "rewritten":
+                self.stats.summaries.reused += 1
+                self.stats.tokens_before += int(rec.get("tokens", 0))
+                self.stats.tokens_after += int(rec.get("tokens_after", 0))
+
+    def _commission(self, commissions: list[tuple[Component, Any]]) -> None:
+        """Start each commissioned summary as a background task; the turn is not held."""
+        for comp, job in commissions:
+            self.stats.summaries.commissioned += 1
+            if not isinstance(comp, Commissioner):
+                continue
+            try:
+                loop = asyncio.get_running_loop()
+            except RuntimeError:  # no event loop (an offline caller): the job cannot run
+                comp.abandon(job)
+                continue
+            task = loop.create_task(self._run(comp.complete, job))
+            self.tasks[job.session] = task
+            task.add_done_callback(functools.partial(self._forget, job.session))
+
+    async def _run(self, complete: Callable[[Any], Awaitable[str]], job: Any) -> str:
+        outcome = await complete(job)
+        counts = self.stats.summaries
+        if outcome == "completed":
+            counts.completed += 1
+        elif outcome == "timed_out":
+            counts.timed_out += 1
+        else:
+            counts.failed += 1
+            if outcome != "failed":
+                log.info("context-guru: summary for %s: %s", job.session, outcome)
+        return outcome
+
+    def _forget(self, session: str, task: asyncio.Task[str]) -> None:
+        if self.tasks.get(session) is task:
+            del self.tasks[session]
+
+    async def wait_for_summary(self, session: str, timeout: float = 30.0) -> str | None:
+        """Wait for the session's summary in flight, if any; its outcome, or None. For tests."""
+        task = self.tasks.get(session)
+        if task is None:
+            return None
+        return await asyncio.wait_for(asyncio.shield(task), timeout)
 
     def responseheaders(self, flow: http.HTTPFlow) -> None:
         """Stream provider SSE straight through: the agent sees tokens as they arrive."""

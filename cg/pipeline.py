@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 from cg.body import BodyIndex
 from cg.splice import Insert, Plan, identity
@@ -47,6 +47,16 @@ class Component(Protocol):
     name: str
 
     def apply(self, req: RequestContext, plan: Plan) -> Step: ...
+
+
+@runtime_checkable
+class Commissioner(Protocol):
+    """A component whose steps may commission work: the caller runs `complete` off the hot
+    path, or `abandon`s a job it cannot run."""
+
+    async def complete(self, job: Any) -> str: ...
+
+    def abandon(self, job: Any) -> None: ...
 
 
 @dataclass(slots=True)

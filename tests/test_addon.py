@@ -17,7 +17,7 @@ with warnings.catch_warnings():
     warnings.simplefilter("ignore", DeprecationWarning)
     from mitmproxy.test import taddons, tflow, tutils
 
-from cg import addon as addon_mod
+from cg import components as components_mod
 from cg.addon import BYPASS_HEADER, META, ContextGuru
 from cg.pipeline import RequestContext, Step
 from cg.splice import Insert, Keep, Plan
@@ -51,10 +51,16 @@ class Toy:
         return Step([Keep(0), summary, Keep(n - 1)], "summarized")
 
 
+@pytest.fixture(autouse=True)
+def _home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The default store lives under ~: keep every test's store in its own tmp_path."""
+    monkeypatch.setenv("HOME", str(tmp_path))
+
+
 @pytest.fixture
 def toy_config(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
     """A cg_config file whose pipeline is the toy component, registered for this test only."""
-    monkeypatch.setitem(addon_mod.KNOWN_COMPONENTS, "toy", Toy)
+    monkeypatch.setitem(components_mod.COMPONENTS, "toy", lambda raw, services: Toy(dict(raw)))
     Toy.calls = 0
     path = tmp_path / "cg.yaml"
     path.write_text("pipeline: [toy]\n", encoding="utf-8")

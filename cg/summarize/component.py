@@ -199,6 +199,11 @@ class Summarize:
             ttl=ttl,
         )
         detail["tokens"] = facts.request_tokens
+        if step.plan is not None and cp is not None:
+            removed = sum(s.tokens for s in stats[cp.head_count : cp.head_count + cp.covered_count])
+            summary_tokens = self.tokens.count_text(json.loads(cp.message)["content"])
+            detail["tokens_after"] = facts.request_tokens - removed + summary_tokens
+            detail["reused"] = True
         detail["window"] = facts.window
         trig = evaluate(self.cfg, facts)
         detail["trigger"] = trig.to_json()
@@ -300,6 +305,11 @@ class Summarize:
         return total
 
     # -- off the hot path ----------------------------------------------------------------------
+
+    def abandon(self, job: Commission) -> None:
+        """The caller cannot run `job`: free the session for a later commission."""
+        self.inflight.discard(job.session)
+        job.origin = None
 
     async def complete(self, job: Commission, summarizer: Summarizer | None = None) -> Outcome:
         """Run the summarizer for `job` (default: this component's) and store the result as the

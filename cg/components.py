@@ -1,0 +1,52 @@
+"""The components a config may name in `pipeline`, and how each is built from its YAML block.
+
+Building a component validates its block, so a bad key refuses the whole config at load time,
+naming the key; nothing is validated later on the request path.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from cg.pipeline import Component
+from cg.store import Store
+from cg.summarize.component import Summarize
+from cg.summarize.config import parse_summarize
+from cg.tokens import TokenCounter
+
+
+@dataclass(slots=True)
+class Services:
+    """What components share: one store, one token counter, the user's window table."""
+
+    store: Store
+    tokens: TokenCounter
+    model_windows: Mapping[str, int] = field(default_factory=dict)
+    env: Mapping[str, str] | None = None
+
+
+Builder = Callable[[Mapping[str, Any], Services], Component]
+
+
+def _summarize(raw: Mapping[str, Any], s: Services) -> Component:
+    return Summarize(parse_summarize(raw, s.env), s.store, s.tokens, s.model_windows)
+
+
+COMPONENTS: dict[str, Builder] = {"summarize": _summarize}
+
+
+def build_pipeline(
+    names: list[str], blocks: Mapping[str, Mapping[str, Any]], services: Services
+) -> list[Component]:
+    """Components in pipeline order. Raises ValueError naming the component and the key."""
+    out: list[Component] = []
+    for name in names:
+        if name not in COMPONENTS:
+            raise ValueError(f"config: pipeline: unknown component {name!r}")
+        out.append(COMPONENTS[name](blocks.get(name) or {}, services))
+    for name, block in blocks.items():
+        if name not in names and name in COMPONENTS:
+            COMPONENTS[name](block or {}, services)  # validate blocks of unused components too
+    return out
