@@ -49,6 +49,10 @@ class SummarizerTimeout(SummarizerError):
     """The summarizer did not answer within its deadline."""
 
 
+class NoModel(SummarizerError):
+    """No model or endpoint is available to summarize with: a no-op, with that reason."""
+
+
 class Summarizer(Protocol):
     """Writes one summary. Raises `SummarizerError`/`SummarizerTimeout`; None means blank."""
 
@@ -322,6 +326,8 @@ class Summarize:
                 answer = await summarizer(job.prompt(self.cfg), job)
             except SummarizerTimeout:
                 return "timed_out"
+            except NoModel:
+                return "no_model"
             except SummarizerError:
                 return "failed"
             summary = extract_summary(answer)
