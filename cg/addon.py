@@ -9,6 +9,7 @@ the original untouched. Every provider flow ends with its decision record in
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import logging
 import time
@@ -26,7 +27,9 @@ from cg.rewrite import rewrite_body
 from cg.settings import Config, host_allowed, load_config
 from cg.stats import Stats
 from cg.store import Store, StoreError
+from cg.summarizer import HttpPool, Origin, SummarizerClient, timeout_from_env
 from cg.tokens import TokenCounter
+from cg.upstream import provider_message, resend, upstream_verify
 
 log = logging.getLogger("context_guru")
 
@@ -47,6 +50,8 @@ class ContextGuru:
         self.store: Store | None = None
         self.store_note = ""
         self.tasks: dict[str, asyncio.Task[str]] = {}
+        self.pool = HttpPool()
+        self.originals: dict[str, bytes | None] = {}
 
     def load(self, loader: Any) -> None:
         loader.add_option(
@@ -97,7 +102,16 @@ class ContextGuru:
                 raise ValueError(f"cg_max_body_mb: must be >= 0 (got {opts.cg_max_body_mb})")
             config = load_config(opts.cg_preset, opts.cg_config, list(COMPONENTS))
             store = self._open_store(config, opts.cg_db) if config.pipeline else self.store
-            services = Services(store or Store.memory(), self.tokens, config.model_windows)
+            timeout = timeout_from_env()
+            self.pool.verify = upstream_verify(opts)
+            services = Services(
+                store or Store.memory(),
+                self.tokens,
+                config.model_windows,
+                summarizers=lambda cfg, level: SummarizerClient(
+                    cfg, self.pool, level=level, timeout=timeout
+                ),
+            )
             components = build_pipeline(config.pipeline, config.components, services)
         except ValueError as e:
             raise exceptions.OptionsError(str(e)) from None  # type: ignore[no-untyped-call]
@@ -130,6 +144,8 @@ class ContextGuru:
         for task in list(self.tasks.values()):
             task.cancel()
         self.tasks.clear()
+        with contextlib.suppress(RuntimeError):  # no running loop: nothing left to close
+            asyncio.get_running_loop().create_task(self.pool.aclose())
         if self.store is not None:
             self.store.close()
             self.store = None
@@ -182,10 +198,12 @@ class ContextGuru:
                 record = result.record
                 self._count_components(record)
                 if result.commissions:
-                    self._commission(result.commissions)
+                    self._commission(result.commissions, Origin.of(req.url, req.headers))
                 if result.body is not None:
+                    original = req.raw_content
                     try:
                         req.content = result.body
+                        self.originals[flow.id] = original
                     except Exception as e:  # noqa: BLE001 - an encoder error must fail open
                         req.content = raw
                         record["outcome"] = "failed_open"
@@ -208,9 +226,14 @@ class ContextGuru:
                 self.stats.tokens_before += int(rec.get("tokens", 0))
                 self.stats.tokens_after += int(rec.get("tokens_after", 0))
 
-    def _commission(self, commissions: list[tuple[Component, Any]]) -> None:
-        """Start each commissioned summary as a background task; the turn is not held."""
+    def _commission(self, commissions: list[tuple[Component, Any]], origin: Origin) -> None:
+        """Start each commissioned summary as a background task; the turn is not held.
+
+        `origin` (the request's endpoint and credential, for an `incoming` summary) is handed to
+        the job in memory and dropped when the job ends.
+        """
         for comp, job in commissions:
+            job.origin = origin
             self.stats.summaries.commissioned += 1
             if not isinstance(comp, Commissioner):
                 continue
@@ -246,6 +269,33 @@ class ContextGuru:
         if task is None:
             return None
         return await asyncio.wait_for(asyncio.shield(task), timeout)
+
+    # -- the 400 safety net --------------------------------------------------------------------
+
+    async def response(self, flow: http.HTTPFlow) -> None:
+        """A 400 to a rewritten request: re-send the original bytes once, return that answer.
+
+        The provider's message is recorded: it is the live signal of a shape bug.
+        """
+        original = self.originals.pop(flow.id, None)
+        if original is None or flow.response is None or flow.response.status_code != 400:
+            return
+        record = flow.metadata.get(META, {})
+        record["provider_400"] = provider_message(flow.response.get_content(strict=False))
+        try:
+            flow.response = await resend(self.pool.client(), flow.request, original)
+        except Exception as e:  # noqa: BLE001 - the client then gets the provider's own 400
+            record["retry_error"] = f"{type(e).__name__}: {e}"
+            log.warning("context-guru: re-sending the original failed: %s", e)
+            return
+        self.stats.retried_original += 1
+        record["outcome"] = "retried_original"
+        record["reason"] = "the provider refused the rewrite (400); the original was re-sent"
+        flow.comment = "cg: provider refused the rewrite (400); original re-sent"
+        log.warning("context-guru: provider refused a rewrite: %s", record["provider_400"])
+
+    def error(self, flow: http.HTTPFlow) -> None:
+        self.originals.pop(flow.id, None)
 
     def responseheaders(self, flow: http.HTTPFlow) -> None:
         """Stream provider SSE straight through: the agent sees tokens as they arrive."""

@@ -12,8 +12,8 @@ from typing import Any
 
 from cg.pipeline import Component
 from cg.store import Store
-from cg.summarize.component import Summarize
-from cg.summarize.config import parse_summarize
+from cg.summarize.component import Summarize, Summarizer
+from cg.summarize.config import ModelConfig, parse_summarize
 from cg.tokens import TokenCounter
 
 
@@ -25,13 +25,16 @@ class Services:
     tokens: TokenCounter
     model_windows: Mapping[str, int] = field(default_factory=dict)
     env: Mapping[str, str] | None = None
+    summarizers: Callable[[ModelConfig, str], Summarizer] | None = None
 
 
 Builder = Callable[[Mapping[str, Any], Services], Component]
 
 
 def _summarize(raw: Mapping[str, Any], s: Services) -> Component:
-    return Summarize(parse_summarize(raw, s.env), s.store, s.tokens, s.model_windows)
+    cfg = parse_summarize(raw, s.env)
+    summarizer = s.summarizers(cfg.model, cfg.summary_level) if s.summarizers else None
+    return Summarize(cfg, s.store, s.tokens, s.model_windows, summarizer=summarizer)
 
 
 COMPONENTS: dict[str, Builder] = {"summarize": _summarize}

@@ -1,0 +1,232 @@
+"""The model client that writes summaries: one pooled async httpx client, both sources, both
+dialects. Errors form one small tree (in `cg.summarize.component`):
+
+    SummarizerError          unreachable, 4xx/5xx after retries, an unreadable answer
+     ├─ SummarizerTimeout    no answer within the deadline
+     └─ NoModel              no model or endpoint is available: a no-op, with that reason
+
+`incoming` reuses the proxied request's own endpoint, credential and model: the `Origin` is taken
+from the intercepted request and lives in memory only, for the life of one job. `config` uses a
+dedicated (cheap) model from the `model:` block or `CHEAP_MODEL*`. Every request carries
+`x-context-guru: summarize`, is non-streaming, and is retried (transport errors, 408, 409, 429,
+5xx) under one deadline. The client never reads the process's proxy settings: it is the proxy.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import random
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+
+from cg.summarize.component import Commission, NoModel, SummarizerError, SummarizerTimeout
+from cg.summarize.config import ModelConfig
+
+HEADER = "x-context-guru"
+TIMEOUT_ENV = "CONTEXT_GURU_SUMMARIZE_TIMEOUT"
+DEFAULT_TIMEOUT = 90.0
+RETRY_STATUS = frozenset({408, 409, 429, 500, 502, 503, 504, 529})
+MAX_ATTEMPTS = 3
+DEFAULT_BASE = {"anthropic": "https://api.anthropic.com", "openai": "https://api.openai.com"}
+KEY_ENV = {"anthropic": "ANTHROPIC_API_KEY", "openai": "OPENAI_API_KEY"}
+PATHS = {"anthropic": "/v1/messages", "openai": "/v1/chat/completions"}
+ANTHROPIC_VERSION = "2023-06-01"
+MAX_TOKENS = {"concise": 2048, "regular": 4096, "highly_detailed": 8192}
+# Headers of the intercepted request that an `incoming` summary may reuse.
+INCOMING_HEADERS = ("x-api-key", "authorization", "anthropic-version", "anthropic-beta")
+
+
+@dataclass(frozen=True, slots=True)
+class Origin:
+    """Where the proxied request went and the credential it carried. Memory only; no repr."""
+
+    url: str
+    headers: dict[str, str] = field(repr=False)
+
+    @classmethod
+    def of(cls, url: str, headers: Mapping[str, str]) -> Origin:
+        kept = {k: headers[k] for k in INCOMING_HEADERS if k in headers}
+        return cls(url, kept)
+
+
+@dataclass(frozen=True, slots=True)
+class Endpoint:
+    dialect: str
+    url: str
+    model: str
+    headers: dict[str, str] = field(repr=False)
+
+
+def timeout_from_env(env: Mapping[str, str] | None = None) -> float:
+    """`CONTEXT_GURU_SUMMARIZE_TIMEOUT` in seconds; a bad value is refused, naming the variable."""
+    raw = (os.environ if env is None else env).get(TIMEOUT_ENV, "")
+    if not raw.strip():
+        return DEFAULT_TIMEOUT
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ValueError(f"{TIMEOUT_ENV}: not a number of seconds (got {raw!r})") from None
+    if not value > 0:
+        raise ValueError(f"{TIMEOUT_ENV}: must be > 0 (got {raw!r})")
+    return value
+
+
+def _join(base: str, path: str) -> str:
+    base = base.rstrip("/")
+    return base + (path[3:] if base.endswith("/v1") else path)
+
+
+def resolve_endpoint(
+    cfg: ModelConfig, job: Commission, env: Mapping[str, str] | None = None
+) -> Endpoint:
+    """The endpoint, model and headers for one job. Raises `NoModel` when there are none."""
+    env = os.environ if env is None else env
+    if cfg.source == "incoming":
+        origin = job.origin
+        if not isinstance(origin, Origin):
+            raise NoModel("model.source incoming: no proxied request to reuse")
+        model = cfg.model or job.model
+        if not model:
+            raise NoModel("model.source incoming: the request names no model")
+        reused = dict(origin.headers)
+        if job.dialect == "anthropic":
+            reused.setdefault("anthropic-version", ANTHROPIC_VERSION)
+        return Endpoint(job.dialect, origin.url, model, reused)
+
+    provider = cfg.provider or "anthropic"
+    if not cfg.model:
+        raise NoModel("model.source config: no model.model (or CHEAP_MODEL) set")
+    key = cfg.api_key.get_secret_value() if cfg.api_key else env.get(KEY_ENV[provider], "")
+    base = cfg.base_url or DEFAULT_BASE[provider]
+    headers: dict[str, str] = {}
+    if provider == "anthropic":
+        headers["anthropic-version"] = ANTHROPIC_VERSION
+        if key:
+            if (cfg.auth or "x-api-key") == "bearer":
+                headers["authorization"] = f"Bearer {key}"
+            else:
+                headers["x-api-key"] = key
+    elif key:
+        headers["authorization"] = f"Bearer {key}"
+    return Endpoint(provider, _join(base, PATHS[provider]), cfg.model, headers)
+
+
+def request_body(ep: Endpoint, prompt: str, level: str) -> dict[str, Any]:
+    messages = [{"role": "user", "content": prompt}]
+    if ep.dialect == "anthropic":
+        return {"model": ep.model, "max_tokens": MAX_TOKENS.get(level, 4096), "messages": messages}
+    return {"model": ep.model, "messages": messages}
+
+
+def answer_text(dialect: str, doc: Any) -> str | None:
+    """The text of a non-streaming answer in either dialect; None when it has none."""
+    if not isinstance(doc, dict):
+        raise SummarizerError("the answer is not a JSON object")
+    if dialect == "anthropic":
+        blocks = doc.get("content")
+        if not isinstance(blocks, list):
+            raise SummarizerError("the answer has no 'content' array")
+        text = "".join(
+            b["text"] for b in blocks if isinstance(b, dict) and isinstance(b.get("text"), str)
+        )
+    else:
+        choices = doc.get("choices")
+        if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
+            raise SummarizerError("the answer has no 'choices'")
+        message = choices[0].get("message")
+        content = message.get("content") if isinstance(message, dict) else None
+        if isinstance(content, list):
+            content = "".join(
+                p.get("text", "")
+                for p in content
+                if isinstance(p, dict) and p.get("type") == "text"
+            )
+        text = content if isinstance(content, str) else ""
+    return text if text.strip() else None
+
+
+class SummarizerClient:
+    """One model config's summarizer; all instances share the addon's pooled httpx client."""
+
+    def __init__(
+        self,
+        cfg: ModelConfig,
+        client: HttpPool,
+        *,
+        level: str = "regular",
+        timeout: float = DEFAULT_TIMEOUT,
+        env: Mapping[str, str] | None = None,
+    ) -> None:
+        self.cfg = cfg
+        self.pool = client
+        self.level = level
+        self.timeout = timeout
+        self.env = env
+
+    async def __call__(self, prompt: str, job: Commission) -> str | None:
+        ep = resolve_endpoint(self.cfg, job, self.env)
+        body = json.dumps(request_body(ep, prompt, self.level)).encode()
+        headers = {**ep.headers, "content-type": "application/json", HEADER: "summarize"}
+        deadline = time.monotonic() + self.timeout
+        last = "no attempt made"
+        for attempt in range(MAX_ATTEMPTS):
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            try:
+                resp = await self.pool.client().post(
+                    ep.url, content=body, headers=headers, timeout=left
+                )
+            except httpx.TimeoutException:
+                raise SummarizerTimeout(f"no answer within {self.timeout:g}s") from None
+            except httpx.TransportError as e:
+                last = f"{type(e).__name__}"
+            else:
+                if resp.status_code == 200:
+                    try:
+                        doc = resp.json()
+                    except ValueError:
+                        raise SummarizerError("the answer is not JSON") from None
+                    return answer_text(ep.dialect, doc)
+                last = f"HTTP {resp.status_code}"
+                if resp.status_code not in RETRY_STATUS:
+                    raise SummarizerError(last)
+            backoff = min(0.25 * 2**attempt, 2.0) * (0.5 + random.random())
+            if time.monotonic() + backoff >= deadline:
+                break
+            await asyncio.sleep(backoff)
+        if time.monotonic() >= deadline:
+            raise SummarizerTimeout(f"no answer within {self.timeout:g}s ({last})")
+        raise SummarizerError(f"gave up after {MAX_ATTEMPTS} attempts ({last})")
+
+
+class HttpPool:
+    """One async httpx client for the process, made lazily inside the running loop.
+
+    `trust_env=False`: the proxy must not send its own calls through itself. TLS verification
+    follows mitmproxy's own upstream settings (`verify`).
+    """
+
+    def __init__(self, verify: bool | str = True) -> None:
+        self.verify = verify
+        self._client: httpx.AsyncClient | None = None
+
+    def client(self) -> httpx.AsyncClient:
+        if self._client is None:
+            self._client = httpx.AsyncClient(
+                trust_env=False,
+                verify=self.verify,
+                limits=httpx.Limits(max_connections=16, max_keepalive_connections=8),
+            )
+        return self._client
+
+    async def aclose(self) -> None:
+        if self._client is not None:
+            client, self._client = self._client, None
+            await client.aclose()
