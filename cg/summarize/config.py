@@ -77,18 +77,16 @@ CHEAP_ENV = {
 def parse_summarize(
     raw: Mapping[str, Any], env: Mapping[str, str] | None = None
 ) -> SummarizeConfig:
-    """Validate a `components.summarize` block; `CHEAP_MODEL*` env fills unset `model.*` keys.
+    """Validate a `components.summarize` block; with `model.source: config`, `CHEAP_MODEL*` env
+    fills unset `model.*` keys (`incoming` reuses the proxied request's own model, so the env
+    does not apply to it).
 
     The environment is read here, when settings are built, never at import.
     """
     env = os.environ if env is None else env
     data = dict(raw)
-    model = (
-        dict(data.get("model") or {})
-        if isinstance(data.get("model"), Mapping)
-        else data.get("model")
-    )
-    if isinstance(model, dict):
+    model = dict(data["model"]) if isinstance(data.get("model"), Mapping) else None
+    if model is not None and model.get("source") == "config":
         for var, key in CHEAP_ENV.items():
             if env.get(var) and model.get(key) in (None, ""):
                 model[key] = env[var]
