@@ -1,0 +1,289 @@
+"""`context-guru` (also `python -m cg`): look at what the proxy did, and what it would do.
+
+    context-guru replay FILE [--preset P] [--config F] [--summary TEXT] [--json]
+    context-guru expand KEY [--db PATH] [--json]
+    context-guru sessions [--db PATH] [--json]
+    context-guru stats [--db PATH] [--proxy URL]
+
+`replay` runs a captured body (a raw request body, a `{"provider", "body"}` fixture, or a
+mitmproxy flow file) through a preset offline, against a throwaway store, and shows what would
+change. With `--summary`, a commissioned summary is completed with that text and the next turn is
+spliced, so the rewrite itself can be inspected without a model.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from cg.dialects import DIALECTS, Dialect, route
+from cg.settings import StoreConfig
+
+EXIT_USAGE = 2
+EXIT_NOT_FOUND = 1
+
+
+def _store(db: str | None) -> Any:
+    from cg.store import Store
+
+    return Store.from_config(StoreConfig(), path=db)
+
+
+def _out(obj: Any) -> None:
+    print(json.dumps(obj, ensure_ascii=False, indent=2))
+
+
+# -- replay --------------------------------------------------------------------------------------
+
+
+def load_capture(path: Path) -> list[tuple[bytes, Dialect, dict[str, str]]]:
+    """Provider requests from a capture: a body, a fixture wrapper, or a mitmproxy flow file."""
+    raw = path.read_bytes()
+    try:
+        doc = json.loads(raw)
+    except ValueError:
+        return _load_flows(path)
+    if isinstance(doc, dict) and "body" in doc and "messages" not in doc:
+        provider = str(doc.get("provider", "anthropic"))
+        body = json.dumps(doc["body"], ensure_ascii=False, separators=(",", ":")).encode()
+        return [(body, DIALECTS[provider], {})]
+    if isinstance(doc, dict) and "messages" in doc:
+        msgs = doc.get("messages") or []
+        openai = any(isinstance(m, dict) and m.get("role") in ("tool", "developer") for m in msgs)
+        return [(raw, DIALECTS["openai" if openai or "system" not in doc else "anthropic"], {})]
+    raise ValueError(f"{path}: not a request body, a fixture or a flow file")
+
+
+def _load_flows(path: Path) -> list[tuple[bytes, Dialect, dict[str, str]]]:
+    from mitmproxy import http, io
+
+    out: list[tuple[bytes, Dialect, dict[str, str]]] = []
+    with path.open("rb") as f:
+        for flow in io.FlowReader(f).stream():
+            if not isinstance(flow, http.HTTPFlow):
+                continue
+            d = route(flow.request.method, flow.request.path)
+            content = flow.request.get_content(strict=False)
+            if d is not None and content:
+                out.append((content, d, dict(flow.request.headers)))
+    return out
+
+
+def replay(args: argparse.Namespace) -> int:
+    from cg.components import Services, build_pipeline
+    from cg.rewrite import rewrite_body
+    from cg.settings import load_config
+    from cg.store import Store
+    from cg.tokens import TokenCounter
+
+    config = load_config(args.preset, args.config, ["summarize"])
+    captures = load_capture(Path(args.file))
+    if not captures:
+        print(f"{args.file}: no provider requests found", file=sys.stderr)
+        return EXIT_NOT_FOUND
+    with tempfile.TemporaryDirectory() as tmp:
+        store = Store(Path(tmp) / "replay.sqlite3")
+        components = build_pipeline(
+            config.pipeline,
+            config.components,
+            Services(store, TokenCounter(), config.model_windows),
+        )
+        reports = []
+        for n, (body, dialect, headers) in enumerate(captures):
+            now = time.time()
+            result = rewrite_body(body, dialect, components, headers=headers, now=now)
+            report: dict[str, Any] = {"request": n, "record": result.record}
+            if result.commissions and args.summary is not None:
+
+                async def fake(prompt: str, job: Any) -> str:
+                    return f"<summary>{args.summary}</summary>"
+
+                for comp, job in result.commissions:
+                    report["commission"] = asyncio.run(comp.complete(job, fake))  # type: ignore[attr-defined]
+                again = rewrite_body(body, dialect, components, headers=headers, now=now + 1)
+                report["next_turn"] = again.record
+                result = again
+            elif result.commissions:
+                for comp, job in result.commissions:
+                    comp.abandon(job)  # type: ignore[attr-defined]
+            if result.body is not None:
+                report["messages_after"] = [
+                    _brief(m) for m in json.loads(result.body).get("messages", [])
+                ]
+            reports.append(report)
+        store.close()
+    if args.json:
+        _out(reports)
+        return 0
+    for r in reports:
+        rec = r["record"]
+        print(f"request {r['request']}: {rec['dialect']} {rec['outcome']} — {rec['reason']}")
+        for c in rec.get("components", []):
+            print(f"  {c.get('component')}: {c.get('reason') or c.get('error')}")
+            for k in ("span", "tokens", "window", "trigger", "commission", "checkpoint"):
+                if k in c:
+                    print(f"    {k}: {json.dumps(c[k], ensure_ascii=False)}")
+        if "next_turn" in r:
+            nt = r["next_turn"]
+            print(f"  next turn: {nt['outcome']} — {nt['reason']}")
+        if "messages_after" in r:
+            print("  messages sent:")
+            for i, line in enumerate(r["messages_after"]):
+                print(f"    [{i}] {line}")
+    return 0
+
+
+def _brief(m: Any, width: int = 100) -> str:
+    if not isinstance(m, dict):
+        return repr(m)[:width]
+    content = m.get("content")
+    if isinstance(content, list):
+        text = " ".join(str(b.get("text") or b.get("type")) for b in content if isinstance(b, dict))
+    else:
+        text = str(content)
+    text = " ".join(text.split())
+    return f"{m.get('role')}: {text[:width]}{'…' if len(text) > width else ''}"
+
+
+# -- expand, sessions, stats ---------------------------------------------------------------------
+
+
+def expand(args: argparse.Namespace) -> int:
+    from cg.store import valid_key
+
+    if not valid_key(args.key):
+        print(f"not a context-guru id: {args.key!r}", file=sys.stderr)
+        return EXIT_USAGE
+    store = _store(args.db)
+    try:
+        stash = store.get_stash(args.key)
+    finally:
+        store.close()
+    if stash is None:
+        print(f"{args.key}: unknown, or no longer available (expired)", file=sys.stderr)
+        return EXIT_NOT_FOUND
+    if args.json:
+        _out({"id": stash.key, "session": stash.session, "messages": stash.messages()})
+        return 0
+    print(f"# {stash.key}: {stash.count} messages from session {stash.session}")
+    for i, m in enumerate(stash.messages()):
+        print(f"\n--- [{i}] {m.get('role') if isinstance(m, dict) else '?'} ---")
+        print(_readable(m))
+    return 0
+
+
+def _readable(m: Any) -> str:
+    if not isinstance(m, dict):
+        return json.dumps(m, ensure_ascii=False)
+    content = m.get("content")
+    if isinstance(content, str):
+        return content
+    parts: list[str] = []
+    for b in content if isinstance(content, list) else []:
+        if not isinstance(b, dict):
+            continue
+        kind = b.get("type")
+        if kind == "text":
+            parts.append(str(b.get("text", "")))
+        elif kind == "tool_use":
+            parts.append(
+                f"[tool_use {b.get('name')}] {json.dumps(b.get('input'), ensure_ascii=False)}"
+            )
+        elif kind == "tool_result":
+            parts.append(f"[tool_result] {_readable({'content': b.get('content')})}")
+        else:
+            parts.append(f"[{kind}]")
+    for c in m.get("tool_calls") or []:
+        fn = c.get("function", {}) if isinstance(c, dict) else {}
+        parts.append(f"[tool_call {fn.get('name')}] {fn.get('arguments')}")
+    return "\n".join(parts)
+
+
+def sessions(args: argparse.Namespace) -> int:
+    store = _store(args.db)
+    try:
+        rows = store.sessions()
+    finally:
+        store.close()
+    if args.json:
+        _out([r.__dict__ if hasattr(r, "__dict__") else _asdict(r) for r in rows])
+        return 0
+    if not rows:
+        print("no sessions")
+    for r in rows:
+        seen = (
+            time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(r.last_request))
+            if r.last_request
+            else "-"
+        )
+        cp = f"checkpoint covers {r.covered_count} messages" if r.covered_count else "no checkpoint"
+        print(f"{r.session}  last seen {seen}  {cp}  {r.stashes} stashes ({r.stash_bytes} bytes)")
+    return 0
+
+
+def _asdict(obj: Any) -> dict[str, Any]:
+    from dataclasses import asdict
+
+    return asdict(obj)
+
+
+def stats(args: argparse.Namespace) -> int:
+    if args.proxy:
+        import httpx
+
+        resp = httpx.get(args.proxy.rstrip("/") + "/_cg/stats", timeout=10, trust_env=False)
+        _out(resp.json())
+        return 0 if resp.status_code == 200 else EXIT_NOT_FOUND
+    store = _store(args.db)
+    try:
+        _out(store.stats().to_json())
+    finally:
+        store.close()
+    return 0
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="context-guru", description=__doc__.split("\n\n")[0])
+    sub = p.add_subparsers(dest="command", required=True)
+
+    r = sub.add_parser("replay", help="run a captured body through a preset, offline")
+    r.add_argument("file")
+    r.add_argument("--preset", default="summarize")
+    r.add_argument("--config", default=None, help="a YAML config merged over the preset")
+    r.add_argument("--summary", default=None, help="complete commissions with this text")
+    r.add_argument("--json", action="store_true")
+    r.set_defaults(func=replay)
+
+    e = sub.add_parser("expand", help="print a stashed span")
+    e.add_argument("key")
+    e.add_argument("--db", default=None)
+    e.add_argument("--json", action="store_true")
+    e.set_defaults(func=expand)
+
+    s = sub.add_parser("sessions", help="list sessions and their checkpoints")
+    s.add_argument("--db", default=None)
+    s.add_argument("--json", action="store_true")
+    s.set_defaults(func=sessions)
+
+    t = sub.add_parser("stats", help="store statistics, or a running proxy's counters")
+    t.add_argument("--db", default=None)
+    t.add_argument("--proxy", default=None, help="e.g. http://127.0.0.1:8080")
+    t.set_defaults(func=stats)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    try:
+        code: int = args.func(args)
+    except (ValueError, OSError) as e:
+        print(f"context-guru: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    return code
