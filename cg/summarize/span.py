@@ -37,9 +37,13 @@ def select_span(views: Sequence[MessageView], keep_first: int, keep_last: int) -
         return f"transcript of {n} messages is within keep_first + keep_last"
     head = keep_first
     # A loop: consecutive tool-calling assistant messages are malformed input, and each would
-    # emit an unanswered call; a mid-array system message must not be followed by the summary.
+    # emit an unanswered call; a mid-array system message must not be followed by the summary;
+    # and a head ending inside a run of OpenAI `tool` messages would cut the rest of the run
+    # (its parallel calls' answers) away from the call the head keeps.
     while head > 0 and (
-        views[head - 1].calls_tools or (head - 1 > 0 and views[head - 1].is_system)
+        views[head - 1].calls_tools
+        or (head - 1 > 0 and views[head - 1].is_system)
+        or (_is_result(views[head - 1]) and _is_result(views[head]))
     ):
         head -= 1
     end = n - keep_last
