@@ -99,14 +99,14 @@ class _MsgStats:
 def message_digest(index: BodyIndex, i: int) -> bytes:
     """A digest of what message i says, blind to where the client moved `cache_control`.
 
-    Claude Code moves its `cache_control` breakpoint to the last message every turn, so the raw
-    bytes of an earlier message change without its content changing; such messages are hashed
-    on a canonical form with `cache_control` removed.
+    Claude Code moves its `cache_control` breakpoint to the last message every turn (other
+    clients mark the last two user turns), so one message arrives with a breakpoint on one turn
+    and without it on the next. Every message is hashed on the same canonical form, with
+    `cache_control` removed, whether it carries one or not; `Summarize` memoises this by the
+    message's raw bytes, so a turn canonicalises only its new messages.
     """
-    src = index.source(i)
-    if "cache_control" in src:
-        src = json.dumps(_strip_cache_control(index.messages[i].value), sort_keys=True)
-    return hashlib.blake2b(src.encode("utf-8"), digest_size=16).digest()
+    canon = json.dumps(_strip_cache_control(index.messages[i].value), sort_keys=True)
+    return hashlib.blake2b(canon.encode("utf-8"), digest_size=16).digest()
 
 
 def _strip_cache_control(v: Any) -> Any:
@@ -144,6 +144,7 @@ class Summarize:
         self.table = table or shipped_windows()
         self.inflight: set[str] = set()
         self._stats: OrderedDict[bytes, _MsgStats] = OrderedDict()
+        self._digests: OrderedDict[bytes, bytes] = OrderedDict()
 
     @property
     def marker_mode(self) -> str:
@@ -166,7 +167,7 @@ class Summarize:
         span = select_span(views, self.cfg.keep_first, self.cfg.keep_last)
         if isinstance(span, str):
             return Step(None, span)
-        digests = [message_digest(index, i) for i in range(n)]
+        digests = [self._digest(index, i) for i in range(n)]
         stats = [self._msg_stats(d, v) for d, v in zip(digests, views, strict=True)]
         detail: dict[str, Any] = {"session": req.session, "span": [span.head, span.end]}
 
@@ -282,6 +283,18 @@ class Summarize:
             transcript=views,
             previous_summary=cp.summary if cp is not None and rolling else None,
         )
+
+    def _digest(self, index: BodyIndex, i: int) -> bytes:
+        """`message_digest(index, i)`, memoised by the message's raw bytes."""
+        raw = hashlib.blake2b(index.source(i).encode("utf-8"), digest_size=16).digest()
+        d = self._digests.get(raw)
+        if d is not None:
+            self._digests.move_to_end(raw)
+            return d
+        d = self._digests[raw] = message_digest(index, i)
+        if len(self._digests) > 50_000:
+            self._digests.popitem(last=False)
+        return d
 
     def _msg_stats(self, digest: bytes, v: MessageView) -> _MsgStats:
         s = self._stats.get(digest)
