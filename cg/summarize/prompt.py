@@ -43,8 +43,11 @@ def _clip(text: str, cap: int) -> str:
 
 
 def render_message(v: MessageView, include_tool_calls: bool) -> str:
-    """A message as readable text; tool outputs masked unless `include_tool_calls`."""
-    if v.role == "tool":
+    """A message as readable text; tool outputs masked unless `include_tool_calls`.
+
+    OpenAI tool outputs are `role: tool` messages, and `role: function` in the legacy
+    function-calling form."""
+    if v.role in ("tool", "function"):
         return v.text if include_tool_calls else MASK
     if not v.blocks:
         return v.text
