@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import os
 import random
 import time
@@ -72,8 +73,8 @@ def timeout_from_env(env: Mapping[str, str] | None = None) -> float:
         value = float(raw)
     except ValueError:
         raise ValueError(f"{TIMEOUT_ENV}: not a number of seconds (got {raw!r})") from None
-    if not value > 0:
-        raise ValueError(f"{TIMEOUT_ENV}: must be > 0 (got {raw!r})")
+    if not (value > 0 and math.isfinite(value)):
+        raise ValueError(f"{TIMEOUT_ENV}: must be a finite number > 0 (got {raw!r})")
     return value
 
 
@@ -143,9 +144,11 @@ def answer_text(dialect: str, doc: Any) -> str | None:
         content = message.get("content") if isinstance(message, dict) else None
         if isinstance(content, list):
             content = "".join(
-                p.get("text", "")
+                p["text"]
                 for p in content
-                if isinstance(p, dict) and p.get("type") == "text"
+                if isinstance(p, dict)
+                and p.get("type") == "text"
+                and isinstance(p.get("text"), str)
             )
         text = content if isinstance(content, str) else ""
     return text if text.strip() else None
@@ -175,15 +178,19 @@ class SummarizerClient:
         headers = {**ep.headers, "content-type": "application/json", HEADER: "summarize"}
         deadline = time.monotonic() + self.timeout
         last = "no attempt made"
+        attempts = 0
         for attempt in range(MAX_ATTEMPTS):
             left = deadline - time.monotonic()
             if left <= 0:
                 break
+            attempts += 1
             try:
-                resp = await self.pool.client().post(
-                    ep.url, content=body, headers=headers, timeout=left
-                )
-            except httpx.TimeoutException:
+                # httpx's timeout bounds each read, not the whole answer: the deadline does.
+                async with asyncio.timeout(left):
+                    resp = await self.pool.client().post(
+                        ep.url, content=body, headers=headers, timeout=left
+                    )
+            except (httpx.TimeoutException, TimeoutError):
                 raise SummarizerTimeout(f"no answer within {self.timeout:g}s") from None
             except httpx.TransportError as e:
                 last = f"{type(e).__name__}"
@@ -203,7 +210,7 @@ class SummarizerClient:
             await asyncio.sleep(backoff)
         if time.monotonic() >= deadline:
             raise SummarizerTimeout(f"no answer within {self.timeout:g}s ({last})")
-        raise SummarizerError(f"gave up after {MAX_ATTEMPTS} attempts ({last})")
+        raise SummarizerError(f"gave up after {attempts} attempts ({last})")
 
 
 class HttpPool:
