@@ -47,6 +47,11 @@ async def resend(client: httpx.AsyncClient, req: http.Request, original: bytes) 
     """Send `req` upstream again with `original` as its (still encoded) body; the answer whole."""
     headers = [(k, v) for k, v in req.headers.fields if k.lower() not in _SKIP_B]
     out = client.build_request(req.method, req.url, headers=headers, content=original)
+    # The client's defaults (accept-encoding, user-agent, …) would change what the provider
+    # sends back, e.g. an encoding the agent never asked for: send the agent's headers only.
+    sent = {k.lower() for k, _ in headers} | {b"host", b"content-length"}
+    for name in {k for k in out.headers if k.encode() not in sent}:
+        del out.headers[name]
     resp = await client.send(out, stream=True)
     try:
         raw = b"".join([chunk async for chunk in resp.aiter_raw()])
