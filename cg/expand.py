@@ -1,0 +1,160 @@
+"""Reversibility (SPEC §6): the `context_guru_expand` tool, markers, and what an id resolves to.
+
+The tool definition is a constant string per dialect, appended after the client's own tools, so
+the bytes are identical on every turn (the provider's prompt cache keeps its prefix). In `auto`
+mode it is injected only when the request already declares tools, carries a marker that resolves
+in a store that persists, and does not force a tool choice.
+
+Markers are matched in the raw bytes in both spellings a JSON encoder may produce: `<<cg:KEY>>`
+and `\\u003c\\u003ccg:KEY\\u003e\\u003e` (mixed case, or mixed spellings, too).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterator
+from typing import Any, Literal
+
+from cg.store import KEY_PATTERN, Stash, Store
+
+TOOL_NAME = "context_guru_expand"
+InjectMode = Literal["auto", "always", "never"]
+MAX_EXPANSION_CHARS = 200_000
+
+MARKER_RE = re.compile(rf"(?:<|\\u003[cC]){{2}}cg:({KEY_PATTERN})(?:>|\\u003[eE]){{2}}".encode())
+
+_DESCRIPTION = (
+    "Restore, verbatim, the earlier conversation messages that a '=== History Summary ===' "
+    "replaced. Call it with the id from the summary's <<cg:ID>> marker when you need an exact "
+    "detail (a path, a command, an output, a number) that the summary does not give."
+)
+_ID = {
+    "type": "string",
+    "description": "The id inside the <<cg:ID>> marker of a History Summary.",
+}
+_SCHEMA = {"type": "object", "properties": {"id": _ID}, "required": ["id"]}
+
+TOOL_JSON = {
+    "anthropic": json.dumps(
+        {"name": TOOL_NAME, "description": _DESCRIPTION, "input_schema": _SCHEMA},
+        separators=(",", ":"),
+    ),
+    "openai": json.dumps(
+        {
+            "type": "function",
+            "function": {"name": TOOL_NAME, "description": _DESCRIPTION, "parameters": _SCHEMA},
+        },
+        separators=(",", ":"),
+    ),
+}
+
+
+def markers(raw: bytes) -> Iterator[str]:
+    """Every marker key in `raw`, in order of appearance."""
+    if b"cg:" not in raw:  # a C-speed scan first: nearly every body has no marker at all
+        return
+    for m in MARKER_RE.finditer(raw):
+        yield m.group(1).decode()
+
+
+def forces_tool_choice(dialect: str, tool_choice: Any) -> bool:
+    """A tool_choice we must not widen: the model is told exactly what it may (not) call."""
+    if tool_choice is None:
+        return False
+    if dialect == "anthropic":
+        return isinstance(tool_choice, dict) and tool_choice.get("type") in ("any", "tool", "none")
+    if isinstance(tool_choice, str):
+        return tool_choice in ("required", "none")
+    return isinstance(tool_choice, dict)  # a named function
+
+
+def declares(dialect: str, tools: Any, name: str = TOOL_NAME) -> bool:
+    if not isinstance(tools, list):
+        return False
+    for t in tools:
+        if not isinstance(t, dict):
+            continue
+        tname = t.get("name") if dialect == "anthropic" else (t.get("function") or {}).get("name")
+        if tname == name:
+            return True
+    return False
+
+
+def inject_reason(
+    mode: InjectMode,
+    dialect: str,
+    tools: Any,
+    tool_choice: Any,
+    sent: bytes,
+    store: Store | None,
+    session: str,
+) -> tuple[bool, str]:
+    """Whether to append the expand tool to the request about to be sent, and why (not)."""
+    if mode == "never":
+        return False, "cg_expand_inject: never"
+    if declares(dialect, tools):
+        return False, "the request already declares the tool"
+    if forces_tool_choice(dialect, tool_choice):
+        return False, "tool_choice forces a choice"
+    if mode == "always":
+        return True, "cg_expand_inject: always"
+    if not isinstance(tools, list) or not tools:
+        return False, "the request declares no tools"
+    if store is None or not store.persistent:
+        return False, "the store does not persist"
+    for key in markers(sent):
+        if store.has_stash(key, session):
+            return True, f"marker {key} resolves"
+    return False, "no resolvable marker"
+
+
+def append_tool(text: str, tools_span: tuple[int, int] | None, obj_end: int, dialect: str) -> str:
+    """`text` with the expand tool appended to its `tools` array (or a new `tools` member).
+
+    `tools_span` is the `[start, end)` of the existing array; `obj_end` the index just past the
+    top-level object's closing brace. Everything else keeps its bytes.
+    """
+    tool = TOOL_JSON[dialect]
+    if tools_span is not None:
+        start, end = tools_span
+        close = end - 1
+        inner_end = close
+        while inner_end > start + 1 and text[inner_end - 1] in " \t\r\n":
+            inner_end -= 1
+        sep = "" if inner_end == start + 1 else ","
+        return text[:inner_end] + sep + tool + text[inner_end:]
+    brace = obj_end - 1
+    return text[:brace] + f',"tools":[{tool}]' + text[brace:]
+
+
+def render_stash(stash: Stash, cap: int = MAX_EXPANSION_CHARS) -> str:
+    """The stashed messages as the tool's answer: each as `[role]` + its exact JSON."""
+    parts = [
+        f"The {stash.count} messages that the summary <<cg:{stash.key}>> replaced, verbatim "
+        "(each as its original JSON):"
+    ]
+    total = len(parts[0])
+    sources = stash.sources()
+    for n, src in enumerate(sources):
+        block = f"\n\n[{n}] {src}"
+        if total + len(block) > cap:
+            parts.append(
+                f"\n\n[… {len(sources) - n} more messages not shown: the expansion is capped at "
+                f"{cap} characters]"
+            )
+            break
+        parts.append(block)
+        total += len(block)
+    return "".join(parts)
+
+
+def resolve(store: Store, key: str, session: str | None) -> str:
+    """What a call with `key` answers: the span, or an explicit 'no longer available'."""
+    stash = store.get_stash(key, session) if store.persistent else None
+    if stash is None:
+        return (
+            f"context_guru_expand: id {key!r} is no longer available (it expired from the "
+            "store, or never existed in this session). Continue from the summary."
+        )
+    return render_stash(stash)
