@@ -4,17 +4,28 @@ In one run, on 127.0.0.1 only:
 
     upstream   a tiny HTTP/1.1 server (this module, `--serve-upstream`) that reads the body and
                answers 200 at once
-    plain      `mitmdump --mode reverse:http://127.0.0.1:UP` with no script
-    addon      the same plus `-s cg_addon.py --set cg_preset=off` (index + validate, then the
-               original bytes go upstream)
+    plain      `mitmdump --mode reverse:http://127.0.0.1:UP` with no script but the probe
+    addon      the same plus `-s cg_addon.py --set cg_preset=off` (index + input validation, then
+               the original bytes go upstream)
 
-The same ~1 MiB, 400-message body (`bench/corpus.py`) is POSTed `-n` times to each target over one
-keep-alive httpx connection per target, the three targets taken in turn (order alternating every
-round) so that load from elsewhere hits all of them alike. Reported: median, p90, p99, min and max
-per target, the ratio addon/plain of the medians, and the addon's overhead per request (the
-difference of the medians, and the median of the per-round differences). Before timing, each
-proxy is checked to forward the body byte-for-byte (the upstream echoes a SHA-256 of what it
-received), and afterwards the addon's `/_cg/stats` must show that it saw every request.
+Two kinds of traffic (`--traffic`, default both, each in its own run with fresh processes):
+
+    same       the same ~1 MiB, 400-message body (`bench/corpus.py`) every time: after the first
+               request the addon's MessageCache knows every message, so nothing is parsed again
+    growing    an agent session: each request is the previous body plus the next turn (the
+               assistant's message and the tool results or prompt that answer it: 2 messages
+               for most turns) at a turn boundary, byte for byte, so the addon's cache knows all
+               but the new messages. The bodies are prefixes of one longer transcript in the same
+               style, centred on 400 messages / ~1 MiB (`-n 50`: ~330 to ~465 messages)
+
+Each body is POSTed to the three targets in turn (order alternating every round) over one
+keep-alive httpx connection per target, so that load from elsewhere hits all of them alike.
+Reported: median, p90, p99, min and max per target, the ratio addon/plain of the medians, and the
+addon's overhead per request (the difference of the medians, and the median of the per-round
+differences). Before timing, each proxy is checked to forward the body byte-for-byte (the
+upstream echoes a SHA-256 of what it received), and afterwards the addon's `/_cg/stats` must show
+that it saw every request. Both proxies load `bench/probe.py`, which reports the addon's own
+timings (`flow.metadata`), its cache hits and every full garbage collection inside the process.
 `--extra-script PATH` loads another mitmproxy script into the addon proxy, for experiments.
 
 Every process is started and stopped by its PID; every wait has a deadline.
@@ -24,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import itertools
 import json
 import os
 import shutil
@@ -33,6 +45,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -40,13 +53,19 @@ from typing import Any
 
 import httpx
 
-from bench.corpus import anthropic_body, openai_body
+from bench.corpus import TARGET_BYTES, TARGET_MESSAGES, anthropic_body, openai_body
+from cg.body import BodyIndex, index_body
+from cg.dialects import ANTHROPIC, OPENAI
+from cg.shape import validate_shape
+from cg.splice import identity, splice
 
 ROOT = Path(__file__).resolve().parent.parent
 HOST = "127.0.0.1"
 READY_TIMEOUT_S = 60.0
 STOP_TIMEOUT_S = 10.0
 VERIFY_HEADER = "x-bench-verify"
+PROBE = ROOT / "bench" / "probe.py"
+PROBE_PATH = "/_bench/probe"
 PATHS = {"anthropic": "/v1/messages?beta=true", "openai": "/v1/chat/completions"}
 HEADERS = {
     "anthropic": {"anthropic-version": "2023-06-01", "x-api-key": "sk-ant-bench"},
@@ -177,6 +196,63 @@ def mitmdump() -> str:
     return found
 
 
+# -- traffic ---------------------------------------------------------------------------------
+
+
+@dataclass
+class Traffic:
+    """The body of each round (`body(-1)`: the verification request, sent before round 0)."""
+
+    name: str
+    body: Callable[[int], bytes]
+    messages: list[int]  # per body, starting with the verification request's
+
+
+def corpus_body(
+    dialect: str, n_messages: int = TARGET_MESSAGES, target: int = TARGET_BYTES
+) -> bytes:
+    build = anthropic_body if dialect == "anthropic" else openai_body
+    return build(n_messages, target)
+
+
+def same_traffic(dialect: str, rounds: int) -> Traffic:
+    body = corpus_body(dialect)
+    return Traffic("same", lambda r: body, [TARGET_MESSAGES] * (rounds + 1))
+
+
+def turn_ends(index: BodyIndex) -> list[int]:
+    """Every k where `messages[:k]` is a request an agent sends: it ends with the tool results
+    (or the prompt) that answer the last assistant message."""
+    roles = [v.role for v in index.views]
+    n = len(roles)
+    return [
+        k
+        for k in range(1, n + 1)
+        if roles[k - 1] in ("user", "tool") and (k == n or roles[k] != "tool")
+    ]
+
+
+def growing_traffic(dialect: str, rounds: int) -> Traffic:
+    """`rounds + 1` consecutive turn boundaries of one long transcript, centred on 400 messages;
+    body r is its first `messages[r]` messages, spliced, so body r+1 extends body r."""
+    count = rounds + 1
+    total = TARGET_MESSAGES + 3 * count
+    big = corpus_body(dialect, total, TARGET_BYTES * total // TARGET_MESSAGES)
+    d = ANTHROPIC if dialect == "anthropic" else OPENAI
+    index = index_body(big, d)
+    ends = turn_ends(index)
+    centre = min(range(len(ends)), key=lambda i: abs(ends[i] - TARGET_MESSAGES))
+    first = max(0, centre - count // 2)
+    chosen = ends[first : first + count]
+    if len(chosen) < count:
+        raise RuntimeError(f"the transcript has too few turns for {rounds} rounds")
+    views = index.views
+    for k in chosen:
+        if validate_shape(views[:k], d):
+            raise RuntimeError(f"messages[:{k}] is not a valid request")
+    return Traffic("growing", lambda r: splice(index, identity(chosen[r + 1])), chosen)
+
+
 # -- measuring ---------------------------------------------------------------------------------
 
 
@@ -193,13 +269,16 @@ def pct(samples: list[float], p: int) -> float:
     return s[max(0, -(-p * len(s) // 100) - 1)]
 
 
-def run(dialect: str, n: int, warmup: int, keep: bool, extra_scripts: list[str]) -> dict[str, Any]:
-    body = anthropic_body() if dialect == "anthropic" else openai_body()
-    digest = hashlib.sha256(body).hexdigest()
+def run(
+    dialect: str, traffic_name: str, n: int, warmup: int, keep: bool, extra_scripts: list[str]
+) -> dict[str, Any]:
+    rounds = warmup + n
+    traffic = (growing_traffic if traffic_name == "growing" else same_traffic)(dialect, rounds)
     path = PATHS[dialect]
     headers = {"content-type": "application/json", **HEADERS[dialect]}
     tmp = Path(tempfile.mkdtemp(prefix="cg-bench-"))
     procs: list[Proc] = []
+    sizes: list[int] = []
     try:
         port_file = tmp / "upstream.port"
         upstream = start(
@@ -220,6 +299,8 @@ def run(dialect: str, n: int, warmup: int, keep: bool, extra_scripts: list[str])
                 str(plain_port),
                 "--set",
                 f"confdir={tmp / 'plain'}",
+                "-s",
+                str(PROBE),
             ],
             tmp,
         )
@@ -238,13 +319,16 @@ def run(dialect: str, n: int, warmup: int, keep: bool, extra_scripts: list[str])
                 "--set",
                 "cg_preset=off",
                 *(a for path in extra_scripts for a in ("-s", str(Path(path).resolve()))),
+                "-s",
+                str(PROBE),
             ],
             tmp,
         )
         procs.append(addon)
         wait_for_http(upstream, f"http://{HOST}:{up}/")
-        wait_for_http(plain, f"http://{HOST}:{plain_port}/")
+        wait_for_http(plain, f"http://{HOST}:{plain_port}{PROBE_PATH}")
         wait_for_http(addon, f"http://{HOST}:{addon_port}/_cg/health")
+        wait_for_http(addon, f"http://{HOST}:{addon_port}{PROBE_PATH}")
 
         targets = [
             Target("upstream, direct", f"http://{HOST}:{up}"),
@@ -253,13 +337,18 @@ def run(dialect: str, n: int, warmup: int, keep: bool, extra_scripts: list[str])
         ]
         clients = [httpx.Client(base_url=t.base, trust_env=False, timeout=60.0) for t in targets]
         try:
+            body = traffic.body(-1)
+            digest = hashlib.sha256(body).hexdigest()
             for t, c in zip(targets, clients, strict=True):
                 r = c.post(path, content=body, headers={**headers, VERIFY_HEADER: "1"})
                 r.raise_for_status()
                 got = r.json()
                 if got.get("sha256") != digest:
                     raise RuntimeError(f"{t.name} did not forward the body unchanged: {got}")
-            for rnd in range(warmup + n):
+            for rnd in range(rounds):
+                body = traffic.body(rnd)
+                if rnd >= warmup:
+                    sizes.append(len(body))
                 order = list(zip(targets, clients, strict=True))
                 if rnd % 2:
                     order.reverse()
@@ -272,14 +361,16 @@ def run(dialect: str, n: int, warmup: int, keep: bool, extra_scripts: list[str])
                     if rnd >= warmup:
                         t.samples.append(dt)
             stats = clients[2].get("/_cg/stats").json()
+            probe = clients[2].get(PROBE_PATH).json()
+            plain_probe = clients[1].get(PROBE_PATH).json()
         finally:
             for c in clients:
                 c.close()
         seen = stats.get("passed_through", 0)
-        if seen != 1 + warmup + n:
-            raise RuntimeError(
-                f"the addon passed through {seen} requests, expected {1 + warmup + n}"
-            )
+        if seen != 1 + rounds:
+            raise RuntimeError(f"the addon passed through {seen} requests, expected {1 + rounds}")
+        if len(probe["records"]) != 1 + rounds:
+            raise RuntimeError(f"the probe saw {len(probe['records'])} requests, not {1 + rounds}")
     finally:
         for p in reversed(procs):
             p.stop()
@@ -291,7 +382,13 @@ def run(dialect: str, n: int, warmup: int, keep: bool, extra_scripts: list[str])
     paired = [a - p for a, p in zip(addon_t.samples, plain_t.samples, strict=True)]
     return {
         "dialect": dialect,
-        "body_bytes": len(body),
+        "traffic": traffic.name,
+        "body_bytes": {
+            "min": min(sizes),
+            "median": int(statistics.median(sizes)),
+            "max": max(sizes),
+        },
+        "messages": {"min": min(traffic.messages), "max": max(traffic.messages)},
         "requests": n,
         "warmup": warmup,
         "targets": [
@@ -309,31 +406,90 @@ def run(dialect: str, n: int, warmup: int, keep: bool, extra_scripts: list[str])
         "ratio_addon_plain": am / pm,
         "overhead_ms": am - pm,
         "overhead_paired_median_ms": statistics.median(paired),
+        "in_proxy": in_proxy(probe, warmup),
+        "full_gcs": {"addon": gc_summary(probe), "plain": gc_summary(plain_probe)},
         "addon_stats": stats,
         "extra_scripts": extra_scripts,
         "tmpdir": str(tmp) if keep else None,
     }
 
 
+def in_proxy(probe: dict[str, Any], warmup: int) -> dict[str, Any]:
+    """The addon's own timings and cache hits over the timed requests."""
+    records = probe["records"]
+    hits = [r["cache_hits_total"] for r in records]
+    timed = records[1 + warmup :]
+    out: dict[str, Any] = {
+        f"{k}_ms": statistics.median(r["timings_ms"][k] for r in timed)
+        for k in ("index", "total", "hook")
+        if all(k in r["timings_ms"] for r in timed)
+    }
+    if all(isinstance(h, int) for h in hits):
+        new = [h - g for g, h in itertools.pairwise(hits)][warmup:]
+        parsed = [r["messages_in"] - d for r, d in zip(timed, new, strict=True)]
+        out["cache_hits_per_request"] = statistics.median(new)
+        out["parsed_per_request"] = statistics.median(parsed)
+    return out
+
+
+def gc_summary(probe: dict[str, Any]) -> dict[str, Any]:
+    ms = probe["full_gcs_ms"]
+    return {
+        "count": len(ms),
+        "median_ms": statistics.median(ms) if ms else None,
+        "max_ms": max(ms) if ms else None,
+        "freeze_count": probe["gc_freeze_count"],
+        "objects_at_end": probe["gc_objects"],
+    }
+
+
 def markdown(res: dict[str, Any]) -> str:
+    b, m = res["body_bytes"], res["messages"]
+    if res["traffic"] == "same":
+        what = f"the same {b['median']:,} bytes, {m['max']} messages, every time"
+    else:
+        what = (
+            f"a growing transcript, {m['min']}–{m['max']} messages, "
+            f"{b['min']:,}–{b['max']:,} bytes (median {b['median']:,})"
+        )
     lines = [
-        f"{res['dialect']} body, {res['body_bytes']:,} bytes; {res['requests']} timed POSTs per "
-        f"target after {res['warmup']} warm-up rounds.",
+        f"{res['dialect']}, {res['traffic']}: {what}; {res['requests']} timed POSTs per target "
+        f"after {res['warmup']} warm-up rounds"
+        + (f"; extra scripts: {', '.join(res['extra_scripts'])}" if res["extra_scripts"] else "")
+        + ".",
         "",
         "| target | median ms | p90 ms | p99 ms | min ms | max ms |",
         "|---|--:|--:|--:|--:|--:|",
     ]
     lines += [
         f"| {t['target']} | {t['median_ms']:.2f} | {t['p90_ms']:.2f} | {t['p99_ms']:.2f} "
-        f"| {t['min_ms']:.2f} "
-        f"| {t['max_ms']:.2f} |"
+        f"| {t['min_ms']:.2f} | {t['max_ms']:.2f} |"
         for t in res["targets"]
     ]
+    ip = res["in_proxy"]
+    inside = ", ".join(
+        f"{k.removesuffix('_ms')} {ip[k]:.2f} ms"
+        for k in ("index_ms", "total_ms", "hook_ms")
+        if k in ip
+    )
+    if "cache_hits_per_request" in ip:
+        inside += (
+            f"; cache hits per request {ip['cache_hits_per_request']:g}, "
+            f"messages parsed {ip['parsed_per_request']:g}"
+        )
+    gcs = "; ".join(
+        f"{who}: {g['count']}"
+        + (f" (median {g['median_ms']:.1f} ms, max {g['max_ms']:.1f} ms)" if g["count"] else "")
+        + f", frozen objects {g['freeze_count']:,}"
+        for who, g in res["full_gcs"].items()
+    )
     lines += [
         "",
         f"addon/plain (medians): **{res['ratio_addon_plain']:.2f}×**; addon overhead per request: "
         f"**{res['overhead_ms']:.2f} ms** (difference of medians), "
         f"{res['overhead_paired_median_ms']:.2f} ms (median of per-round differences).",
+        f"Inside the addon proxy (medians, timed requests): {inside}.",
+        f"Full garbage collections during the run — {gcs}.",
     ]
     return "\n".join(lines)
 
@@ -345,6 +501,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("-n", type=int, default=50, help="timed POSTs per target (default 50)")
     ap.add_argument("--warmup", type=int, default=5, help="untimed rounds first (default 5)")
     ap.add_argument("--dialect", choices=("anthropic", "openai", "both"), default="anthropic")
+    ap.add_argument(
+        "--traffic",
+        choices=("same", "growing", "both"),
+        default="both",
+        help="the same body every time, a growing agent transcript, or both (default)",
+    )
     ap.add_argument("--json", action="store_true", help="print JSON instead of markdown")
     ap.add_argument("--keep", action="store_true", help="keep the temp dir with the logs")
     ap.add_argument(
@@ -362,7 +524,12 @@ def main(argv: list[str] | None = None) -> int:
     if not 1 <= args.n <= 10_000 or not 0 <= args.warmup <= 1_000:
         ap.error("-n must be in 1..10000 and --warmup in 0..1000")
     dialects = ["anthropic", "openai"] if args.dialect == "both" else [args.dialect]
-    results = [run(d, args.n, args.warmup, args.keep, args.extra_script) for d in dialects]
+    kinds = ["same", "growing"] if args.traffic == "both" else [args.traffic]
+    results = [
+        run(d, k, args.n, args.warmup, args.keep, args.extra_script)
+        for d in dialects
+        for k in kinds
+    ]
     if args.json:
         json.dump({"loadavg": os.getloadavg(), "results": results}, sys.stdout, indent=1)
         print()
