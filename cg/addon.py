@@ -252,7 +252,12 @@ class ContextGuru:
             task.add_done_callback(functools.partial(self._forget, job.session))
 
     async def _run(self, complete: Callable[[Any], Awaitable[str]], job: Any) -> str:
-        outcome = await complete(job)
+        try:
+            outcome = await complete(job)
+        except Exception as e:  # noqa: BLE001 - a job's bug is a failed summary, never a crash
+            # The type only: a message could quote a header value, i.e. a credential.
+            log.warning("context-guru: summary for %s failed: %s", job.session, type(e).__name__)
+            outcome = "failed"
         counts = self.stats.summaries
         if outcome == "completed":
             counts.completed += 1
