@@ -40,6 +40,18 @@ from cg.jsonspan import JsonSpanError, walk_array
 from cg.settings import StoreConfig
 
 SCHEMA_VERSION = 1
+# A checkpoint is keyed by conversation, `session#first-message`; its owner is the session.
+_OWNER_SQL = (
+    "(CASE WHEN instr(session, '#') > 0 THEN substr(session, 1, instr(session, '#') - 1) "
+    "ELSE session END)"
+)
+
+
+def owner(checkpoint_key: str) -> str:
+    """The session that owns a checkpoint key (`session#conversation` or a plain session)."""
+    return checkpoint_key.split("#", 1)[0]
+
+
 MEMORY = ":memory:"
 KEY_PATTERN = r"[0-9a-f]{24}"
 KEY_RE = re.compile(rf"\A{KEY_PATTERN}\Z")
@@ -487,9 +499,18 @@ class Store:
             if cp.key is not None:
                 conn.execute(
                     "UPDATE stashes SET last_used = ? WHERE key = ? AND session = ?",
-                    (t, cp.key, session),
+                    (t, cp.key, owner(session)),
                 )
         return cp
+
+    def checkpoints_of(self, session: str) -> list[Checkpoint]:
+        """Every conversation's checkpoint under `session` (keys `session` or `session#…`)."""
+        with self._op("checkpoints_of") as conn:
+            rows = conn.execute(
+                f"SELECT {_CP_COLS} FROM checkpoints WHERE {_OWNER_SQL} = ? ORDER BY updated",
+                (session,),
+            ).fetchall()
+        return [_checkpoint(r) for r in rows]
 
     def delete_checkpoint(self, session: str) -> bool:
         with self._tx("delete_checkpoint") as conn:
@@ -579,7 +600,7 @@ class Store:
             expired = conn.execute("DELETE FROM stashes WHERE last_used < ?", (cutoff,)).rowcount
             # A checkpoint lives while its session does, even when it was written long ago.
             cps = conn.execute(
-                "DELETE FROM checkpoints WHERE updated < ? AND session NOT IN "
+                f"DELETE FROM checkpoints WHERE updated < ? AND {_OWNER_SQL} NOT IN "
                 "(SELECT session FROM sessions WHERE last_request >= ?)",
                 (cutoff, cutoff),
             ).rowcount

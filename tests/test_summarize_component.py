@@ -219,10 +219,26 @@ def test_the_agents_own_compaction_invalidates_the_checkpoint(store: Store) -> N
         *turns[2]["messages"][-6:],
     ]
     r = d.send(compacted)
-    assert record(r)["checkpoint"] == "diverged: invalidated"
+    # A new first message is a new conversation: the old checkpoint is never reused for it.
+    assert "checkpoint" not in record(r), record(r)
     assert r.outcome == "passed_through"
-    assert store.get_checkpoint(d.session or "") is None
     assert len(d.pending) == 1 and d.pending[0].end <= len(compacted["messages"])
+    assert d.pending[0].conversation != d.pending[0].session
+
+
+def test_two_conversations_under_one_session_id_keep_their_own_checkpoints(store: Store) -> None:
+    """An agent and its subagent share a session id but not a first message."""
+    main = grow(fixture_body(CC16), 3, output_words=30)
+    d = make(config(), store)
+    two_turns(d, main[0], main[1])
+    sub = json.loads(json.dumps(main[1]))
+    sub["messages"][0] = {"role": "user", "content": "Subagent: find the config file."}
+    r = d.send(sub)
+    assert r.outcome == "passed_through"  # the subagent has no checkpoint of its own yet
+    assert d.drain() == ["completed"]
+    r = d.send(main[2])  # the main conversation's checkpoint survived the subagent
+    assert r.outcome == "rewritten", record(r)
+    assert record(r)["checkpoint"]["covered"]
 
 
 def test_resummarize_tokens_0_summarizes_afresh_every_eligible_turn(store: Store) -> None:
@@ -291,7 +307,7 @@ def test_a_blank_or_failed_summary_is_a_no_op(
     d.send(turns[0])
     assert len(d.pending) == 1
     assert d.drain() == [outcome]
-    assert store.get_checkpoint(d.session or "") is None
+    assert not store.checkpoints_of(d.session or "")
     assert store.stats().stashes == 0
     r = d.send(turns[1])
     assert r.outcome == "passed_through"
@@ -307,7 +323,7 @@ def test_a_job_with_no_summarizer_at_all_is_a_no_model_no_op(store: Store) -> No
     d.send(turns[0])
     job = d.pending.pop()
     assert asyncio.run(d.component.complete(job)) == "no_model"
-    assert store.get_checkpoint(d.session or "") is None
+    assert not store.checkpoints_of(d.session or "")
     d.send(turns[1])
     assert len(d.pending) == 1  # the session was freed for the next commission
 
@@ -430,7 +446,8 @@ def test_two_sessions_never_share_a_checkpoint(store: Store) -> None:
     assert b.drain() == ["completed"]
     ra, rb = a.send(raw), b.send(raw)
     assert "for sess-a" in summary_of(ra)[1] and "for sess-b" in summary_of(rb)[1]
-    assert store.get_checkpoint("sess-a") != store.get_checkpoint("sess-b")
+    (cpa,), (cpb,) = store.checkpoints_of("sess-a"), store.checkpoints_of("sess-b")
+    assert cpa != cpb and cpa.session.startswith("sess-a#") and cpb.session.startswith("sess-b#")
 
 
 def test_sessions_resolve_from_claude_codes_own_header(store: Store) -> None:
@@ -439,8 +456,8 @@ def test_sessions_resolve_from_claude_codes_own_header(store: Store) -> None:
     d = make(config(), store, session=None, headers=headers)
     two_turns(d, body)
     sid = headers["x-claude-code-session-id"]
-    cp = store.get_checkpoint(sid)
-    assert cp is not None and cp.session == sid
+    (cp,) = store.checkpoints_of(sid)
+    assert cp.session.startswith(sid + "#")
     # the context-1m beta header raised claude-opus-4-8's window to 1M in the record
     assert record(d.send(body))["window"] == 1_000_000
 

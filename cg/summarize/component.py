@@ -29,6 +29,7 @@ from cg.summarize.config import SummarizeConfig
 from cg.summarize.prompt import build_prompt, extract_summary, summary_text
 from cg.summarize.span import Span, repair_orphans, select_span
 from cg.summarize.triggers import (
+    CACHE_TTL_DEFAULT,
     RequestFacts,
     WindowTable,
     cache_ttl,
@@ -78,6 +79,10 @@ class Commission:
     transcript: list[MessageView]
     previous_summary: str | None
     origin: Any = field(default=None, repr=False)
+    conversation: str = ""  # the checkpoint key; defaults to the session
+
+    def __post_init__(self) -> None:
+        self.conversation = self.conversation or self.session
 
     def prompt(self, cfg: SummarizeConfig) -> str:
         return build_prompt(
@@ -115,6 +120,11 @@ def _strip_cache_control(v: Any) -> Any:
     if isinstance(v, list):
         return [_strip_cache_control(x) for x in v]
     return v
+
+
+def conversation_key(session: str, first: bytes) -> str:
+    """The checkpoint key of a conversation: its session and its first message."""
+    return f"{session}#{first.hex()[:12]}"
 
 
 def prefix_hash(digests: Sequence[bytes]) -> str:
@@ -159,9 +169,10 @@ class Summarize:
         n = len(index.messages)
         if not is_identity(plan, n):
             return Step(None, "summarize runs alone: an earlier component changed the plan")
-        last = self.store.last_request(req.session)
-        ttl = cache_ttl(index.text)
-        self.store.touch_session(req.session, req.now)
+        # The cache now alive was written by the previous request, with that request's TTL.
+        prev = self.store.touch_session(req.session, req.now, cache_ttl(index.text))
+        last = prev.last_request if prev is not None else None
+        ttl = prev.cache_ttl if prev is not None and prev.cache_ttl else CACHE_TTL_DEFAULT
 
         views = index.views
         span = select_span(views, self.cfg.keep_first, self.cfg.keep_last)
@@ -169,15 +180,18 @@ class Summarize:
             return Step(None, span)
         digests = [self._digest(index, i) for i in range(n)]
         stats = [self._msg_stats(d, v) for d, v in zip(digests, views, strict=True)]
+        # One session id can carry several conversations (an agent and its subagents): each
+        # conversation, told apart by its first message, has its own checkpoint.
+        conv = conversation_key(req.session, digests[0])
         detail: dict[str, Any] = {"session": req.session, "span": [span.head, span.end]}
 
         step = Step(None, "no checkpoint", detail)
-        cp = self.store.get_checkpoint(req.session)
+        cp = self.store.get_checkpoint(conv)
         middle_tokens = 0
         if cp is not None:
             ce = cp.head_count + cp.covered_count
             if ce > n or prefix_hash(digests[:ce]) != cp.covered_hash:
-                self.store.delete_checkpoint(req.session)
+                self.store.delete_checkpoint(conv)
                 detail["checkpoint"] = "diverged: invalidated"
                 cp = None
             elif ce > span.end:
@@ -229,10 +243,10 @@ class Summarize:
         span_tokens = sum(s.tokens for s in stats[span.head : span.end])
         if span_tokens < self.cfg.min_tokens:
             detail["commission"] = f"span of {span_tokens} tokens < min_tokens"
-        elif req.session in self.inflight:
+        elif conv in self.inflight:
             detail["commission"] = "a summary for this session is already in flight"
         else:
-            step.commission = self._commission(req, span, digests, cp)
+            step.commission = self._commission(req, conv, span, digests, cp)
             detail["commission"] = why
             if step.plan is None:
                 step.reason = "commissioned a summary; this turn forwards untouched"
@@ -263,16 +277,22 @@ class Summarize:
         )
 
     def _commission(
-        self, req: RequestContext, span: Span, digests: list[bytes], cp: Checkpoint | None
+        self,
+        req: RequestContext,
+        conv: str,
+        span: Span,
+        digests: list[bytes],
+        cp: Checkpoint | None,
     ) -> Commission:
         index = req.index
         views = index.views
         rolling = cp is not None and self.cfg.resummarize_tokens > 0
         start = cp.head_count + cp.covered_count if cp is not None and rolling else span.head
         model = index.members["model"].value if "model" in index.members else None
-        self.inflight.add(req.session)
+        self.inflight.add(conv)
         return Commission(
             session=req.session,
+            conversation=conv,
             dialect=index.dialect.name,
             model=model if isinstance(model, str) else None,
             head=span.head,
@@ -325,7 +345,7 @@ class Summarize:
 
     def abandon(self, job: Commission) -> None:
         """The caller cannot run `job`: free the session for a later commission."""
-        self.inflight.discard(job.session)
+        self.inflight.discard(job.conversation)
         job.origin = None
 
     async def complete(self, job: Commission, summarizer: Summarizer | None = None) -> Outcome:
@@ -357,7 +377,7 @@ class Summarize:
             message = Insert.message({"role": "user", "content": text}, DIALECTS[job.dialect])
             self.store.put_checkpoint(
                 Checkpoint(
-                    session=job.session,
+                    session=job.conversation,
                     summary=summary,
                     head_count=job.head,
                     covered_count=job.end - job.head,
@@ -370,5 +390,5 @@ class Summarize:
             )
             return "completed"
         finally:
-            self.inflight.discard(job.session)
+            self.inflight.discard(job.conversation)
             job.origin = None
