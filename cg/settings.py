@@ -18,7 +18,7 @@ PRESETS_DIR = Path(__file__).resolve().parent.parent / "presets"
 
 
 class StoreConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
     path: str = "~/.context-guru/cg.sqlite3"
     ttl_hours: float = Field(72, gt=0)
     max_mb: float = Field(512, gt=0)
@@ -27,7 +27,7 @@ class StoreConfig(BaseModel):
 class Config(BaseModel):
     """The config-file shape of SPEC §5.1."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
     pipeline: list[str] = Field(default_factory=list)
     components: dict[str, dict[str, Any]] = Field(default_factory=dict)
     store: StoreConfig = Field(default_factory=StoreConfig)

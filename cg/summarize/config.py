@@ -17,7 +17,7 @@ Fraction = float
 class TriggerConfig(BaseModel):
     """Request-level gates, ANDed; a zero or unset gate imposes nothing."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
     min_request_tokens: int = Field(0, ge=0)
     min_messages: int | None = Field(None, ge=0)
     min_output_tokens: int = Field(0, ge=0)
@@ -29,7 +29,7 @@ class TriggerConfig(BaseModel):
 class ModelConfig(BaseModel):
     """Which model writes the summary. `api_key` is write-only: never printed, logged or stored."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
     source: Literal["incoming", "config"] = "incoming"
     model: str | None = None
     provider: Literal["anthropic", "openai"] | None = None
@@ -39,7 +39,7 @@ class ModelConfig(BaseModel):
 
 
 class SummarizeConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
     summary_level: Literal["concise", "regular", "highly_detailed"] = "regular"
     keep_first: int = Field(1, ge=0)
     keep_last: int = Field(3, ge=0)
