@@ -22,7 +22,7 @@ TOOL_NAME = "context_guru_expand"
 InjectMode = Literal["auto", "always", "never"]
 MAX_EXPANSION_CHARS = 200_000
 
-MARKER_RE = re.compile(rf"(?:<|\\u003[cC]){{2}}cg:({KEY_PATTERN})(?:>|\\u003[eE]){{2}}".encode())
+MARKER_RE = re.compile(rf"(?:<|\\u003[cC]){{2}}cg:({KEY_PATTERN})(?:>|\\u003[eE]){{2}}")
 
 _DESCRIPTION = (
     "Restore, verbatim, the earlier conversation messages that a '=== History Summary ===' "
@@ -50,12 +50,13 @@ TOOL_JSON = {
 }
 
 
-def markers(raw: bytes) -> Iterator[str]:
-    """Every marker key in `raw`, in order of appearance."""
-    if b"cg:" not in raw:  # a C-speed scan first: nearly every body has no marker at all
+def markers(raw: bytes | str) -> Iterator[str]:
+    """Every marker key in `raw` (bytes or decoded text), in order of appearance."""
+    text = raw.decode("utf-8", "replace") if isinstance(raw, bytes) else raw
+    if "cg:" not in text:  # a C-speed scan first: nearly every body has no marker at all
         return
-    for m in MARKER_RE.finditer(raw):
-        yield m.group(1).decode()
+    for m in MARKER_RE.finditer(text):
+        yield m.group(1)
 
 
 def forces_tool_choice(dialect: str, tool_choice: Any) -> bool:
@@ -86,7 +87,7 @@ def inject_reason(
     dialect: str,
     tools: Any,
     tool_choice: Any,
-    sent: bytes,
+    sent: bytes | str,
     store: Store | None,
     session: str,
 ) -> tuple[bool, str]:

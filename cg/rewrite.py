@@ -11,12 +11,14 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from cg.body import BodyRejected, MessageCache, index_body
+from cg.body import BodyIndex, BodyRejected, MessageCache, index_body
 from cg.dialects import Dialect
+from cg.expand import InjectMode, append_tool, inject_reason
 from cg.pipeline import Component, PipelineResult, RequestContext, run_pipeline
 from cg.session import session_of
 from cg.shape import check_wire_roles, introduced, validate_shape
-from cg.splice import is_identity, plan_sources, plan_views, splice
+from cg.splice import is_identity, plan_sources, plan_views, splice_text
+from cg.store import Store
 
 Outcome = Literal["passed_through", "rewritten", "failed_open"]
 
@@ -43,6 +45,7 @@ def rewrite_body(
     headers: Mapping[str, str] | None = None,
     now: float | None = None,
     cache: MessageCache | None = None,
+    expand: ExpandPolicy | None = None,
 ) -> Rewrite:
     """Run one request body through the pipeline. `headers` are read, never stored."""
     t0 = time.perf_counter()
@@ -81,20 +84,64 @@ def rewrite_body(
         result = run_pipeline(components, req)
         record["components"] = result.records
         t = lap("pipeline", t)
-        if is_identity(result.plan, len(index.messages)):
+        text = index.text
+        spliced = not is_identity(result.plan, len(index.messages))
+        if spliced:
+            text = splice_text(index, result.plan)
+            t = lap("splice", t)
+            record["messages_out"] = len(result.plan)
+            after = validate_shape(plan_views(index, result.plan), dialect)
+            bad = introduced(before, after, plan_sources(result.plan))
+            if bad:
+                lap("validate", t)
+                record["violations"] = [v.to_json() for v in bad]
+                return done("failed_open", f"rewrite introduced {bad[0].rule}: {bad[0].message}")
+        injected = False
+        if expand is not None:
+            text, injected = _inject(index, text, expand, sid.id, record)
+        if not spliced and not injected:
             return done("passed_through", "no component acted")
-
-        new = splice(index, result.plan)
-        t = lap("splice", t)
-        record["messages_out"] = len(result.plan)
-        after = validate_shape(plan_views(index, result.plan), dialect)
-        bad = introduced(before, after, plan_sources(result.plan))
+        new = text.encode("utf-8")
         # index_body admits only wire-legal roles, so any role violation here is the rewrite's.
-        bad += check_wire_roles(new, dialect)
+        bad = check_wire_roles(new, dialect)
         lap("validate", t)
         if bad:
             record["violations"] = [v.to_json() for v in bad]
             return done("failed_open", f"rewrite introduced {bad[0].rule}: {bad[0].message}")
-        return done("rewritten", "rewritten", new)
+        return done("rewritten", "rewritten" if spliced else "expand tool injected", new)
     except Exception as e:  # noqa: BLE001 - fail open on anything at all
         return done("failed_open", f"internal error: {type(e).__name__}: {e}")
+
+
+@dataclass(frozen=True, slots=True)
+class ExpandPolicy:
+    """When to offer the model the `context_guru_expand` tool, and where ids resolve."""
+
+    mode: InjectMode
+    store: Store | None
+
+
+def _inject(
+    index: BodyIndex, text: str, policy: ExpandPolicy, session: str, record: dict[str, Any]
+) -> tuple[str, bool]:
+    """`text` with the expand tool appended when the policy says so; records why (not)."""
+    tools = index.members.get("tools")
+    choice = index.members.get("tool_choice")
+    ok, why = inject_reason(
+        policy.mode,
+        index.dialect.name,
+        tools.value if tools else None,
+        choice.value if choice else None,
+        text,
+        policy.store,
+        session,
+    )
+    record["expand"] = {"injected": ok, "reason": why}
+    if not ok:
+        return text, False
+    span = None
+    if tools is not None:
+        # Members after `messages` moved by however much the messages array changed length.
+        shift = len(text) - len(index.text) if tools.start > index.array.start else 0
+        span = (tools.start + shift, tools.end + shift)
+    return append_tool(text, span, len(text.rstrip(" \t\r\n")), index.dialect.name), True

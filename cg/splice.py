@@ -92,6 +92,11 @@ def cut_value(index: BodyIndex, i: int, drop: frozenset[int]) -> dict[str, Any]:
 def splice(index: BodyIndex, plan: Sequence[Piece]) -> bytes:
     if is_identity(plan, len(index.messages)):
         return index.raw
+    return splice_text(index, plan).encode("utf-8")
+
+
+def splice_text(index: BodyIndex, plan: Sequence[Piece]) -> str:
+    """The new body as text (the caller encodes once, after any further edits)."""
     pieces: list[str] = []
     for p in plan:
         if isinstance(p, Keep):
@@ -102,8 +107,7 @@ def splice(index: BodyIndex, plan: Sequence[Piece]) -> bytes:
             pieces.append(p.json)
     text = index.text
     arr = index.array
-    out = text[: arr.start] + rebuild_array(text, arr, pieces) + text[arr.end :]
-    return out.encode("utf-8")
+    return text[: arr.start] + rebuild_array(text, arr, pieces) + text[arr.end :]
 
 
 def plan_views(index: BodyIndex, plan: Sequence[Piece]) -> list[MessageView]:
