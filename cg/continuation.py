@@ -1,0 +1,140 @@
+"""The expand continuation loop (SPEC §6): answer the model's `context_guru_expand` calls
+ourselves, re-send, and give the client only the final answer.
+
+    response calls only context_guru_expand  ->  resolve ids, append [assistant, results] to the
+                                                 body that was sent, re-send (at most 3 rounds)
+    response mixes it with the client's calls ->  the expand calls are stripped; the client's
+                                                 own calls go back to it (it must answer them)
+    loop cap reached / a round fails          ->  the last good answer, expand calls stripped
+
+The client never receives a call to a tool it did not declare, and gets the answer in the form
+it asked for (SSE if it streamed). `usage` is the sum over every round: what the exchange cost.
+Continuation rounds go straight upstream, never through the pipeline, so expanded content is
+never summarized or stashed again.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+
+from cg.body import index_body
+from cg.dialects import DIALECTS
+from cg.expand import TOOL_NAME
+from cg.jsonspan import rebuild_array
+from cg.responses import (
+    Reply,
+    ResponseParseError,
+    assistant_message,
+    parse_json,
+    parse_sse,
+    render_json,
+    render_sse,
+    strip_calls,
+    sum_usage,
+    tool_calls,
+    tool_results,
+    with_usage,
+)
+from cg.store import valid_key
+
+MAX_ROUNDS = 3
+_SKIP = frozenset(
+    {"host", "content-length", "transfer-encoding", "connection", "content-encoding", "keep-alive"}
+)
+
+
+@dataclass(slots=True)
+class Outcome:
+    """What the client gets (`body`, `content_type`) and what happened, for the record."""
+
+    body: bytes
+    content_type: str
+    rounds: int
+    log: list[dict[str, Any]] = field(default_factory=list)
+
+
+def parse(dialect: str, body: bytes, content_type: str) -> Reply:
+    if content_type.startswith("text/event-stream"):
+        return parse_sse(dialect, body)
+    return parse_json(dialect, body)
+
+
+def expand_ids(reply: Reply) -> list[tuple[str, str]] | None:
+    """(call id, requested id) of each expand call; None when the reply calls other tools too."""
+    calls = tool_calls(reply)
+    ours = [c for c in calls if c.name == TOOL_NAME]
+    if not ours or len(ours) != len(calls):
+        return None
+    out = []
+    for c in ours:
+        raw = c.input.get("id") if isinstance(c.input, dict) else None
+        out.append((c.id, raw if isinstance(raw, str) else ""))
+    return out
+
+
+def append_messages(dialect: str, body: str, messages: list[dict[str, Any]]) -> str:
+    """`body` with `messages` appended to its `messages` array; every other byte unchanged."""
+    index = index_body(body.encode("utf-8"), DIALECTS[dialect])
+    arr = index.array
+    pieces = [body[e.start : e.end] for e in arr.elements]
+    pieces += [json.dumps(m, ensure_ascii=False, separators=(",", ":")) for m in messages]
+    return body[: arr.start] + rebuild_array(body, arr, pieces) + body[arr.end :]
+
+
+def answer(key: str, resolve: Callable[[str], str]) -> str:
+    if not valid_key(key):
+        return f"context_guru_expand: {key!r} is not a context-guru id (ids look like <<cg:ID>>)."
+    return resolve(key)
+
+
+async def run(
+    client: httpx.AsyncClient,
+    url: str,
+    headers: Mapping[str, str] | list[tuple[str, str]],
+    dialect: str,
+    sent: str,
+    first: Reply,
+    streamed: bool,
+    resolve: Callable[[str], str],
+    max_rounds: int = MAX_ROUNDS,
+) -> Outcome:
+    """Drive the loop from the first reply; `sent` is the request body that produced it."""
+    items = headers.items() if isinstance(headers, Mapping) else headers
+    out_headers = [(k, v) for k, v in items if k.lower() not in _SKIP]
+    replies = [first]
+    reply = first
+    log: list[dict[str, Any]] = []
+    body = sent
+    rounds = 0
+    while rounds < max_rounds:
+        ids = expand_ids(reply)
+        if ids is None:
+            break
+        results = [(call_id, answer(key, resolve)) for call_id, key in ids]
+        log.append({"round": rounds + 1, "ids": [k for _, k in ids]})
+        body = append_messages(
+            dialect, body, [assistant_message(reply), *tool_results(dialect, results)]
+        )
+        try:
+            resp = await client.post(url, content=body.encode("utf-8"), headers=out_headers)
+            ctype = resp.headers.get("content-type", "")
+            if resp.status_code != 200:
+                log[-1]["error"] = f"HTTP {resp.status_code}"
+                break
+            reply = parse(dialect, resp.content, ctype)
+        except (httpx.HTTPError, ResponseParseError) as e:
+            log[-1]["error"] = f"{type(e).__name__}: {e}"
+            break
+        replies.append(reply)
+        rounds += 1
+
+    final = strip_calls(reply, TOOL_NAME)
+    final = with_usage(final, sum_usage(replies))
+    if streamed:
+        return Outcome(render_sse(final), "text/event-stream; charset=utf-8", rounds, log)
+    return Outcome(render_json(final), "application/json", rounds, log)
