@@ -19,6 +19,10 @@ _SKIP = frozenset(
 
 _SKIP_B = frozenset(h.encode() for h in _SKIP)
 
+# The agent's own request had no read timeout through mitmproxy, and neither has its re-send:
+# a long generation may take minutes to start answering. The agent keeps its own timeout.
+RESEND_TIMEOUT = httpx.Timeout(None, connect=30.0)
+
 
 def upstream_verify(options: Any) -> bool | str:
     """TLS verification for our own upstream calls, following mitmproxy's upstream options."""
@@ -46,7 +50,9 @@ def provider_message(body: bytes | None, limit: int = 500) -> str:
 async def resend(client: httpx.AsyncClient, req: http.Request, original: bytes) -> http.Response:
     """Send `req` upstream again with `original` as its (still encoded) body; the answer whole."""
     headers = [(k, v) for k, v in req.headers.fields if k.lower() not in _SKIP_B]
-    out = client.build_request(req.method, req.url, headers=headers, content=original)
+    out = client.build_request(
+        req.method, req.url, headers=headers, content=original, timeout=RESEND_TIMEOUT
+    )
     # The client's defaults (accept-encoding, user-agent, …) would change what the provider
     # sends back, e.g. an encoding the agent never asked for: send the agent's headers only.
     sent = {k.lower() for k, _ in headers} | {b"host", b"content-length"}
