@@ -9,6 +9,12 @@ Every request is recorded (method, path, headers, the raw body bytes as received
 gzip-decoded copy). Tests wait for requests on a condition variable, never on sleeps. Replies to
 the two provider endpoints can be scripted with `FakeProvider.script(Reply(...))`; unscripted
 requests get a normal answer whose text is `Reply.text`'s default.
+
+Requests carrying `x-context-guru: summarize` (context-guru's own summarizer calls) are scripted
+apart, with `FakeProvider.script_summarizer(...)`: agent replies and summarizer replies never
+consume each other's queue. An unscripted summarizer request gets a numbered summary
+(`summary_answer(n)`), so every summary a test provokes has distinct bytes. A second instance
+serves as a dedicated "cheap model" endpoint.
 """
 
 from __future__ import annotations
@@ -26,6 +32,12 @@ from typing import Any
 
 DEFAULT_TEXT = "Hello from the fake provider, streamed in pieces."
 GATE_TIMEOUT = 5.0
+SUMMARIZER_HEADER = "x-context-guru"
+
+
+def summary_answer(n: int) -> str:
+    """The text of the n-th unscripted summarizer answer (1-based)."""
+    return f"<summary>Fake summary #{n}: the agent listed files and fixed the bug.</summary>"
 
 
 @dataclass(frozen=True)
@@ -45,6 +57,11 @@ class Recorded:
     def json(self) -> Any:
         return json.loads(self.decoded if self.decoded is not None else self.body)
 
+    @property
+    def is_summarizer(self) -> bool:
+        """Sent by context-guru's summarizer (`x-context-guru: summarize`), not by an agent."""
+        return (self.header(SUMMARIZER_HEADER) or "").strip() == "summarize"
+
 
 @dataclass
 class Reply:
@@ -53,7 +70,9 @@ class Reply:
     `body` set: sent as is with `status` and `headers`. Otherwise a normal (JSON or SSE) answer
     in the request's dialect carrying `text`. `gate`: an SSE answer stops after its first text
     delta until the gate is set (or GATE_TIMEOUT passes, which sets `gate_timed_out`) — a test
-    that the proxy streams instead of buffering.
+    that the proxy streams instead of buffering. `hold`: nothing at all is sent (not even the
+    status line) until the hold is set or `hold_timeout` passes (which sets `hold_timed_out`) —
+    a hanging server. `answered` is set once the reply has been written (or the peer was gone).
     """
 
     status: int = 200
@@ -62,6 +81,10 @@ class Reply:
     headers: dict[str, str] = field(default_factory=dict)
     gate: threading.Event | None = None
     gate_timed_out: bool = False
+    hold: threading.Event | None = None
+    hold_timeout: float = GATE_TIMEOUT
+    hold_timed_out: bool = False
+    answered: threading.Event = field(default_factory=threading.Event)
 
     @classmethod
     def json(cls, status: int, payload: Any) -> Reply:
@@ -248,10 +271,17 @@ class _Handler(BaseHTTPRequestHandler):
         provider = self.server.provider
         provider._record(rec)
         bare = self.path.split("?", 1)[0].rstrip("/")
-        if self.command == "POST" and bare.endswith("/v1/messages"):
-            self._provider("anthropic", rec, provider._next_reply())
-        elif self.command == "POST" and bare.endswith("/v1/chat/completions"):
-            self._provider("openai", rec, provider._next_reply())
+        if self.command == "POST" and bare.endswith(("/v1/messages", "/v1/chat/completions")):
+            dialect = "anthropic" if bare.endswith("/v1/messages") else "openai"
+            reply = provider._next_reply(rec)
+            try:
+                if reply.hold is not None:
+                    reply.hold_timed_out = not reply.hold.wait(reply.hold_timeout)
+                self._provider(dialect, rec, reply)
+            except OSError:
+                self.close_connection = True  # the client gave up waiting: nothing to answer
+            finally:
+                reply.answered.set()
         elif self.command == "GET":
             self._send(200, _JSON, _dumps({"echo": True, "path": self.path}))
         else:
@@ -332,6 +362,8 @@ class FakeProvider:
         self._cond = threading.Condition()
         self._requests: list[Recorded] = []
         self._replies: deque[Reply] = deque()
+        self._summarizer_replies: deque[Reply] = deque()
+        self._summaries = 0
         self._thread = threading.Thread(
             target=self._server.serve_forever, name="fake-provider", daemon=True
         )
@@ -362,16 +394,27 @@ class FakeProvider:
     # -- scripting ---------------------------------------------------------------------------
 
     def script(self, *replies: Reply) -> None:
-        """Queue replies for the next provider requests, in order."""
+        """Queue replies for the next agent (non-summarizer) requests, in order."""
         with self._cond:
             self._replies.extend(replies)
+
+    def script_summarizer(self, *replies: Reply) -> None:
+        """Queue replies for the next requests carrying `x-context-guru: summarize`, in order."""
+        with self._cond:
+            self._summarizer_replies.extend(replies)
 
     def clear_script(self) -> None:
         with self._cond:
             self._replies.clear()
+            self._summarizer_replies.clear()
 
-    def _next_reply(self) -> Reply:
+    def _next_reply(self, rec: Recorded | None = None) -> Reply:
         with self._cond:
+            if rec is not None and rec.is_summarizer:
+                if self._summarizer_replies:
+                    return self._summarizer_replies.popleft()
+                self._summaries += 1
+                return Reply(text=summary_answer(self._summaries))
             return self._replies.popleft() if self._replies else Reply()
 
     # -- recording ---------------------------------------------------------------------------
@@ -385,6 +428,12 @@ class FakeProvider:
     def requests(self) -> list[Recorded]:
         with self._cond:
             return list(self._requests)
+
+    @property
+    def summarizer_requests(self) -> list[Recorded]:
+        """The requests context-guru's summarizer sent here, in arrival order."""
+        with self._cond:
+            return [r for r in self._requests if r.is_summarizer]
 
     def wait_for(
         self,

@@ -3,6 +3,10 @@
 `Proxy.start(upstream, workdir)` has mitmdump listen on port 0, reads the port from mitmdump's startup line, then
 polls `/_cg/health` until the addon answers. `Proxy.stop()` terminates the process by PID (kill
 after a deadline). Waits are bounded condition waits, never sleeps.
+
+The process environment is the test run's own minus the variables that steer the summarizer
+(`CHEAP_MODEL*`, `CONTEXT_GURU_SUMMARIZE_TIMEOUT`, the providers' API keys): a developer's shell
+never leaks into a test; pass them with `Proxy.start(..., env={...})`.
 """
 
 from __future__ import annotations
@@ -15,7 +19,7 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -30,6 +34,17 @@ MITMDUMP = Path(sys.executable).parent / "mitmdump"
 LISTENING = re.compile(r"listening at 127\.0\.0\.1:(\d+)")
 STARTUP_TIMEOUT = 30.0
 POLL = 0.02  # seconds between polls of a file or an endpoint
+# Inherited variables that would change what the summarizer does; only `env=` may set them.
+HERMETIC = (
+    "CHEAP_MODEL",
+    "CHEAP_MODEL_PROVIDER",
+    "CHEAP_MODEL_BASE_URL",
+    "CHEAP_MODEL_API_KEY",
+    "CHEAP_MODEL_AUTH",
+    "CONTEXT_GURU_SUMMARIZE_TIMEOUT",
+    "ANTHROPIC_API_KEY",
+    "OPENAI_API_KEY",
+)
 
 
 def new_id() -> str:
@@ -93,8 +108,10 @@ class Proxy:
         workdir: Path,
         preset: str = "off",
         options: Sequence[str] = (),
+        env: Mapping[str, str] | None = None,
     ) -> Proxy:
-        """Start mitmdump in front of `upstream`; `options` are extra `--set` values."""
+        """Start mitmdump in front of `upstream`; `options` are extra `--set` values, `env`
+        extra environment variables (see HERMETIC)."""
         confdir = workdir / "confdir"
         confdir.mkdir(parents=True, exist_ok=True)
         record = workdir / "decisions.jsonl"
@@ -126,7 +143,11 @@ class Proxy:
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,
-            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            env={
+                **{k: v for k, v in os.environ.items() if k not in HERMETIC},
+                **(env or {}),
+                "PYTHONUNBUFFERED": "1",
+            },
         )
         proxy = cls(proc, 0, DecisionLog(record))
         listening = threading.Event()
@@ -180,6 +201,25 @@ class Proxy:
 
     def log_text(self) -> str:
         return "\n".join(self.log)
+
+    def stats(self) -> dict[str, Any]:
+        """`GET /_cg/stats`."""
+        with self.client(timeout=5.0) as c:
+            r = c.get("/_cg/stats")
+        assert r.status_code == 200, r.text
+        doc: dict[str, Any] = r.json()
+        return doc
+
+    def wait_stats(
+        self, until: Callable[[dict[str, Any]], bool], timeout: float = 10.0
+    ) -> dict[str, Any]:
+        """Poll `/_cg/stats` until `until(stats)` holds; the stats that satisfied it."""
+        doc: dict[str, Any] = {}
+        for _ in poll(timeout):
+            doc = self.stats()
+            if until(doc):
+                return doc
+        raise TimeoutError(f"stats never satisfied the condition within {timeout}s: {doc}")
 
     def addon_errors(self) -> list[str]:
         """Log lines that show a hook raised (mitmproxy logs hook exceptions, never raises)."""
@@ -237,3 +277,51 @@ def received(provider: FakeProvider, e2e_id: str) -> Recorded:
     got = provider.wait_for(1, where=by_id(e2e_id))
     assert len(got) == 1, f"the provider received {len(got)} requests for one send"
     return got[0]
+
+
+# -- an independent reader of a body's `messages` array ------------------------------------------
+
+
+def _ws(s: str, i: int) -> int:
+    while i < len(s) and s[i] in " \t\r\n":
+        i += 1
+    return i
+
+
+def message_sources(body: bytes) -> tuple[bytes, list[bytes], bytes]:
+    """(bytes before the top-level `messages` array, each element's bytes, bytes after it).
+
+    Written apart from `cg.jsonspan` with `json.JSONDecoder.raw_decode`, so a test can compare
+    the bytes a client sent with the bytes a provider received without trusting the code under
+    test to find them.
+    """
+    s = body.decode("utf-8")
+    dec = json.JSONDecoder()
+    i = _ws(s, 0)
+    assert s[i] == "{", "the body is not a JSON object"
+    i += 1
+    while True:
+        i = _ws(s, i)
+        assert s[i] != "}", "the body has no messages array"
+        key, i = dec.raw_decode(s, i)
+        i = _ws(s, i)
+        assert s[i] == ":"
+        i = _ws(s, i + 1)
+        if key == "messages":
+            assert s[i] == "["
+            start, i = i, i + 1
+            elements: list[bytes] = []
+            while True:
+                i = _ws(s, i)
+                if s[i] == "]":
+                    break
+                _, j = dec.raw_decode(s, i)
+                elements.append(s[i:j].encode("utf-8"))
+                i = _ws(s, j)
+                if s[i] == ",":
+                    i += 1
+            return s[:start].encode("utf-8"), elements, s[i + 1 :].encode("utf-8")
+        _, i = dec.raw_decode(s, i)
+        i = _ws(s, i)
+        if s[i] == ",":
+            i += 1

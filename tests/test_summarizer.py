@@ -1,0 +1,614 @@
+"""cg.summarizer: endpoint resolution, request bodies, answer parsing, retries under one deadline.
+
+The network is an `httpx.MockTransport` injected into the `HttpPool`; nothing leaves the process.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import traceback
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import httpx
+import pytest
+from mitmproxy import http
+
+from cg import summarizer
+from cg.summarize.component import Commission, NoModel, SummarizerError, SummarizerTimeout
+from cg.summarize.config import ModelConfig
+from cg.summarizer import (
+    HEADER,
+    INCOMING_HEADERS,
+    MAX_ATTEMPTS,
+    MAX_TOKENS,
+    TIMEOUT_ENV,
+    Endpoint,
+    HttpPool,
+    Origin,
+    SummarizerClient,
+    answer_text,
+    resolve_endpoint,
+    timeout_from_env,
+)
+
+KEY = "sk-ant-SECRET-0123456789"
+ORIGIN_URL = "https://api.example.test/v1/messages?beta=true"
+PROMPT = "Summarize this — «trajectory» ✓"
+
+
+def agent_headers() -> http.Headers:
+    """What an agent's intercepted request carries (mitmproxy's case-insensitive Headers)."""
+    return http.Headers(
+        [
+            (b"Host", b"api.example.test"),
+            (b"X-Api-Key", KEY.encode()),
+            (b"Authorization", b"Bearer " + KEY.encode()),
+            (b"anthropic-version", b"2023-06-01"),
+            (b"anthropic-beta", b"context-1m-2025-08-07"),
+            (b"Cookie", b"session=abc"),
+            (b"User-Agent", b"claude-cli/2.1"),
+            (b"Content-Type", b"application/json"),
+            (b"x-context-guru-session", b"s1"),
+            (b"x-claude-code-session-id", b"cc-1"),
+            (b"openai-organization", b"org-1"),
+            (b"x-e2e-id", b"e"),
+        ]
+    )
+
+
+def job(
+    dialect: str = "anthropic", model: str | None = "claude-sonnet-4", origin: Any = None
+) -> Commission:
+    return Commission(
+        session="s1",
+        dialect=dialect,
+        model=model,
+        head=1,
+        end=4,
+        covered_hash="0" * 32,
+        sources=[],
+        span=[],
+        transcript=[],
+        previous_summary=None,
+        origin=origin,
+    )
+
+
+def incoming(**kw: Any) -> ModelConfig:
+    return ModelConfig(source="incoming", **kw)
+
+
+def config(**kw: Any) -> ModelConfig:
+    return ModelConfig(source="config", **kw)
+
+
+def anthropic_answer(*blocks: Any) -> dict[str, Any]:
+    return {"type": "message", "role": "assistant", "content": list(blocks)}
+
+
+def openai_answer(content: Any) -> dict[str, Any]:
+    return {"object": "chat.completion", "choices": [{"index": 0, "message": {"content": content}}]}
+
+
+Handler = Callable[[httpx.Request], httpx.Response | Awaitable[httpx.Response]]
+
+
+class Wire:
+    """A MockTransport pool that records every request and answers with `handler`."""
+
+    def __init__(self, handler: Handler) -> None:
+        self.handler = handler
+        self.sent: list[httpx.Request] = []
+        self.pool = HttpPool()
+
+        async def handle(request: httpx.Request) -> httpx.Response:
+            await request.aread()
+            self.sent.append(request)
+            out = self.handler(request)
+            return await out if not isinstance(out, httpx.Response) else out
+
+        self.pool._client = httpx.AsyncClient(transport=httpx.MockTransport(handle))
+
+    def client(self, cfg: ModelConfig, **kw: Any) -> SummarizerClient:
+        return SummarizerClient(cfg, self.pool, **{"env": {}, **kw})
+
+    def body(self, n: int = -1) -> Any:
+        return json.loads(self.sent[n].content)
+
+
+def ok_anthropic(text: str = "<summary>done</summary>") -> Handler:
+    return lambda r: httpx.Response(200, json=anthropic_answer({"type": "text", "text": text}))
+
+
+@pytest.fixture
+def wire() -> Wire:
+    return Wire(ok_anthropic())
+
+
+@pytest.fixture(autouse=True)
+def _quick_backoff(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Jitter at its minimum: the backoffs are 0.125 s, 0.25 s, … — short and deterministic."""
+    monkeypatch.setattr("cg.summarizer.random.random", lambda: 0.0)
+
+
+# -- Origin and resolve_endpoint: incoming -----------------------------------------------------
+
+
+def test_origin_keeps_only_the_credential_and_version_headers():
+    origin = Origin.of(ORIGIN_URL, agent_headers())
+    assert origin.url == ORIGIN_URL
+    assert origin.headers == {
+        "x-api-key": KEY,
+        "authorization": f"Bearer {KEY}",
+        "anthropic-version": "2023-06-01",
+        "anthropic-beta": "context-1m-2025-08-07",
+    }
+    assert set(origin.headers) == set(INCOMING_HEADERS)
+
+
+def test_incoming_reuses_origin_url_and_headers_and_the_jobs_model():
+    origin = Origin.of(ORIGIN_URL, agent_headers())
+    ep = resolve_endpoint(incoming(), job(origin=origin), env={})
+    assert ep.dialect == "anthropic"
+    assert ep.url == ORIGIN_URL
+    assert ep.model == "claude-sonnet-4"
+    assert ep.headers == origin.headers
+
+
+def test_incoming_model_model_overrides_the_jobs_model():
+    origin = Origin.of(ORIGIN_URL, agent_headers())
+    ep = resolve_endpoint(incoming(model="claude-haiku-4"), job(origin=origin), env={})
+    assert ep.model == "claude-haiku-4"
+    assert ep.url == ORIGIN_URL  # still the proxied request's own endpoint and credential
+
+
+def test_incoming_anthropic_without_version_gets_the_default_one():
+    origin = Origin.of(ORIGIN_URL, http.Headers(x_api_key=KEY))
+    ep = resolve_endpoint(incoming(), job(origin=origin), env={})
+    assert ep.headers == {"x-api-key": KEY, "anthropic-version": summarizer.ANTHROPIC_VERSION}
+
+
+def test_incoming_openai_adds_no_anthropic_header():
+    url = "https://llm.example.test/v1/chat/completions"
+    origin = Origin.of(url, http.Headers(authorization=f"Bearer {KEY}"))
+    ep = resolve_endpoint(incoming(), job("openai", "gpt-x", origin), env={})
+    assert (ep.dialect, ep.url, ep.model) == ("openai", url, "gpt-x")
+    assert ep.headers == {"authorization": f"Bearer {KEY}"}
+
+
+def test_incoming_ignores_the_cheap_model_env():
+    origin = Origin.of(ORIGIN_URL, agent_headers())
+    env = {"CHEAP_MODEL": "cheap", "CHEAP_MODEL_BASE_URL": "http://cheap.test"}
+    ep = resolve_endpoint(incoming(), job(origin=origin), env=env)
+    assert (ep.url, ep.model) == (ORIGIN_URL, "claude-sonnet-4")
+
+
+def test_incoming_without_a_model_is_no_model():
+    origin = Origin.of(ORIGIN_URL, agent_headers())
+    with pytest.raises(NoModel, match="names no model"):
+        resolve_endpoint(incoming(), job(model=None, origin=origin), env={})
+
+
+def test_incoming_without_an_origin_is_no_model():
+    with pytest.raises(NoModel, match="no proxied request"):
+        resolve_endpoint(incoming(), job(origin=None), env={})
+
+
+# -- resolve_endpoint: config ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("provider", "base", "url"),
+    [
+        ("anthropic", "http://cheap.test:8000", "http://cheap.test:8000/v1/messages"),
+        ("anthropic", "http://cheap.test:8000/", "http://cheap.test:8000/v1/messages"),
+        ("anthropic", "http://cheap.test:8000/v1", "http://cheap.test:8000/v1/messages"),
+        ("anthropic", "http://cheap.test/api/v1/", "http://cheap.test/api/v1/messages"),
+        ("openai", "http://cheap.test:8000", "http://cheap.test:8000/v1/chat/completions"),
+        ("openai", "http://cheap.test:8000/v1", "http://cheap.test:8000/v1/chat/completions"),
+        ("anthropic", None, "https://api.anthropic.com/v1/messages"),
+        ("openai", None, "https://api.openai.com/v1/chat/completions"),
+    ],
+)
+def test_config_base_url_with_and_without_v1(provider, base, url):
+    cfg = config(model="small", provider=provider, base_url=base, api_key="k")
+    ep = resolve_endpoint(cfg, job(origin=Origin.of(ORIGIN_URL, agent_headers())), env={})
+    assert (ep.dialect, ep.url, ep.model) == (provider, url, "small")
+
+
+def test_config_provider_defaults_to_anthropic():
+    ep = resolve_endpoint(config(model="small", api_key="k"), job(), env={})
+    assert ep.dialect == "anthropic"
+    assert ep.url == "https://api.anthropic.com/v1/messages"
+
+
+def test_config_never_reuses_the_agents_credential_or_endpoint():
+    origin = Origin.of(ORIGIN_URL, agent_headers())
+    ep = resolve_endpoint(config(model="small", provider="openai"), job(origin=origin), env={})
+    assert ep.url == "https://api.openai.com/v1/chat/completions"
+    assert ep.headers == {}  # no key configured: none sent, and never the agent's
+
+
+@pytest.mark.parametrize(
+    ("auth", "expected"),
+    [
+        (None, {"x-api-key": "ck"}),
+        ("x-api-key", {"x-api-key": "ck"}),
+        ("bearer", {"authorization": "Bearer ck"}),
+    ],
+)
+def test_config_anthropic_auth_modes(auth, expected):
+    cfg = config(model="small", provider="anthropic", api_key="ck", auth=auth)
+    ep = resolve_endpoint(cfg, job(), env={})
+    assert ep.headers == {"anthropic-version": summarizer.ANTHROPIC_VERSION, **expected}
+
+
+def test_config_openai_sends_a_bearer_token():
+    ep = resolve_endpoint(config(model="small", provider="openai", api_key="ck"), job(), env={})
+    assert ep.headers == {"authorization": "Bearer ck"}
+
+
+@pytest.mark.parametrize(
+    ("provider", "var", "header", "value"),
+    [
+        ("anthropic", "ANTHROPIC_API_KEY", "x-api-key", "envkey"),
+        ("openai", "OPENAI_API_KEY", "authorization", "Bearer envkey"),
+    ],
+)
+def test_config_api_key_falls_back_to_the_providers_env_key(
+    monkeypatch, provider, var, header, value
+):
+    monkeypatch.setenv(var, "process-env-key")  # the mapping given wins over os.environ
+    other = "OPENAI_API_KEY" if var == "ANTHROPIC_API_KEY" else "ANTHROPIC_API_KEY"
+    env = {var: "envkey", other: "wrong-provider"}
+    ep = resolve_endpoint(config(model="small", provider=provider), job(), env=env)
+    assert ep.headers[header] == value
+    assert "wrong-provider" not in json.dumps(ep.headers)
+
+
+def test_config_api_key_set_wins_over_the_env_key():
+    cfg = config(model="small", provider="openai", api_key="cfgkey")
+    ep = resolve_endpoint(cfg, job(), env={"OPENAI_API_KEY": "envkey"})
+    assert ep.headers == {"authorization": "Bearer cfgkey"}
+
+
+def test_config_without_a_model_is_no_model():
+    with pytest.raises(NoModel, match=r"model\.model"):
+        resolve_endpoint(config(provider="openai", api_key="k"), job(), env={})
+
+
+# -- what goes on the wire -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("level", ["concise", "regular", "highly_detailed"])
+async def test_anthropic_request_is_non_streaming_with_the_summarize_header(wire, level):
+    origin = Origin.of(ORIGIN_URL, agent_headers())
+    text = await wire.client(incoming(), level=level)(PROMPT, job(origin=origin))
+    assert text == "<summary>done</summary>"
+    (req,) = wire.sent
+    assert req.method == "POST"
+    assert str(req.url) == ORIGIN_URL
+    assert req.headers[HEADER] == "summarize"
+    assert req.headers["content-type"] == "application/json"
+    assert req.headers["x-api-key"] == KEY
+    assert req.headers["anthropic-beta"] == "context-1m-2025-08-07"
+    for private in ("cookie", "x-context-guru-session", "openai-organization", "x-e2e-id"):
+        assert private not in req.headers
+    assert req.headers["user-agent"] != "claude-cli/2.1"
+    assert wire.body() == {
+        "model": "claude-sonnet-4",
+        "max_tokens": MAX_TOKENS[level],
+        "messages": [{"role": "user", "content": PROMPT}],
+    }
+
+
+async def test_openai_request_is_non_streaming_with_the_summarize_header():
+    wire = Wire(lambda r: httpx.Response(200, json=openai_answer("<summary>ok</summary>")))
+    cfg = config(model="small", provider="openai", base_url="http://cheap.test/v1", api_key="ck")
+    assert await wire.client(cfg)(PROMPT, job("anthropic")) == "<summary>ok</summary>"
+    (req,) = wire.sent
+    assert str(req.url) == "http://cheap.test/v1/chat/completions"
+    assert req.headers[HEADER] == "summarize"
+    assert req.headers["authorization"] == "Bearer ck"
+    assert "x-api-key" not in req.headers
+    assert wire.body() == {"model": "small", "messages": [{"role": "user", "content": PROMPT}]}
+
+
+async def test_no_model_is_raised_before_anything_is_sent(wire):
+    with pytest.raises(NoModel):
+        await wire.client(config(provider="openai"))(PROMPT, job())
+    assert wire.sent == []
+
+
+# -- reading the answer ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("doc", "text"),
+    [
+        (
+            anthropic_answer({"type": "text", "text": "<summary>a</summary>"}),
+            "<summary>a</summary>",
+        ),
+        (
+            anthropic_answer(
+                {"type": "thinking", "thinking": "hmm", "signature": "x"},
+                {"type": "text", "text": "<summary>a"},
+                {"type": "tool_use", "id": "t", "name": "n", "input": {}},
+                {"type": "text", "text": "b</summary>"},
+            ),
+            "<summary>ab</summary>",
+        ),
+        (anthropic_answer(), None),
+        (anthropic_answer({"type": "text", "text": " \n "}), None),
+        (anthropic_answer({"type": "tool_use", "id": "t", "name": "n", "input": {}}), None),
+        (anthropic_answer({"type": "text", "text": None}, {"type": "text", "text": "x"}), "x"),
+    ],
+    ids=["one-block", "text-blocks-joined", "empty", "blank", "no-text-block", "null-text"],
+)
+def test_answer_text_anthropic(doc, text):
+    assert answer_text("anthropic", doc) == text
+
+
+@pytest.mark.parametrize(
+    ("content", "text"),
+    [
+        ("<summary>s</summary>", "<summary>s</summary>"),
+        (
+            [
+                {"type": "text", "text": "<summary>s"},
+                {"type": "refusal", "refusal": "no"},
+                {"type": "text", "text": "</summary>"},
+            ],
+            "<summary>s</summary>",
+        ),
+        ([{"type": "text", "text": None}, {"type": "text", "text": "p"}], "p"),
+        ("", None),
+        ("   ", None),
+        (None, None),
+        ([], None),
+        ([{"type": "image_url", "image_url": {"url": "x"}}], None),
+    ],
+    ids=["string", "parts", "null-part-text", "empty", "blank", "null", "no-parts", "no-text"],
+)
+def test_answer_text_openai(content, text):
+    assert answer_text("openai", openai_answer(content)) == text
+
+
+@pytest.mark.parametrize(
+    ("dialect", "doc"),
+    [
+        ("anthropic", []),
+        ("anthropic", {"type": "message"}),
+        ("anthropic", {"content": "a string"}),
+        ("openai", {"choices": []}),
+        ("openai", {"choices": ["x"]}),
+        ("openai", "text"),
+    ],
+)
+def test_answer_text_unreadable_answer_is_a_summarizer_error(dialect, doc):
+    with pytest.raises(SummarizerError):
+        answer_text(dialect, doc)
+
+
+async def test_a_blank_answer_is_none_not_an_error():
+    wire = Wire(ok_anthropic(""))
+    assert await wire.client(config(model="m", api_key="k"))(PROMPT, job()) is None
+
+
+async def test_an_answer_that_is_not_json_is_a_summarizer_error():
+    wire = Wire(lambda r: httpx.Response(200, content=b"<html>gateway</html>"))
+    with pytest.raises(SummarizerError, match="not JSON"):
+        await wire.client(config(model="m", api_key="k"))(PROMPT, job())
+
+
+# -- retries under one deadline ----------------------------------------------------------------
+
+
+def sequence(*steps: int | type[httpx.TransportError]) -> Handler:
+    """Answer the n-th request with steps[n]: a status (200 is a good answer) or an exception."""
+    it = iter(steps)
+
+    def handle(request: httpx.Request) -> httpx.Response:
+        step = next(it)
+        if isinstance(step, type):
+            raise step("simulated", request=request)
+        if step == 200:
+            return ok_anthropic()(request)  # type: ignore[return-value]
+        return httpx.Response(step, json={"error": {"message": f"status {step}"}})
+
+    return handle
+
+
+@pytest.mark.parametrize(
+    "steps",
+    [
+        (429, 200),
+        (500, 200),
+        (529, 503, 200),
+        (502, 504, 200),
+        (408, 409, 200),
+        (httpx.ConnectError, 200),
+        (httpx.ReadError, httpx.RemoteProtocolError, 200),
+    ],
+    ids=lambda s: "-".join(str(x) if isinstance(x, int) else x.__name__ for x in s),
+)
+async def test_retries_transient_failures_then_succeeds(steps):
+    wire = Wire(sequence(*steps))
+    text = await wire.client(config(model="m", api_key="k"))(PROMPT, job())
+    assert text == "<summary>done</summary>"
+    assert len(wire.sent) == len(steps)
+    assert len({r.content for r in wire.sent}) == 1  # every attempt sends the same request
+
+
+@pytest.mark.parametrize("status", [400, 401, 403, 404, 422])
+async def test_no_retry_on_a_client_error(status):
+    wire = Wire(sequence(status, 200))
+    with pytest.raises(SummarizerError, match=f"HTTP {status}") as e:
+        await wire.client(config(model="m", api_key="k"))(PROMPT, job())
+    assert not isinstance(e.value, SummarizerTimeout)
+    assert len(wire.sent) == 1
+
+
+async def test_gives_up_after_max_attempts_with_the_last_status():
+    wire = Wire(sequence(*[503] * (MAX_ATTEMPTS + 1)))
+    with pytest.raises(SummarizerError, match=f"{MAX_ATTEMPTS} attempts.*HTTP 503") as e:
+        await wire.client(config(model="m", api_key="k"))(PROMPT, job())
+    assert not isinstance(e.value, SummarizerTimeout)
+    assert len(wire.sent) == MAX_ATTEMPTS
+
+
+async def test_transport_errors_every_time_is_an_error_not_a_timeout():
+    wire = Wire(sequence(*[httpx.ConnectError] * MAX_ATTEMPTS))
+    with pytest.raises(SummarizerError, match="ConnectError") as e:
+        await wire.client(config(model="m", api_key="k"))(PROMPT, job())
+    assert not isinstance(e.value, SummarizerTimeout)
+    assert len(wire.sent) == MAX_ATTEMPTS
+
+
+async def test_the_message_counts_the_attempts_actually_made():
+    """A backoff that would overrun the deadline ends the retries early; say how many ran."""
+    wire = Wire(sequence(503, 503, 503))
+    client = wire.client(config(model="m", api_key="k"), timeout=0.3)
+    with pytest.raises(SummarizerError) as e:
+        await client(PROMPT, job())
+    assert len(wire.sent) == 2  # 0.125 s then 0.25 s of backoff: the third would be too late
+    assert "2 attempts" in str(e.value)
+
+
+async def test_an_httpx_timeout_is_a_summarizer_timeout():
+    wire = Wire(sequence(httpx.ReadTimeout))
+    with pytest.raises(SummarizerTimeout):
+        await wire.client(config(model="m", api_key="k"))(PROMPT, job())
+    assert len(wire.sent) == 1
+
+
+async def test_a_server_that_never_answers_times_out_at_the_deadline():
+    async def hang(request: httpx.Request) -> httpx.Response:
+        await asyncio.Event().wait()
+        raise AssertionError("unreachable")
+
+    wire = Wire(hang)
+    t0 = time.monotonic()
+    with pytest.raises(SummarizerTimeout, match=r"0\.3s"):
+        await wire.client(config(model="m", api_key="k"), timeout=0.3)(PROMPT, job())
+    assert 0.25 <= time.monotonic() - t0 < 2.0
+
+
+async def test_a_server_that_drips_its_answer_times_out_at_the_deadline():
+    """httpx's timeouts are per read: an answer trickling in byte by byte must still stop."""
+
+    async def drip() -> AsyncIterator[bytes]:
+        for _ in range(100):
+            await asyncio.sleep(0.05)
+            yield b" "
+
+    wire = Wire(lambda r: httpx.Response(200, content=drip()))
+    t0 = time.monotonic()
+    with pytest.raises(SummarizerTimeout):
+        await wire.client(config(model="m", api_key="k"), timeout=0.3)(PROMPT, job())
+    assert time.monotonic() - t0 < 2.0
+
+
+async def test_retries_stop_at_the_deadline():
+    async def slow_503(request: httpx.Request) -> httpx.Response:
+        await asyncio.sleep(0.2)
+        return httpx.Response(503)
+
+    wire = Wire(slow_503)
+    t0 = time.monotonic()
+    with pytest.raises(SummarizerError):
+        await wire.client(config(model="m", api_key="k"), timeout=0.5)(PROMPT, job())
+    assert time.monotonic() - t0 < 1.5
+    assert len(wire.sent) <= 2
+
+
+# -- timeout_from_env --------------------------------------------------------------------------
+
+
+def test_timeout_default():
+    assert timeout_from_env({}) == summarizer.DEFAULT_TIMEOUT
+    assert timeout_from_env({TIMEOUT_ENV: "  "}) == summarizer.DEFAULT_TIMEOUT
+
+
+def test_timeout_reads_os_environ_when_no_mapping_is_given(monkeypatch):
+    monkeypatch.setenv(TIMEOUT_ENV, "7")
+    assert timeout_from_env() == 7.0
+
+
+@pytest.mark.parametrize(("raw", "value"), [("1", 1.0), ("2.5", 2.5), (" 30 ", 30.0)])
+def test_timeout_value(raw, value):
+    assert timeout_from_env({TIMEOUT_ENV: raw}) == value
+
+
+@pytest.mark.parametrize("raw", ["abc", "1s", "0", "-1", "nan", "inf", "-inf"])
+def test_timeout_bad_value_is_refused_naming_the_variable(raw):
+    with pytest.raises(ValueError, match=TIMEOUT_ENV) as e:
+        timeout_from_env({TIMEOUT_ENV: raw})
+    assert repr(raw) in str(e.value)
+
+
+# -- the credential never leaks ----------------------------------------------------------------
+
+
+def test_api_key_absent_from_repr_and_str():
+    origin = Origin.of(ORIGIN_URL, agent_headers())
+    cfg = config(model="m", provider="anthropic", api_key=KEY, auth="bearer")
+    ep = resolve_endpoint(cfg, job(), env={})
+    assert ep.headers["authorization"] == f"Bearer {KEY}"  # the key is really in there
+    ep_in = resolve_endpoint(incoming(), job(origin=origin), env={})
+    client = SummarizerClient(cfg, HttpPool())
+    for obj in (origin, ep, ep_in, client, cfg, job(origin=origin)):
+        assert KEY not in repr(obj)
+        assert KEY not in str(obj)
+    assert isinstance(ep, Endpoint)
+
+
+async def _hang(request: httpx.Request) -> httpx.Response:
+    await asyncio.Event().wait()
+    raise AssertionError("unreachable")
+
+
+FAILURES: dict[str, Callable[[], Handler]] = {
+    "401": lambda: sequence(401),
+    "503s": lambda: sequence(503, 503, 503),
+    "connect-error": lambda: sequence(*[httpx.ConnectError] * 3),
+    "read-timeout": lambda: sequence(httpx.ReadTimeout),
+    "hang": lambda: _hang,
+    "not-json": lambda: lambda r: httpx.Response(200, content=b"nope"),
+    "not-an-answer": lambda: lambda r: httpx.Response(200, json={"content": None}),
+}
+
+
+@pytest.mark.parametrize("failure", list(FAILURES))
+@pytest.mark.parametrize("source", ["incoming", "config"])
+async def test_api_key_absent_from_every_exception(failure, source):
+    wire = Wire(FAILURES[failure]())
+    if source == "incoming":
+        cfg, j = incoming(), job(origin=Origin.of(ORIGIN_URL, agent_headers()))
+    else:
+        cfg, j = config(model="m", api_key=KEY), job()
+    with pytest.raises(SummarizerError) as e:
+        await wire.client(cfg, timeout=0.5)(PROMPT, j)
+    assert KEY in json.dumps(dict(wire.sent[0].headers))  # the key really was sent
+    shown = "".join(traceback.format_exception(e.value))
+    assert KEY not in shown
+    assert KEY not in repr(e.value)
+
+
+# -- the pool ----------------------------------------------------------------------------------
+
+
+async def test_pool_never_reads_proxy_settings_and_closes(monkeypatch):
+    monkeypatch.setenv("HTTPS_PROXY", "http://127.0.0.1:9")
+    pool = HttpPool(verify=False)
+    client = pool.client()
+    assert client is pool.client()
+    assert client.trust_env is False
+    await pool.aclose()
+    assert client.is_closed
+    assert pool.client() is not client
+    await pool.aclose()
