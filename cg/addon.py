@@ -19,15 +19,18 @@ from typing import Any
 
 from mitmproxy import ctx, exceptions, http
 
-from cg import __version__, control
+from cg import __version__, continuation, control
+from cg import expand as expand_mod
 from cg.body import MessageCache
 from cg.components import COMPONENTS, Services, build_pipeline
 from cg.dialects import route
+from cg.expand import TOOL_NAME
 from cg.pipeline import Commissioner, Component
-from cg.rewrite import rewrite_body
+from cg.responses import ResponseParseError, tool_calls
+from cg.rewrite import ExpandPolicy, rewrite_body
 from cg.settings import Config, host_allowed, load_config
 from cg.stats import Stats
-from cg.store import Store, StoreError
+from cg.store import Store, StoreError, valid_key
 from cg.summarizer import HttpPool, Origin, SummarizerClient, timeout_from_env
 from cg.tokens import TokenCounter
 from cg.upstream import provider_message, resend, upstream_verify
@@ -53,6 +56,7 @@ class ContextGuru:
         self.tasks: dict[str, asyncio.Task[str]] = {}
         self.pool = HttpPool()
         self.originals: dict[str, bytes | None] = {}
+        self.expand = ExpandPolicy("auto", None)
 
     def load(self, loader: Any) -> None:
         loader.add_option(
@@ -73,6 +77,13 @@ class ContextGuru:
             "",
             "The SQLite file for stashes, checkpoints and session clocks; empty means the "
             "config's store.path (default ~/.context-guru/cg.sqlite3).",
+        )
+        loader.add_option(
+            "cg_expand_inject",
+            str,
+            "auto",
+            "Offer the model the context_guru_expand tool: auto (when the request declares "
+            "tools and carries a resolvable marker), always, or never.",
         )
         loader.add_option(
             "cg_hosts",
@@ -116,8 +127,13 @@ class ContextGuru:
             components = build_pipeline(config.pipeline, config.components, services)
         except ValueError as e:
             raise exceptions.OptionsError(str(e)) from None  # type: ignore[no-untyped-call]
+        if opts.cg_expand_inject not in ("auto", "always", "never"):
+            raise exceptions.OptionsError(  # type: ignore[no-untyped-call]
+                f"cg_expand_inject: must be auto, always or never (got {opts.cg_expand_inject!r})"
+            )
         self.config = config
         self.components = components
+        self.expand = ExpandPolicy(opts.cg_expand_inject, store)
         self.hosts = tuple(opts.cg_hosts)
         self.max_body = opts.cg_max_body_mb * 1024 * 1024
         self.allow_remote_control = opts.cg_control_remote
@@ -198,7 +214,12 @@ class ContextGuru:
                 }
             if raw is not None:
                 result = rewrite_body(
-                    raw, dialect, self.components, headers=req.headers, cache=self.cache
+                    raw,
+                    dialect,
+                    self.components,
+                    headers=req.headers,
+                    cache=self.cache,
+                    expand=self.expand,
                 )
                 record = result.record
                 self._count_components(record)
@@ -288,9 +309,15 @@ class ContextGuru:
         The provider's message is recorded: it is the live signal of a shape bug.
         """
         original = self.originals.pop(flow.id, None)
-        if original is None or flow.response is None or flow.response.status_code != 400:
+        if original is None or flow.response is None:
             return
         record = flow.metadata.get(META, {})
+        if flow.response.status_code == 200 and record.get("expand", {}).get("injected"):
+            await self._continue(flow, record)
+            return
+        if flow.response.status_code != 400:
+            return
+        self._forget_checkpoints(record)
         record["provider_400"] = provider_message(flow.response.get_content(strict=False))
         try:
             flow.response = await resend(self.pool.client(), flow.request, original)
@@ -304,12 +331,71 @@ class ContextGuru:
         flow.comment = "cg: provider refused the rewrite (400); original re-sent"
         log.warning("context-guru: provider refused a rewrite: %s", record["provider_400"])
 
+    def _forget_checkpoints(self, record: dict[str, Any]) -> None:
+        """A checkpoint the provider refused would be refused every turn: drop it."""
+        if self.store is None:
+            return
+        for rec in record.get("components", ()):
+            conv = rec.get("conversation")
+            if rec.get("reused") and isinstance(conv, str):
+                self.store.delete_checkpoint(conv)
+
+    # -- the expand continuation --------------------------------------------------------------
+
+    async def _continue(self, flow: http.HTTPFlow, record: dict[str, Any]) -> None:
+        """The model called `context_guru_expand`: answer it here, re-send, return the end."""
+        assert flow.response is not None
+        dialect = record["dialect"]
+        ctype = flow.response.headers.get("content-type", "")
+        try:
+            first = continuation.parse(
+                dialect, flow.response.get_content(strict=False) or b"", ctype
+            )
+        except ResponseParseError as e:
+            record["expand"]["error"] = f"unreadable response: {e}"
+            return
+        if not any(c.name == TOOL_NAME for c in tool_calls(first)):
+            return  # nothing of ours in it: the client gets the provider's bytes as they are
+        session = record.get("session")
+        store = self.store
+
+        def resolve(key: str) -> str:
+            if store is None:
+                return f"context_guru_expand: id {key!r} is no longer available."
+            return expand_mod.resolve(store, key, session)
+
+        sent = (flow.request.get_content(strict=False) or b"").decode("utf-8")
+        out = await continuation.run(
+            self.pool.client(),
+            flow.request.url,
+            [(k.decode("latin-1"), v.decode("latin-1")) for k, v in flow.request.headers.fields],
+            dialect,
+            sent,
+            first,
+            bool(record.get("stream")) or ctype.startswith("text/event-stream"),
+            resolve,
+        )
+        record["expand"]["rounds"] = out.rounds
+        record["expand"]["log"] = out.log
+        self.stats.expansions += out.rounds
+        resp = flow.response
+        resp.headers.pop("content-encoding", None)
+        resp.headers["content-type"] = out.content_type
+        resp.content = out.body
+
     def error(self, flow: http.HTTPFlow) -> None:
         self.originals.pop(flow.id, None)
 
     def responseheaders(self, flow: http.HTTPFlow) -> None:
-        """Stream provider SSE straight through: the agent sees tokens as they arrive."""
-        if META not in flow.metadata or flow.response is None:
+        """Stream provider SSE straight through: the agent sees tokens as they arrive.
+
+        Except when the expand tool was injected: the answer may call it, and the client must
+        never see that call, so that answer is buffered and read whole.
+        """
+        record = flow.metadata.get(META)
+        if record is None or flow.response is None:
+            return
+        if record.get("expand", {}).get("injected"):
             return
         if flow.response.headers.get("content-type", "").startswith("text/event-stream"):
             flow.response.stream = True
@@ -322,4 +408,27 @@ class ContextGuru:
                 200, {"ok": True, "version": __version__, "preset": ctx.options.cg_preset}
             ),
             "stats": lambda f: control.json_response(200, self.stats.to_json()),
+            "expand": self._expand_endpoint,
         }
+
+    def _expand_endpoint(self, flow: http.HTTPFlow) -> http.Response:
+        """`GET /_cg/expand?id=KEY`: the stashed span as JSON; 404 unknown, 400 malformed."""
+        key = flow.request.query.get("id", "")
+        if not valid_key(key):
+            return control.json_response(400, {"error": f"not a context-guru id: {key!r}"})
+        stash = self.store.get_stash(key) if self.store is not None else None
+        if stash is None:
+            return control.json_response(
+                404, {"error": f"id {key} is unknown or no longer available (expired)"}
+            )
+        return control.json_response(
+            200,
+            {
+                "id": stash.key,
+                "session": stash.session,
+                "created": stash.created,
+                "count": stash.count,
+                "dialect": stash.dialect,
+                "messages": stash.messages(),
+            },
+        )

@@ -72,6 +72,8 @@ def rewrite_body(
             return done("passed_through", str(e))
         t = lap("index", t0)
         record["messages_in"] = len(index.messages)
+        stream = index.members.get("stream")
+        record["stream"] = stream is not None and stream.value is True
         before = validate_shape(index.views, dialect)
         if before:
             record["input_violations"] = [v.to_json() for v in before]

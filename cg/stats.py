@@ -23,6 +23,7 @@ class Stats:
     failed_open: int = 0
     bypassed: int = 0
     retried_original: int = 0
+    expansions: int = 0
     tokens_before: int = 0
     tokens_after: int = 0
     summaries: SummaryCounts = field(default_factory=SummaryCounts)

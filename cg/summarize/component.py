@@ -183,7 +183,11 @@ class Summarize:
         # One session id can carry several conversations (an agent and its subagents): each
         # conversation, told apart by its first message, has its own checkpoint.
         conv = conversation_key(req.session, digests[0])
-        detail: dict[str, Any] = {"session": req.session, "span": [span.head, span.end]}
+        detail: dict[str, Any] = {
+            "session": req.session,
+            "conversation": conv,
+            "span": [span.head, span.end],
+        }
 
         step = Step(None, "no checkpoint", detail)
         cp = self.store.get_checkpoint(conv)
