@@ -274,3 +274,41 @@ def test_run_pipeline_records_each_component() -> None:
     assert [r["acted"] for r in res.records] == [False, False, True]
     assert res.records[0]["reason"] == "skipped"
     assert len(res.plan) == 4
+
+
+# --------------------------------------------------------------------------------------------
+# The runner's contract: lossy-but-reversible must stay reversible
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Stashing:
+    """Cuts the middle and declares which dropped messages it stashed."""
+
+    name: str
+    stashed: frozenset[int]
+
+    def apply(self, req: RequestContext, plan: Plan) -> Step:
+        n = len(req.index.messages)
+        summary = Insert.message(SUMMARY, req.index.dialect)
+        new: Plan = [Keep(0), summary, Keep(n - 1)]
+        return Step(new, "cut", stash_required=True, stashed=self.stashed)
+
+
+def test_a_step_that_drops_messages_it_did_not_stash_is_reverted() -> None:
+    raw = body(CHAT)
+    n = len(json.loads(raw)["messages"])
+    assert n >= 4, "vacuity: the cut must drop messages"
+    half = frozenset(range(1, n // 2))
+    r = rewrite_body(raw, OPENAI, [Stashing("lossy", half)])
+    assert r.outcome == "passed_through" and r.body is None
+    rec = r.record["components"][0]
+    assert rec["acted"] is False and "without stashing" in rec["reverted"]
+
+
+def test_a_step_that_stashed_everything_it_dropped_is_kept() -> None:
+    raw = body(CHAT)
+    n = len(json.loads(raw)["messages"])
+    r = rewrite_body(raw, OPENAI, [Stashing("reversible", frozenset(range(1, n - 1)))])
+    assert r.outcome == "rewritten", r.record
+    assert len(json.loads(r.body or b"")["messages"]) == 3
