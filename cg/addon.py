@@ -17,7 +17,7 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
-from mitmproxy import ctx, exceptions, http
+from mitmproxy import contentviews, ctx, exceptions, http
 
 from cg import __version__, continuation, control
 from cg import expand as expand_mod
@@ -34,11 +34,14 @@ from cg.store import Store, StoreError, valid_key
 from cg.summarizer import HttpPool, Origin, SummarizerClient, timeout_from_env
 from cg.tokens import TokenCounter
 from cg.upstream import provider_message, resend, upstream_verify
+from cg.view import ORIGINAL, RewriteView
+from cg.view import comment as view_comment
 
 log = logging.getLogger("context_guru")
 
 META = "context_guru"
 BYPASS_HEADER = "x-context-guru-bypass"
+KEEP_ORIGINAL_MAX = 8 * 1024 * 1024  # the original body of a rewritten flow, kept for mitmweb
 
 
 class ContextGuru:
@@ -57,8 +60,12 @@ class ContextGuru:
         self.pool = HttpPool()
         self.originals: dict[str, bytes | None] = {}
         self.expand = ExpandPolicy("auto", None)
+        self.view = RewriteView(lambda key: self.store.get_stash(key) if self.store else None)
 
     def load(self, loader: Any) -> None:
+        for v in [v for v in contentviews.views if v.name == RewriteView.name]:
+            contentviews.remove(v)  # a reloaded script leaves its predecessor's view behind
+        contentviews.add(self.view)
         loader.add_option(
             "cg_preset",
             str,
@@ -162,6 +169,8 @@ class ContextGuru:
         gc.freeze()
 
     def done(self) -> None:
+        if self.view in contentviews.views:
+            contentviews.remove(self.view)
         for task in list(self.tasks.values()):
             task.cancel()
         self.tasks.clear()
@@ -184,6 +193,7 @@ class ContextGuru:
         self.stats.requests += 1
         t0 = time.perf_counter()
         record: dict[str, Any]
+        raw: bytes | None = None
         if req.headers.get(BYPASS_HEADER, "").strip() == "1":
             record = {
                 "dialect": dialect.name,
@@ -241,7 +251,9 @@ class ContextGuru:
             log.warning("context-guru failed open on %s: %s", req.path, record["reason"])
         elif record["outcome"] == "rewritten":
             flow.marked = ":scissors:"
-            flow.comment = f"cg: {record.get('messages_in')}→{record.get('messages_out')} messages"
+            flow.comment = view_comment(record)
+            if raw is not None and len(raw) <= KEEP_ORIGINAL_MAX:
+                flow.metadata[ORIGINAL] = raw.decode("utf-8", "replace")
 
     # -- summaries, off the hot path ------------------------------------------------------------
 
