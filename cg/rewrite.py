@@ -129,6 +129,10 @@ def _inject(
     """`text` with the expand tool appended when the policy says so; records why (not)."""
     tools = index.members.get("tools")
     choice = index.members.get("tool_choice")
+    if tools is not None and not isinstance(tools.value, list):
+        # `"tools": null` and the like: nothing to append to (OpenAI clients send null).
+        record["expand"] = {"injected": False, "reason": "the request's tools is not an array"}
+        return text, False
     ok, why = inject_reason(
         policy.mode,
         index.dialect.name,
