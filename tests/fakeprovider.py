@@ -8,7 +8,8 @@
 Every request is recorded (method, path, headers, the raw body bytes as received, and a
 gzip-decoded copy). Tests wait for requests on a condition variable, never on sleeps. Replies to
 the two provider endpoints can be scripted with `FakeProvider.script(Reply(...))`; unscripted
-requests get a normal answer whose text is `Reply.text`'s default.
+requests get a normal answer whose text is `Reply.text`'s default — or, when a `responder` is
+set, whatever it returns (an agent's whole scripted session, see tests/agent_script.py).
 
 Requests carrying `x-context-guru: summarize` (context-guru's own summarizer calls) are scripted
 apart, with `FakeProvider.script_summarizer(...)`: agent replies and summarizer replies never
@@ -22,6 +23,7 @@ from __future__ import annotations
 import gzip
 import itertools
 import json
+import ssl
 import threading
 import time
 from collections import deque
@@ -73,6 +75,8 @@ class Reply:
     that the proxy streams instead of buffering. `hold`: nothing at all is sent (not even the
     status line) until the hold is set or `hold_timeout` passes (which sets `hold_timed_out`) —
     a hanging server. `answered` is set once the reply has been written (or the peer was gone).
+    `frames`: an SSE answer written as is, one chunk per frame (flushed), with `status` and
+    `headers` over the SSE defaults.
     """
 
     status: int = 200
@@ -85,6 +89,7 @@ class Reply:
     hold_timeout: float = GATE_TIMEOUT
     hold_timed_out: bool = False
     answered: threading.Event = field(default_factory=threading.Event)
+    frames: list[bytes] | None = None
 
     @classmethod
     def json(cls, status: int, payload: Any) -> Reply:
@@ -236,6 +241,11 @@ class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     server: _Server
 
+    def setup(self) -> None:
+        if isinstance(self.request, ssl.SSLSocket):
+            self.request.do_handshake()  # deferred from accept(): in this thread, not the server's
+        super().setup()
+
     def log_message(self, format: str, *args: Any) -> None:
         pass
 
@@ -303,6 +313,16 @@ class _Handler(BaseHTTPRequestHandler):
         if reply.body is not None:
             self._send(reply.status, reply.headers or _JSON, reply.body)
             return
+        if reply.frames is not None:
+            self.send_response(reply.status)
+            for k, v in {**_SSE, **reply.headers}.items():
+                self.send_header(k, v)
+            self.send_header("transfer-encoding", "chunked")
+            self.end_headers()
+            for data in reply.frames:
+                self._chunk(data)
+            self._chunk(b"")
+            return
         try:
             req = rec.json()
         except ValueError as e:
@@ -354,11 +374,22 @@ class _Handler(BaseHTTPRequestHandler):
 
 
 class FakeProvider:
-    """`with FakeProvider() as p:` serves on `p.url` until the block ends."""
+    """`with FakeProvider() as p:` serves on `p.url` until the block ends.
 
-    def __init__(self) -> None:
+    `tls`: serve HTTPS with this server context (`p.url` is then `https://…`). `responder`: asked
+    for the reply to each agent request the script queue does not answer; None means default.
+    """
+
+    def __init__(self, tls: ssl.SSLContext | None = None) -> None:
         self._server = _Server(("127.0.0.1", 0), _Handler)
         self._server.provider = self
+        self.scheme = "http"
+        if tls is not None:
+            self.scheme = "https"
+            self._server.socket = tls.wrap_socket(
+                self._server.socket, server_side=True, do_handshake_on_connect=False
+            )
+        self.responder: Callable[[Recorded], Reply | None] | None = None
         self._cond = threading.Condition()
         self._requests: list[Recorded] = []
         self._replies: deque[Reply] = deque()
@@ -374,7 +405,7 @@ class FakeProvider:
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        return f"{self.scheme}://127.0.0.1:{self.port}"
 
     def start(self) -> FakeProvider:
         self._thread.start()
@@ -415,7 +446,10 @@ class FakeProvider:
                     return self._summarizer_replies.popleft()
                 self._summaries += 1
                 return Reply(text=summary_answer(self._summaries))
-            return self._replies.popleft() if self._replies else Reply()
+            if self._replies:
+                return self._replies.popleft()
+            responder = self.responder
+        return (responder(rec) if responder is not None and rec is not None else None) or Reply()
 
     # -- recording ---------------------------------------------------------------------------
 
