@@ -41,6 +41,7 @@ from cg.responses import (
     with_usage,
 )
 from cg.store import valid_key
+from cg.upstream import RESEND_TIMEOUT
 
 MAX_ROUNDS = 3
 _SKIP = frozenset(
@@ -121,7 +122,9 @@ async def run(
             dialect, body, [assistant_message(reply), *tool_results(dialect, results)]
         )
         try:
-            resp = await client.post(url, content=body.encode("utf-8"), headers=out_headers)
+            resp = await client.post(
+                url, content=body.encode("utf-8"), headers=out_headers, timeout=RESEND_TIMEOUT
+            )
             ctype = resp.headers.get("content-type", "")
             if resp.status_code != 200:
                 log[-1]["error"] = f"HTTP {resp.status_code}"
