@@ -16,7 +16,7 @@ never summarized or stashed again.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -45,8 +45,16 @@ from cg.upstream import RESEND_TIMEOUT
 
 MAX_ROUNDS = 3
 _SKIP = frozenset(
-    {"host", "content-length", "transfer-encoding", "connection", "content-encoding", "keep-alive"}
+    {b"host", b"content-length", b"transfer-encoding", b"connection", b"content-encoding"}
+    | {b"keep-alive", b"upgrade"}
 )
+
+
+def _bytes(s: str | bytes) -> bytes:
+    """A header name or value as bytes: latin-1 round-trips what mitmproxy decoded."""
+    if isinstance(s, bytes):
+        return s
+    return s.encode("latin-1") if max(s, default="\0") <= "\xff" else s.encode("utf-8")
 
 
 @dataclass(slots=True)
@@ -96,7 +104,7 @@ def answer(key: str, resolve: Callable[[str], str]) -> str:
 async def run(
     client: httpx.AsyncClient,
     url: str,
-    headers: Mapping[str, str] | list[tuple[str, str]],
+    headers: Mapping[str, str] | Sequence[tuple[str | bytes, str | bytes]],
     dialect: str,
     sent: str,
     first: Reply,
@@ -106,7 +114,9 @@ async def run(
 ) -> Outcome:
     """Drive the loop from the first reply; `sent` is the request body that produced it."""
     items = headers.items() if isinstance(headers, Mapping) else headers
-    out_headers = [(k, v) for k, v in items if k.lower() not in _SKIP]
+    # The agent's headers as bytes (httpx would refuse a non-ASCII str), hop-by-hop ones dropped.
+    out_headers = [(_bytes(k), _bytes(v)) for k, v in items if _bytes(k).lower() not in _SKIP]
+    sent_names = {k.lower() for k, _ in out_headers} | {b"host", b"content-length"}
     replies = [first]
     reply = first
     log: list[dict[str, Any]] = []
@@ -122,9 +132,14 @@ async def run(
             dialect, body, [assistant_message(reply), *tool_results(dialect, results)]
         )
         try:
-            resp = await client.post(
-                url, content=body.encode("utf-8"), headers=out_headers, timeout=RESEND_TIMEOUT
-            )
+            req = client.build_request(
+                "POST", url, content=body.encode("utf-8"), headers=out_headers,
+                timeout=RESEND_TIMEOUT,
+            )  # fmt: skip
+            # None of the client's defaults (user-agent, accept-encoding, …): the agent's only.
+            for name in {k for k in req.headers if k.encode() not in sent_names}:
+                del req.headers[name]
+            resp = await client.send(req)
             ctype = resp.headers.get("content-type", "")
             if resp.status_code != 200:
                 log[-1]["error"] = f"HTTP {resp.status_code}"
