@@ -28,7 +28,6 @@ from cg.expand import TOOL_NAME
 from cg.jsonspan import rebuild_array
 from cg.responses import (
     Reply,
-    ResponseParseError,
     assistant_message,
     parse_json,
     parse_sse,
@@ -126,12 +125,12 @@ async def run(
         ids = expand_ids(reply)
         if ids is None:
             break
-        results = [(call_id, answer(key, resolve)) for call_id, key in ids]
         log.append({"round": rounds + 1, "ids": [k for _, k in ids]})
-        body = append_messages(
-            dialect, body, [assistant_message(reply), *tool_results(dialect, results)]
-        )
         try:
+            results = [(call_id, answer(key, resolve)) for call_id, key in ids]
+            body = append_messages(
+                dialect, body, [assistant_message(reply), *tool_results(dialect, results)]
+            )
             req = client.build_request(
                 "POST", url, content=body.encode("utf-8"), headers=out_headers,
                 timeout=RESEND_TIMEOUT,
@@ -145,7 +144,8 @@ async def run(
                 log[-1]["error"] = f"HTTP {resp.status_code}"
                 break
             reply = parse(dialect, resp.content, ctype)
-        except (httpx.HTTPError, ResponseParseError) as e:
+        except Exception as e:  # noqa: BLE001 - a store error, a garbled reply, anything:
+            # it ends the loop, never the answer (the client must not see our call)
             log[-1]["error"] = f"{type(e).__name__}: {e}"
             break
         replies.append(reply)
