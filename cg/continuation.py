@@ -86,12 +86,21 @@ def expand_ids(reply: Reply) -> list[tuple[str, str]] | None:
 
 
 def append_messages(dialect: str, body: str, messages: list[dict[str, Any]]) -> str:
-    """`body` with `messages` appended to its `messages` array; every other byte unchanged."""
+    """`body` with `messages` appended to its `messages` array; every other byte unchanged.
+
+    The new elements go right after the last one, joined by the array's own separator, so
+    whatever whitespace the body had between and around its messages stays as it was.
+    """
     index = index_body(body.encode("utf-8"), DIALECTS[dialect])
     arr = index.array
-    pieces = [body[e.start : e.end] for e in arr.elements]
-    pieces += [json.dumps(m, ensure_ascii=False, separators=(",", ":")) for m in messages]
-    return body[: arr.start] + rebuild_array(body, arr, pieces) + body[arr.end :]
+    pieces = [json.dumps(m, ensure_ascii=False, separators=(",", ":")) for m in messages]
+    els = arr.elements
+    if not els or not pieces:
+        old = [body[e.start : e.end] for e in els]
+        return body[: arr.start] + rebuild_array(body, arr, old + pieces) + body[arr.end :]
+    sep = body[els[0].end : els[1].start] if len(els) >= 2 else ","
+    last = els[-1].end
+    return body[:last] + sep + sep.join(pieces) + body[last:]
 
 
 def answer(key: str, resolve: Callable[[str], str]) -> str:
