@@ -161,7 +161,10 @@ async def run(
         rounds += 1
 
     final = strip_calls(reply, TOOL_NAME)
-    final = with_usage(final, sum_usage(replies))
+    if any(isinstance(r.message.get("usage"), dict) for r in replies):
+        # Only when some round reported usage: an OpenAI stream without include_usage has none,
+        # and a usage chunk (empty choices) would break clients that never asked for one.
+        final = with_usage(final, sum_usage(replies))
     if streamed:
         return Outcome(render_sse(final), "text/event-stream; charset=utf-8", rounds, log)
     return Outcome(render_json(final), "application/json", rounds, log)
