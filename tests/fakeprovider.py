@@ -2,7 +2,7 @@
 
     POST …/v1/messages           Anthropic Messages: a `message` JSON, or SSE when "stream": true
     POST …/v1/chat/completions   OpenAI Chat Completions: a `chat.completion`, or chunk SSE
-    GET  anything else           200, a JSON echo of method and path
+    GET  anything else           200, a JSON echo of method and path (HEAD: its headers only)
     other                        404, a JSON error
 
 Every request is recorded (method, path, headers, the raw body bytes as received, and a
@@ -252,7 +252,7 @@ class _Handler(BaseHTTPRequestHandler):
     def do_GET(self) -> None:
         self._handle()
 
-    do_POST = do_PUT = do_PATCH = do_DELETE = do_GET
+    do_POST = do_PUT = do_PATCH = do_DELETE = do_HEAD = do_GET
 
     # -- request -----------------------------------------------------------------------------
 
@@ -292,7 +292,7 @@ class _Handler(BaseHTTPRequestHandler):
                 self.close_connection = True  # the client gave up waiting: nothing to answer
             finally:
                 reply.answered.set()
-        elif self.command == "GET":
+        elif self.command in ("GET", "HEAD"):
             self._send(200, _JSON, _dumps({"echo": True, "path": self.path}))
         else:
             msg = f"no route for {self.command} {bare}"
@@ -307,7 +307,8 @@ class _Handler(BaseHTTPRequestHandler):
             self.send_header(k, v)
         self.send_header("content-length", str(len(data)))
         self.end_headers()
-        self.wfile.write(data)
+        if self.command != "HEAD":
+            self.wfile.write(data)
 
     def _provider(self, dialect: str, rec: Recorded, reply: Reply) -> None:
         if reply.body is not None:

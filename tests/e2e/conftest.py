@@ -1,4 +1,5 @@
-"""Fixtures for end-to-end tests: one fake provider and one `off`-preset mitmdump per session.
+"""Fixtures for end-to-end tests: one fake provider and one `off`-preset mitmdump per session,
+and the pinned Claude Code binary (installed on first use, tests/e2e/claude_code.py).
 
 Tests that need another preset or options start their own with `Proxy.start(...)` and stop it.
 """
@@ -6,9 +7,11 @@ Tests that need another preset or options start their own with `Proxy.start(...)
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
+from tests.e2e.claude_code import ClaudeCodeUnavailable, install
 from tests.e2e.harness import Proxy
 from tests.fakeprovider import FakeProvider
 
@@ -34,3 +37,12 @@ def proxy(provider: FakeProvider, tmp_path_factory: pytest.TempPathFactory) -> I
     finally:
         p.stop()
     assert not p.addon_errors(), p.log_text()
+
+
+@pytest.fixture(scope="session")
+def claude_code() -> Path:
+    """The pinned Claude Code binary; a test run that cannot install it fails, saying why."""
+    try:
+        return install()
+    except ClaudeCodeUnavailable as e:
+        pytest.fail(str(e), pytrace=False)

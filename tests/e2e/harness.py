@@ -1,4 +1,5 @@
-"""A real `mitmdump -s cg_addon.py` subprocess in reverse mode, and the recorder's decision log.
+"""A real `mitmdump -s cg_addon.py` subprocess (reverse mode unless told), and the recorder's
+decision log.
 
 `Proxy.start(upstream, workdir)` has mitmdump listen on port 0, reads the port from mitmdump's startup line, then
 polls `/_cg/health` until the addon answers. `Proxy.stop()` terminates the process by PID (kill
@@ -93,12 +94,16 @@ class Proxy:
     records: DecisionLog
     log: list[str] = field(default_factory=list)
     _reader: threading.Thread | None = None
+    regular: bool = False  # a forward proxy: its own endpoints are reached through it
 
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
     def client(self, **kw: Any) -> httpx.Client:
+        """A client for the addon's `/_cg/` endpoints (and, in reverse mode, the upstream)."""
+        if self.regular:
+            kw = {"base_url": "http://context-guru.test", "proxy": self.url, **kw}
         return httpx.Client(**{"base_url": self.url, "trust_env": False, "timeout": 30.0, **kw})
 
     @classmethod
@@ -109,20 +114,24 @@ class Proxy:
         preset: str = "off",
         options: Sequence[str] = (),
         env: Mapping[str, str] | None = None,
+        mode: str | None = None,
+        scripts: Sequence[Path] = (),
     ) -> Proxy:
         """Start mitmdump in front of `upstream`; `options` are extra `--set` values, `env`
-        extra environment variables (see HERMETIC)."""
+        extra environment variables (see HERMETIC). `mode` replaces `reverse:{upstream}` (e.g.
+        `regular`); `scripts` load before cg_addon.py, so their hooks see a request first."""
         confdir = workdir / "confdir"
         confdir.mkdir(parents=True, exist_ok=True)
         record = workdir / "decisions.jsonl"
         cmd = [
             str(MITMDUMP),
             "--mode",
-            f"reverse:{upstream}",
+            mode or f"reverse:{upstream}",
             "--listen-host",
             "127.0.0.1",
             "--listen-port",
             "0",
+            *(arg for script in scripts for arg in ("-s", str(script))),
             "-s",
             str(REPO / "cg_addon.py"),
             "-s",
@@ -149,7 +158,7 @@ class Proxy:
                 "PYTHONUNBUFFERED": "1",
             },
         )
-        proxy = cls(proc, 0, DecisionLog(record))
+        proxy = cls(proc, 0, DecisionLog(record), regular=(mode or "").startswith("regular"))
         listening = threading.Event()
 
         def read() -> None:

@@ -1,0 +1,172 @@
+"""Checks shared by the real-agent tests: what an agent sent vs what the provider got, turn by turn.
+
+    turns = audit(sent, provider, proxy, "anthropic")
+
+`sent` is every request the agent put on the wire (from the tap for Claude Code, from an httpx
+hook for the SDKs), each tagged with its `x-e2e-id`. For each one `audit` finds what the provider
+received under that id and the proxy's decision, and checks:
+
+    passed through   the provider got the agent's bytes (body, method, path, headers but host)
+    rewritten        [agent head, one summary message, agent tail], every kept message's bytes
+                     as sent, the bytes around `messages` as sent (but the appended expand tool),
+                     the summary a user message `=== History Summary ===`…`<<cg:KEY>>`, no
+                     system message right before it, and no shape or wire-role problem (by the
+                     script's provider-side rules and by cg.shape)
+    continued        a second request under the same id is the addon's expand round: the first
+                     body's messages, then the model's `context_guru_expand` call and its result
+
+and returns one `Turn` per request, in order, for the test's own assertions.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from cg.shape import check_wire_roles, validate_shape
+from tests.agent_script import EXPAND_TOOL, shape_problems
+from tests.e2e.harness import Proxy, by_id, message_sources, poll
+from tests.fakeprovider import FakeProvider, Recorded
+
+HEADER = "=== History Summary ==="
+MARKER = re.compile(r"<<cg:([0-9a-f]+)>>")
+HOP = {"host", "content-length", "x-e2e-id"}
+
+
+@dataclass(frozen=True)
+class Sent:
+    """One request as the agent sent it."""
+
+    eid: str
+    method: str
+    path: str
+    headers: list[tuple[str, str]]
+    body: bytes
+
+
+@dataclass
+class Turn:
+    sent: Sent
+    got: Recorded  # what the provider received for it
+    outcome: str  # the decision record's
+    cg: dict[str, Any]
+    summary: bytes | None = None  # the spliced summary message's bytes
+    key: str | None = None  # its marker
+    continuation: Recorded | None = None  # the addon's expand round, if any
+
+
+def tapped(path: Path) -> list[Sent]:
+    """The tap's lines (tests/e2e/tap.py), in the order the requests arrived."""
+    out = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        d = json.loads(line)
+        headers = [(k, v) for k, v in d["headers"]]
+        out.append(Sent(d["id"], d["method"], d["path"], headers, base64.b64decode(d["body"])))
+    return out
+
+
+def _headers(items: Any) -> list[tuple[str, str]]:
+    return sorted((k.lower(), v) for k, v in items if k.lower() not in HOP)
+
+
+def _strip_tool(post: bytes) -> bytes:
+    """`post` without the one `context_guru_expand` tool appended to its `tools` array."""
+    s = post.decode("utf-8")
+    start = s.find('{"name":"' + EXPAND_TOOL + '"')
+    if start < 0:
+        start = s.find('{"type":"function","function":{"name":"' + EXPAND_TOOL + '"')
+    assert start > 0, "no expand tool in the rewritten body"
+    _, end = json.JSONDecoder().raw_decode(s, start)
+    assert s[start - 1] == ",", "the expand tool is not appended after the agent's tools"
+    return (s[: start - 1] + s[end:]).encode("utf-8")
+
+
+def check_rewrite(sent: bytes, got: bytes, dialect: str) -> tuple[bytes, str]:
+    """The rewritten body is the agent's with its middle spliced out for one summary; the
+    summary message's bytes and marker key."""
+    spre, smsgs, spost = message_sources(sent)
+    gpre, gmsgs, gpost = message_sources(got)
+    assert gpre == spre, "bytes before `messages` changed"
+    if gpost != spost:
+        assert _strip_tool(gpost) == spost, "bytes after `messages` changed beyond the expand tool"
+    at = [i for i, m in enumerate(gmsgs) if HEADER.encode() in m and m not in smsgs]
+    assert len(at) == 1, f"{len(at)} summary messages in a rewritten body"
+    head = at[0]
+    tail = len(gmsgs) - head - 1
+    assert gmsgs[:head] == smsgs[:head], "a head message is not byte-identical"
+    assert gmsgs[head + 1 :] == smsgs[len(smsgs) - tail :], "a tail message is not byte-identical"
+    assert len(smsgs) - head - tail >= 1, "nothing was summarized"
+    summary = json.loads(gmsgs[head])
+    assert set(summary) == {"role", "content"} and summary["role"] == "user", summary
+    text = summary["content"]
+    assert isinstance(text, str) and text.startswith(HEADER + "\n<summary>"), text
+    assert EXPAND_TOOL in text
+    m = MARKER.search(text)
+    assert m is not None, text
+    if head > 0:
+        before = json.loads(gmsgs[head - 1])
+        assert before["role"] not in ("system", "developer"), "the summary follows a system message"
+    messages = json.loads(got)["messages"]
+    assert shape_problems(dialect, messages) == []
+    assert validate_shape(messages, dialect) == []
+    assert check_wire_roles(got, dialect) == []
+    return gmsgs[head], m.group(1)
+
+
+def check_continuation(first: Recorded, second: Recorded, dialect: str) -> None:
+    """The addon's expand round: the body it sent, plus the model's call and our answer."""
+    _, a, _ = message_sources(first.body)
+    _, b, _ = message_sources(second.body)
+    assert b[: len(a)] == a, "the continuation did not keep the sent messages' bytes"
+    added = [json.loads(x) for x in b[len(a) :]]
+    assert added[0]["role"] == "assistant"
+    if dialect == "anthropic":
+        (call,) = [c for c in added[0]["content"] if c["type"] == "tool_use"]
+        assert call["name"] == EXPAND_TOOL
+        (result,) = added[1]["content"]
+        assert result["type"] == "tool_result" and result["tool_use_id"] == call["id"]
+    else:
+        (call,) = added[0]["tool_calls"]
+        assert call["function"]["name"] == EXPAND_TOOL
+        assert added[1]["role"] == "tool" and added[1]["tool_call_id"] == call["id"]
+    assert shape_problems(dialect, json.loads(second.body)["messages"]) == []
+
+
+def audit(sent: list[Sent], provider: FakeProvider, proxy: Proxy, dialect: str) -> list[Turn]:
+    turns = []
+    for s in sent:
+        got = provider.wait_for(1, where=by_id(s.eid))
+        assert 1 <= len(got) <= 2, f"{len(got)} provider requests for one agent request"
+        line = proxy.records.wait(s.eid)
+        assert line["status"] == 200, line
+        cg = line["cg"]
+        assert cg is not None, line
+        first = got[0]
+        assert (first.method, first.path) == (s.method, s.path)
+        assert _headers(first.headers) == _headers(s.headers), "the agent's headers changed"
+        turn = Turn(s, first, cg["outcome"], cg)
+        if turn.outcome == "rewritten":
+            turn.summary, turn.key = check_rewrite(s.body, first.body, dialect)
+        else:
+            assert turn.outcome == "passed_through", cg
+            assert first.body == s.body, "a passed-through body is not byte-identical"
+        if len(got) == 2:
+            assert turn.outcome == "rewritten", "an expand round for a turn without a summary"
+            turn.continuation = got[1]
+            check_continuation(first, got[1], dialect)
+        turns.append(turn)
+    return turns
+
+
+def wait_settled(proxy: Proxy, timeout: float = 10.0) -> None:
+    """Block until no summary is in flight (every commissioned one completed, failed or timed
+    out): a script's gate, so the next turn deterministically sees the newest summary."""
+    for _ in poll(timeout):
+        c = proxy.stats()["summaries"]
+        if c["commissioned"] == c["completed"] + c["failed"] + c["timed_out"]:
+            return
+    raise TimeoutError(f"a summary was still in flight after {timeout}s")

@@ -1,0 +1,282 @@
+"""Claude Code itself (pinned, see tests/e2e/claude_code.py) through `mitmdump -s cg_addon.py`
+in reverse mode (`ANTHROPIC_BASE_URL` at the proxy), driven by a scripted model.
+
+The fake provider answers Claude Code's requests from tests/agent_script.py: turns of Bash
+`echo step N` calls (parallel ones, a Read of a file), signed thinking, streamed as the API
+streams, then a final answer. Claude Code really runs the tools; the script checks their results
+and refuses (400) anything a provider would refuse. The tap (tests/e2e/tap.py) keeps what
+Claude Code put on the wire, so every provider request is compared with it byte for byte.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from tests.agent_script import EXPAND_TOOL, AgentScript, session
+from tests.e2e.agents import Sent, Turn, audit, tapped, wait_settled
+from tests.e2e.claude_code import VERSION, Run, run_claude
+from tests.e2e.harness import Proxy, by_id, message_sources
+from tests.fakeprovider import FakeProvider
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+
+TAP = Path(__file__).with_name("tap.py")
+SECRET = "the secret number is 4711"
+# Low enough for Claude Code's third request (6 messages) to qualify; no roll-forward, so every
+# later turn reuses the one summary.
+LOW: dict[str, Any] = {
+    "cache_state": "any",
+    "min_tokens": 10,
+    "resummarize_tokens": 1_000_000,
+    "trigger": {"min_request_frac": 0, "min_messages": 6},
+}
+
+
+@pytest.fixture(scope="module")
+def fake() -> Iterator[FakeProvider]:
+    """This module's own provider: its responder is the running test's script."""
+    with FakeProvider() as p:
+        yield p
+
+
+@pytest.fixture
+def proxies() -> Iterator[Callable[[Proxy], None]]:
+    """Register a proxy a test started: stopped (by PID) at the end, its log free of errors."""
+    started: list[Proxy] = []
+    yield started.append
+    for p in started:
+        p.stop()
+    for p in started:
+        assert not p.addon_errors(), p.log_text()
+
+
+def start(
+    upstream: str,
+    workdir: Path,
+    preset: str,
+    summarize: dict[str, Any] | None = None,
+    **kw: Any,
+) -> Proxy:
+    workdir.mkdir(parents=True, exist_ok=True)
+    options = [f"cg_db={workdir / 'cg.sqlite3'}", f"tap_file={workdir / 'tap.jsonl'}"]
+    if summarize is not None:
+        config = workdir / "cg.yaml"
+        config.write_text(yaml.safe_dump({"components": {"summarize": summarize}}))
+        options.append(f"cg_config={config}")
+    return Proxy.start(upstream, workdir, preset=preset, options=options, scripts=[TAP], **kw)
+
+
+@dataclass
+class Session:
+    run: Run
+    script: AgentScript
+    sent: list[Sent]
+    turns: list[Turn]
+
+
+def drive(
+    claude: Path,
+    fake: FakeProvider,
+    proxy: Proxy,
+    workdir: Path,
+    steps: int,
+    env: dict[str, str],
+    **script_kw: Any,
+) -> Session:
+    """One Claude Code session of `steps` scripted steps (two parallel calls at step 3, a Read
+    at step 5) through `proxy`; checked turn by turn (tests/e2e/agents.py)."""
+    work = workdir / "work"
+    work.mkdir(parents=True, exist_ok=True)
+    (work / "notes.txt").write_text(SECRET + "\n")
+    tag = f"CG-{workdir.name}"
+    script = AgentScript(
+        tag, session(steps, parallel_at=(3,), read_at={5: str(work / "notes.txt")}), **script_kw
+    )
+    fake.responder = script
+    try:
+        run = run_claude(claude, f"{tag}: run the scripted steps, one tool call each.", work, env)
+    finally:
+        fake.responder = None
+    result = run.assert_succeeded()
+    assert result["result"] == script.final_text
+    assert script.refusals == [], script.refusals
+
+    tap = tapped(proxy.records.path.with_name("tap.jsonl"))
+    sent = [x for x in tap if x.method == "POST"]
+    assert len(sent) == steps + 1, f"Claude Code made {len(sent)} requests for {steps} steps"
+    preconnects(tap, fake, proxy)
+    assert [a.step for a in script.answers if a.expand is None] == list(range(steps + 1))
+    # Claude Code really ran every tool the script called, and sent back what they printed.
+    outputs = sorted(str(v) for v in script.results.values())
+    assert sum(f"step {k}" in outputs for k in range(1, steps + 1)) == steps - 1
+    assert "step 3b" in outputs
+    assert any(SECRET in o for o in outputs)
+    return Session(run, script, sent, audit(sent, fake, proxy, "anthropic"))
+
+
+def preconnects(tap: list[Sent], fake: FakeProvider, proxy: Proxy) -> None:
+    """Claude Code's only other request: a `HEAD /` to the base URL as it starts (Bun warming
+    the connection). Not a provider request: it passes untouched and undecided."""
+    others = [x for x in tap if x.method != "POST"]
+    assert [(x.method, x.path) for x in others] == [("HEAD", "/")]
+    for x in others:
+        (got,) = fake.wait_for(1, where=by_id(x.eid))
+        assert (got.method, got.path, got.body) == ("HEAD", "/", b"")
+        assert same(got.headers) == same(x.headers)
+        assert proxy.records.wait(x.eid)["cg"] is None
+
+
+def same(headers: Any) -> list[tuple[str, str]]:
+    return sorted((k.lower(), v) for k, v in headers if k.lower() not in ("host", "x-e2e-id"))
+
+
+def summary_index(turn: Turn) -> int:
+    _, msgs, _ = message_sources(turn.got.body)
+    assert turn.summary is not None
+    return msgs.index(turn.summary)
+
+
+def never_saw_expand(s: Session) -> None:
+    """Claude Code was never offered, shown or asked about context_guru_expand."""
+    assert EXPAND_TOOL not in s.run.stdout
+    names = {b["name"] for b in s.run.blocks("assistant") if b.get("type") == "tool_use"}
+    assert names == {"Bash", "Read"}, names
+    for sent in s.sent:
+        assert EXPAND_TOOL.encode() not in sent.body
+
+
+# -- default preset: nothing changes -------------------------------------------------------------
+
+
+def test_claude_code_default_preset_every_request_reaches_the_provider_byte_identical(
+    claude_code, fake, tmp_path, proxies
+):
+    proxy = start(fake.url, tmp_path, "summarize")
+    proxies(proxy)
+    s = drive(claude_code, fake, proxy, tmp_path, 6, {"ANTHROPIC_BASE_URL": proxy.url})
+
+    assert [t.outcome for t in s.turns] == ["passed_through"] * 7
+    stats = proxy.stats()
+    assert (stats["requests"], stats["passed_through"], stats["rewritten"]) == (7, 7, 0)
+    assert stats["summaries"]["commissioned"] == 0
+    assert fake.summarizer_requests == []
+
+    # What Claude Code sends, as the addon must take it (the fixture of this version, live).
+    session_ids = set()
+    for n, sent in enumerate(s.sent):
+        headers = dict((k.lower(), v) for k, v in sent.headers)
+        assert sent.method == "POST" and sent.path == "/v1/messages?beta=true"
+        assert headers["user-agent"].startswith(f"claude-cli/{VERSION} ")
+        body = json.loads(sent.body)
+        assert body["stream"] is True
+        assert body["thinking"] == {"type": "adaptive"}
+        assert len(body["system"]) == 3
+        assert any("cache_control" in b for b in body["system"])
+        assert len(body["tools"]) == 24
+        assert "context_management" in body and "output_config" in body
+        user_id = json.loads(body["metadata"]["user_id"])  # a JSON object, as a string
+        assert user_id["session_id"] == headers["x-claude-code-session-id"]
+        session_ids.add(user_id["session_id"])
+        messages = body["messages"]
+        assert [m["role"] for m in messages[:2]] == ["user", "system"]
+        # One cache_control breakpoint, on the last message that is not a (string) system
+        # message: it moves every turn.
+        marked = [
+            i
+            for i, m in enumerate(messages)
+            if isinstance(m["content"], list) and any("cache_control" in b for b in m["content"])
+        ]
+        last = max(i for i, m in enumerate(messages) if m["role"] != "system")
+        assert marked == [last], (n, marked, last)
+        for m in messages:
+            if m["role"] == "assistant":
+                assert m["content"][0]["type"] == "thinking" and m["content"][0]["signature"]
+    assert len(session_ids) == 1
+
+
+# -- lowered triggers: splice, reuse, expand ----------------------------------------------------------
+
+
+def test_claude_code_session_is_summarized_reused_and_expanded_without_claude_code_noticing(
+    claude_code, fake, tmp_path, proxies
+):
+    proxy = start(fake.url, tmp_path, "summarize", LOW)
+    proxies(proxy)
+    s = drive(
+        claude_code,
+        fake,
+        proxy,
+        tmp_path,
+        12,
+        {"ANTHROPIC_BASE_URL": proxy.url},
+        expand=True,
+        before=lambda step: wait_settled(proxy),
+    )
+    turns = s.turns
+    commissioned = [i for i, t in enumerate(turns) if t.cg["components"][0].get("commission")]
+    rewritten = [i for i, t in enumerate(turns) if t.outcome == "rewritten"]
+    assert commissioned, "no turn commissioned a summary"
+    assert rewritten, "no turn was rewritten"
+    assert turns[commissioned[0]].outcome == "passed_through"  # the qualifying turn is untouched
+    assert rewritten[0] > commissioned[0], "the summary was not spliced on a later turn"
+    assert rewritten == list(range(rewritten[0], len(turns))), "a later turn was not rewritten"
+    assert len(rewritten) >= 4
+
+    # One summary, re-emitted byte-identically on every later turn, right after the task.
+    summaries = {turns[i].summary for i in rewritten}
+    assert len(summaries) == 1
+    assert all(summary_index(turns[i]) == 1 for i in rewritten)
+    assert len({turns[i].key for i in rewritten}) == 1
+    stats = proxy.stats()
+    assert stats["summaries"]["commissioned"] == stats["summaries"]["completed"] == 1
+    assert stats["summaries"]["reused"] == len(rewritten)
+    assert (stats["failed_open"], stats["retried_original"]) == (0, 0)
+    assert len(fake.summarizer_requests) == 1
+
+    # The model called context_guru_expand once; the addon answered it and went on.
+    continued = [i for i, t in enumerate(turns) if t.continuation is not None]
+    assert continued == [rewritten[0]]
+    assert [a.expand for a in s.script.answers].count(turns[rewritten[0]].key) == 1
+    (expansion,) = s.script.expansions
+    assert f"<<cg:{turns[rewritten[0]].key}>> replaced, verbatim" in expansion
+    assert "echo step 1" in expansion  # the span's first exchange, restored from the stash
+    assert stats["expansions"] == 1
+    never_saw_expand(s)
+
+
+# -- summarizer1509: keep_first 2 and Claude Code's system message at [1] ---------------------------
+
+
+def test_claude_code_summarizer1509_never_leaves_the_summary_after_its_system_message(
+    claude_code, fake, tmp_path, proxies
+):
+    low = {"min_tokens": 10, "trigger": {"min_request_frac": 0, "min_messages": 6}}
+    proxy = start(fake.url, tmp_path, "summarizer1509", low)
+    proxies(proxy)
+    s = drive(
+        claude_code,
+        fake,
+        proxy,
+        tmp_path,
+        10,
+        {"ANTHROPIC_BASE_URL": proxy.url},
+        before=lambda step: wait_settled(proxy),
+    )
+    rewritten = [t for t in s.turns if t.outcome == "rewritten"]
+    assert len(rewritten) >= 3
+    for t in rewritten:
+        _, sent, _ = message_sources(t.sent.body)
+        assert json.loads(sent[1])["role"] == "system"  # what keep_first: 2 would have kept
+        assert summary_index(t) == 1  # the head retreated to [task]; no system before the summary
+        assert t.cg["components"][0]["span"][0] == 1
+    assert len({t.summary for t in rewritten}) == len(rewritten), "summarizer1509 reused a summary"
+    stats = proxy.stats()
+    assert stats["summaries"]["completed"] == stats["summaries"]["commissioned"] >= len(rewritten)
+    assert (stats["failed_open"], stats["retried_original"]) == (0, 0)
