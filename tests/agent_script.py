@@ -286,7 +286,8 @@ class AgentScript:
     @staticmethod
     def _result_contents(dialect: str, m: dict[str, Any]) -> Iterator[tuple[str, Any]]:
         if dialect == "openai":
-            yield m["tool_call_id"], m.get("content")
+            if m.get("role") == "tool":
+                yield m["tool_call_id"], m.get("content")
             return
         for b in m.get("content") or []:
             if isinstance(b, dict) and b.get("type") == "tool_result":

@@ -23,15 +23,19 @@ from __future__ import annotations
 import base64
 import json
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from cg.shape import check_wire_roles, validate_shape
-from tests.agent_script import EXPAND_TOOL, shape_problems
+from tests.agent_script import EXPAND_TOOL, AgentScript, shape_problems
 from tests.e2e.harness import Proxy, by_id, message_sources, poll
 from tests.fakeprovider import FakeProvider, Recorded
 
+TAP = Path(__file__).with_name("tap.py")
 HEADER = "=== History Summary ==="
 MARKER = re.compile(r"<<cg:([0-9a-f]+)>>")
 HOP = {"host", "content-length", "x-e2e-id"}
@@ -59,6 +63,25 @@ class Turn:
     continuation: Recorded | None = None  # the addon's expand round, if any
 
 
+def start_proxy(
+    upstream: str,
+    workdir: Path,
+    preset: str,
+    summarize: dict[str, Any] | None = None,
+    options: Sequence[str] = (),
+    **kw: Any,
+) -> Proxy:
+    """mitmdump with the tap loaded first (`workdir/tap.jsonl`), its own SQLite file, and
+    `summarize` (if given) as the summarize component's config over the preset."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    opts = [f"cg_db={workdir / 'cg.sqlite3'}", f"tap_file={workdir / 'tap.jsonl'}", *options]
+    if summarize is not None:
+        config = workdir / "cg.yaml"
+        config.write_text(yaml.safe_dump({"components": {"summarize": summarize}}))
+        opts.append(f"cg_config={config}")
+    return Proxy.start(upstream, workdir, preset=preset, options=opts, scripts=[TAP], **kw)
+
+
 def tapped(path: Path) -> list[Sent]:
     """The tap's lines (tests/e2e/tap.py), in the order the requests arrived."""
     out = []
@@ -76,9 +99,9 @@ def _headers(items: Any) -> list[tuple[str, str]]:
 def _strip_tool(post: bytes) -> bytes:
     """`post` without the one `context_guru_expand` tool appended to its `tools` array."""
     s = post.decode("utf-8")
-    start = s.find('{"name":"' + EXPAND_TOOL + '"')
+    start = s.find('{"type":"function","function":{"name":"' + EXPAND_TOOL + '"')
     if start < 0:
-        start = s.find('{"type":"function","function":{"name":"' + EXPAND_TOOL + '"')
+        start = s.find('{"name":"' + EXPAND_TOOL + '"')
     assert start > 0, "no expand tool in the rewritten body"
     _, end = json.JSONDecoder().raw_decode(s, start)
     assert s[start - 1] == ",", "the expand tool is not appended after the agent's tools"
@@ -170,3 +193,48 @@ def wait_settled(proxy: Proxy, timeout: float = 10.0) -> None:
         if c["commissioned"] == c["completed"] + c["failed"] + c["timed_out"]:
             return
     raise TimeoutError(f"a summary was still in flight after {timeout}s")
+
+
+# -- what a summarized session looks like ----------------------------------------------------------
+
+
+def summary_index(turn: Turn) -> int:
+    _, msgs, _ = message_sources(turn.got.body)
+    assert turn.summary is not None
+    return msgs.index(turn.summary)
+
+
+def assert_summarized(turns: list[Turn], proxy: Proxy, head: int) -> list[int]:
+    """A summary was commissioned on a turn that went through untouched, spliced on a later
+    turn and every turn after it, at `head`, and re-emitted byte-identically (no roll-forward);
+    nothing failed open or was retried. The rewritten turns' indices."""
+    comps = [(t.cg.get("components") or [{}])[0] for t in turns]
+    commissioned = [i for i, c in enumerate(comps) if c.get("commission") == "trigger fired"]
+    rewritten = [i for i, t in enumerate(turns) if t.outcome == "rewritten"]
+    assert commissioned, "no turn commissioned a summary"
+    assert rewritten, "no turn was rewritten"
+    assert turns[commissioned[0]].outcome == "passed_through", "the qualifying turn was held"
+    assert rewritten[0] > commissioned[0], "the summary was not spliced on a later turn"
+    assert rewritten == list(range(rewritten[0], len(turns))), "a later turn was not rewritten"
+    assert len(rewritten) >= 3, rewritten
+    assert len({turns[i].summary for i in rewritten}) == 1, "the summary bytes changed"
+    assert len({turns[i].key for i in rewritten}) == 1
+    assert all(summary_index(turns[i]) == head for i in rewritten)
+    stats = proxy.stats()
+    assert stats["summaries"]["commissioned"] == stats["summaries"]["completed"] == 1
+    assert stats["summaries"]["reused"] == len(rewritten)
+    assert (stats["failed_open"], stats["retried_original"]) == (0, 0)
+    return rewritten
+
+
+def assert_expanded_once(turns: list[Turn], script: AgentScript, proxy: Proxy) -> None:
+    """The model called context_guru_expand on the first rewritten turn; the proxy answered it
+    with the stashed span and re-sent, once; the agent got the answer after it."""
+    first = next(i for i, t in enumerate(turns) if t.outcome == "rewritten")
+    key = turns[first].key
+    assert [i for i, t in enumerate(turns) if t.continuation is not None] == [first]
+    assert [a.expand for a in script.answers].count(key) == 1
+    (expansion,) = script.expansions
+    assert f"<<cg:{key}>> replaced, verbatim" in expansion
+    assert "echo step 1" in expansion  # the span's first exchange, restored from the stash
+    assert proxy.stats()["expansions"] == 1

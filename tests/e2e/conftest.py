@@ -6,7 +6,7 @@ Tests that need another preset or options start their own with `Proxy.start(...)
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -46,3 +46,14 @@ def claude_code() -> Path:
         return install()
     except ClaudeCodeUnavailable as e:
         pytest.fail(str(e), pytrace=False)
+
+
+@pytest.fixture
+def proxies() -> Iterator[Callable[[Proxy], None]]:
+    """Register a proxy a test started: stopped (by PID) at the end, its log free of errors."""
+    started: list[Proxy] = []
+    yield started.append
+    for p in started:
+        p.stop()
+    for p in started:
+        assert not p.addon_errors(), p.log_text()

@@ -11,23 +11,31 @@ Claude Code put on the wire, so every provider request is compared with it byte 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
 from tests.agent_script import EXPAND_TOOL, AgentScript, session
-from tests.e2e.agents import Sent, Turn, audit, tapped, wait_settled
+from tests.e2e.agents import (
+    Sent,
+    Turn,
+    assert_expanded_once,
+    assert_summarized,
+    audit,
+    start_proxy,
+    summary_index,
+    tapped,
+    wait_settled,
+)
 from tests.e2e.claude_code import VERSION, Run, run_claude
 from tests.e2e.harness import Proxy, by_id, message_sources
 from tests.fakeprovider import FakeProvider
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
-TAP = Path(__file__).with_name("tap.py")
 SECRET = "the secret number is 4711"
 # Low enough for Claude Code's third request (6 messages) to qualify; no roll-forward, so every
 # later turn reuses the one summary.
@@ -44,33 +52,6 @@ def fake() -> Iterator[FakeProvider]:
     """This module's own provider: its responder is the running test's script."""
     with FakeProvider() as p:
         yield p
-
-
-@pytest.fixture
-def proxies() -> Iterator[Callable[[Proxy], None]]:
-    """Register a proxy a test started: stopped (by PID) at the end, its log free of errors."""
-    started: list[Proxy] = []
-    yield started.append
-    for p in started:
-        p.stop()
-    for p in started:
-        assert not p.addon_errors(), p.log_text()
-
-
-def start(
-    upstream: str,
-    workdir: Path,
-    preset: str,
-    summarize: dict[str, Any] | None = None,
-    **kw: Any,
-) -> Proxy:
-    workdir.mkdir(parents=True, exist_ok=True)
-    options = [f"cg_db={workdir / 'cg.sqlite3'}", f"tap_file={workdir / 'tap.jsonl'}"]
-    if summarize is not None:
-        config = workdir / "cg.yaml"
-        config.write_text(yaml.safe_dump({"components": {"summarize": summarize}}))
-        options.append(f"cg_config={config}")
-    return Proxy.start(upstream, workdir, preset=preset, options=options, scripts=[TAP], **kw)
 
 
 @dataclass
@@ -137,12 +118,6 @@ def same(headers: Any) -> list[tuple[str, str]]:
     return sorted((k.lower(), v) for k, v in headers if k.lower() not in ("host", "x-e2e-id"))
 
 
-def summary_index(turn: Turn) -> int:
-    _, msgs, _ = message_sources(turn.got.body)
-    assert turn.summary is not None
-    return msgs.index(turn.summary)
-
-
 def never_saw_expand(s: Session) -> None:
     """Claude Code was never offered, shown or asked about context_guru_expand."""
     assert EXPAND_TOOL not in s.run.stdout
@@ -158,7 +133,7 @@ def never_saw_expand(s: Session) -> None:
 def test_claude_code_default_preset_every_request_reaches_the_provider_byte_identical(
     claude_code, fake, tmp_path, proxies
 ):
-    proxy = start(fake.url, tmp_path, "summarize")
+    proxy = start_proxy(fake.url, tmp_path, "summarize")
     proxies(proxy)
     s = drive(claude_code, fake, proxy, tmp_path, 6, {"ANTHROPIC_BASE_URL": proxy.url})
 
@@ -207,7 +182,7 @@ def test_claude_code_default_preset_every_request_reaches_the_provider_byte_iden
 def test_claude_code_session_is_summarized_reused_and_expanded_without_claude_code_noticing(
     claude_code, fake, tmp_path, proxies
 ):
-    proxy = start(fake.url, tmp_path, "summarize", LOW)
+    proxy = start_proxy(fake.url, tmp_path, "summarize", LOW)
     proxies(proxy)
     s = drive(
         claude_code,
@@ -219,35 +194,9 @@ def test_claude_code_session_is_summarized_reused_and_expanded_without_claude_co
         expand=True,
         before=lambda step: wait_settled(proxy),
     )
-    turns = s.turns
-    commissioned = [i for i, t in enumerate(turns) if t.cg["components"][0].get("commission")]
-    rewritten = [i for i, t in enumerate(turns) if t.outcome == "rewritten"]
-    assert commissioned, "no turn commissioned a summary"
-    assert rewritten, "no turn was rewritten"
-    assert turns[commissioned[0]].outcome == "passed_through"  # the qualifying turn is untouched
-    assert rewritten[0] > commissioned[0], "the summary was not spliced on a later turn"
-    assert rewritten == list(range(rewritten[0], len(turns))), "a later turn was not rewritten"
-    assert len(rewritten) >= 4
-
-    # One summary, re-emitted byte-identically on every later turn, right after the task.
-    summaries = {turns[i].summary for i in rewritten}
-    assert len(summaries) == 1
-    assert all(summary_index(turns[i]) == 1 for i in rewritten)
-    assert len({turns[i].key for i in rewritten}) == 1
-    stats = proxy.stats()
-    assert stats["summaries"]["commissioned"] == stats["summaries"]["completed"] == 1
-    assert stats["summaries"]["reused"] == len(rewritten)
-    assert (stats["failed_open"], stats["retried_original"]) == (0, 0)
+    assert_summarized(s.turns, proxy, head=1)
+    assert_expanded_once(s.turns, s.script, proxy)
     assert len(fake.summarizer_requests) == 1
-
-    # The model called context_guru_expand once; the addon answered it and went on.
-    continued = [i for i, t in enumerate(turns) if t.continuation is not None]
-    assert continued == [rewritten[0]]
-    assert [a.expand for a in s.script.answers].count(turns[rewritten[0]].key) == 1
-    (expansion,) = s.script.expansions
-    assert f"<<cg:{turns[rewritten[0]].key}>> replaced, verbatim" in expansion
-    assert "echo step 1" in expansion  # the span's first exchange, restored from the stash
-    assert stats["expansions"] == 1
     never_saw_expand(s)
 
 
@@ -258,7 +207,7 @@ def test_claude_code_summarizer1509_never_leaves_the_summary_after_its_system_me
     claude_code, fake, tmp_path, proxies
 ):
     low = {"min_tokens": 10, "trigger": {"min_request_frac": 0, "min_messages": 6}}
-    proxy = start(fake.url, tmp_path, "summarizer1509", low)
+    proxy = start_proxy(fake.url, tmp_path, "summarizer1509", low)
     proxies(proxy)
     s = drive(
         claude_code,
