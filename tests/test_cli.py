@@ -1,0 +1,250 @@
+"""cg.cli: `context-guru expand | sessions | stats | replay`, on real SQLite files.
+
+Most tests call `cg.cli.main(argv)` in-process; one runs the installed console script.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from cg.cli import main
+from cg.store import Checkpoint, Store, stash_key
+
+REPO = Path(__file__).resolve().parents[1]
+FIXTURE = REPO / "tests" / "fixtures" / "claude_code_2.1.197_turn16.json"
+SESSION = "cli-sess-1"
+SOURCES = [
+    '{"role":"user","content":"Fix the parser. caf\\u00e9 ✓"}',
+    '{"role":"assistant","content":[{"type":"text","text":"Running the tests."},'
+    '{"type":"tool_use","id":"toolu_1","name":"Bash","input":{"cmd":"pytest -x"}}]}',
+    '{"role":"user","content":[{"type":"tool_result","tool_use_id":"toolu_1",'
+    '"content":"FAILED test_parse.py::test_nested"}]}',
+]
+OPENAI_SOURCES = [
+    '{"role":"assistant","content":null,"tool_calls":[{"id":"c1","type":"function",'
+    '"function":{"name":"bash","arguments":"{\\"cmd\\":\\"ls\\"}"}}]}',
+    '{"role":"tool","tool_call_id":"c1","content":"a.py b.py"}',
+]
+LOW = """\
+components:
+  summarize:
+    cache_state: any
+    min_tokens: 10
+    trigger: {min_request_frac: 0, min_messages: 4}
+"""
+
+
+@pytest.fixture(autouse=True)
+def _home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Nothing may touch the real ~/.context-guru."""
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+
+
+@pytest.fixture
+def db(tmp_path: Path) -> Path:
+    path = tmp_path / "cg.sqlite3"
+    with Store(path) as st:
+        st.put_stash(stash_key(SOURCES), SESSION, SOURCES, "anthropic")
+        st.put_stash(stash_key(OPENAI_SOURCES), "cli-sess-2", OPENAI_SOURCES, "openai")
+        st.touch_session(SESSION)
+        st.put_checkpoint(
+            Checkpoint(SESSION, "s", 1, 3, "h", stash_key(SOURCES), '{"role":"user"}')
+        )
+    return path
+
+
+def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+# -- expand ----------------------------------------------------------------------------------
+
+
+def test_expand_prints_the_span_readably(db: Path, capsys) -> None:
+    key = stash_key(SOURCES)
+    code, out, err = run(capsys, "expand", key, "--db", str(db))
+    assert (code, err) == (0, "")
+    lines = out.splitlines()
+    assert lines[0] == f"# {key}: 3 messages from session {SESSION}"
+    assert "--- [0] user ---" in lines
+    assert "--- [1] assistant ---" in lines
+    assert "--- [2] user ---" in lines
+    assert "Fix the parser. café ✓" in lines  # escapes decoded for a reader
+    assert "Running the tests." in lines
+    assert '[tool_use Bash] {"cmd": "pytest -x"}' in lines
+    assert "[tool_result] FAILED test_parse.py::test_nested" in lines
+
+
+def test_expand_prints_openai_calls_readably(db: Path, capsys) -> None:
+    code, out, _ = run(capsys, "expand", stash_key(OPENAI_SOURCES), "--db", str(db))
+    assert code == 0
+    assert '[tool_call bash] {"cmd":"ls"}' in out.splitlines()
+    assert "a.py b.py" in out.splitlines()
+
+
+def test_expand_json(db: Path, capsys) -> None:
+    key = stash_key(SOURCES)
+    code, out, err = run(capsys, "expand", key, "--db", str(db), "--json")
+    assert (code, err) == (0, "")
+    doc = json.loads(out)
+    assert doc == {
+        "id": key,
+        "session": SESSION,
+        "messages": [json.loads(s) for s in SOURCES],
+    }
+
+
+def test_expand_unknown_id_exits_1(db: Path, capsys) -> None:
+    code, out, err = run(capsys, "expand", "f" * 24, "--db", str(db))
+    assert code == 1
+    assert out == ""
+    assert err == f"{'f' * 24}: unknown, or no longer available (expired)\n"
+
+
+def test_expand_expired_id_exits_1(tmp_path: Path, capsys) -> None:
+    path = tmp_path / "old.sqlite3"
+    long_ago = time.time() - 100 * 3600  # past the default 72 h TTL
+    key = stash_key(SOURCES)
+    with Store(path, ttl_hours=1000, now=lambda: long_ago) as st:
+        st.put_stash(key, SESSION, SOURCES, "anthropic")
+    with Store(path, ttl_hours=1000) as st:
+        assert st.has_stash(key)  # the vacuity guard: it is there until a 72 h store opens it
+    code, out, err = run(capsys, "expand", key, "--db", str(path))
+    assert code == 1
+    assert "no longer available (expired)" in err
+    assert out == ""
+
+
+@pytest.mark.parametrize("bad", ["nope", "F" * 24, "a" * 25, "../../etc/passwd", ""])
+def test_expand_malformed_id_exits_2(db: Path, capsys, bad: str) -> None:
+    code, out, err = run(capsys, "expand", bad, "--db", str(db))
+    assert code == 2
+    assert out == ""
+    assert err == f"not a context-guru id: {bad!r}\n"
+
+
+# -- sessions, stats -----------------------------------------------------------------------------
+
+
+def test_sessions(db: Path, capsys) -> None:
+    code, out, _ = run(capsys, "sessions", "--db", str(db))
+    assert code == 0
+    lines = out.splitlines()
+    assert len(lines) == 2
+    mine = next(x for x in lines if x.startswith(f"{SESSION} "))
+    assert "checkpoint covers 3 messages" in mine
+    assert "1 stashes" in mine
+    assert "last seen 20" in mine  # a date
+    other = next(x for x in lines if x.startswith("cli-sess-2 "))
+    assert "no checkpoint" in other and "last seen -" in other
+
+    code, out, _ = run(capsys, "sessions", "--db", str(db), "--json")
+    assert code == 0
+    rows = {r["session"]: r for r in json.loads(out)}
+    assert set(rows) == {SESSION, "cli-sess-2"}
+    assert rows[SESSION]["covered_count"] == 3
+    assert rows[SESSION]["stashes"] == 1
+    assert rows[SESSION]["stash_bytes"] > sum(len(s) for s in SOURCES)
+
+
+def test_sessions_of_an_empty_store(tmp_path: Path, capsys) -> None:
+    code, out, _ = run(capsys, "sessions", "--db", str(tmp_path / "empty.sqlite3"))
+    assert (code, out) == (0, "no sessions\n")
+
+
+def test_stats(db: Path, capsys) -> None:
+    code, out, _ = run(capsys, "stats", "--db", str(db))
+    assert code == 0
+    doc = json.loads(out)
+    assert doc["path"] == str(db)
+    assert doc["persistent"] is True
+    assert doc["journal_mode"] == "wal"
+    assert (doc["stashes"], doc["checkpoints"], doc["sessions"]) == (2, 1, 1)
+    assert doc["file_bytes"] > 0
+
+
+# -- replay ------------------------------------------------------------------------------------
+
+
+def test_replay_shows_the_spliced_messages(tmp_path: Path, capsys) -> None:
+    config = tmp_path / "low.yaml"
+    config.write_text(LOW)
+    code, out, err = run(
+        capsys,
+        "replay",
+        str(FIXTURE),
+        "--config",
+        str(config),
+        "--summary",
+        "The agent ran fifteen Bash steps.",
+    )
+    assert (code, err) == (0, "")
+    lines = out.splitlines()
+    assert lines[0] == "request 0: anthropic passed_through — no component acted"
+    assert "  summarize: commissioned a summary; this turn forwards untouched" in lines
+    assert "  next turn: rewritten — rewritten" in lines
+    sent = lines[lines.index("  messages sent:") + 1 :]
+    assert sent[0].startswith("    [0] user: ")
+    assert sent[1].startswith(
+        "    [1] user: === History Summary === <summary> The agent ran fifteen Bash steps."
+    )
+    assert len(sent) < 34  # the fixture's 34 messages, fewer after the splice
+
+
+def test_replay_json_and_without_a_summary(tmp_path: Path, capsys) -> None:
+    config = tmp_path / "low.yaml"
+    config.write_text(LOW)
+    code, out, _ = run(capsys, "replay", str(FIXTURE), "--config", str(config), "--json")
+    assert code == 0
+    (report,) = json.loads(out)
+    assert report["record"]["outcome"] == "passed_through"
+    assert report["record"]["components"][0]["commission"] == "trigger fired"
+    assert "next_turn" not in report and "messages_after" not in report
+
+    code, out, _ = run(
+        capsys, "replay", str(FIXTURE), "--config", str(config), "--summary", "S.", "--json"
+    )
+    (report,) = json.loads(out)
+    assert report["next_turn"]["outcome"] == "rewritten"
+    assert report["messages_after"][1].startswith("user: === History Summary === <summary> S.")
+
+
+def test_replay_of_a_missing_file_exits_2(tmp_path: Path, capsys) -> None:
+    code, _, err = run(capsys, "replay", str(tmp_path / "nope.json"))
+    assert code == 2
+    assert "nope.json" in err
+
+
+# -- the installed console script ----------------------------------------------------------------
+
+
+def test_the_console_script(db: Path, tmp_path: Path) -> None:
+    script = Path(sys.executable).parent / "context-guru"
+    assert script.exists(), script
+    key = stash_key(SOURCES)
+    done = subprocess.run(
+        [str(script), "expand", key, "--db", str(db), "--json"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={"HOME": str(tmp_path / "home"), "PATH": ""},
+    )
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["messages"][1]["content"][1]["name"] == "Bash"
+    bad = subprocess.run(
+        [str(script), "expand", "xyz", "--db", str(db)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={"HOME": str(tmp_path / "home"), "PATH": ""},
+    )
+    assert bad.returncode == 2
+    assert "not a context-guru id" in bad.stderr
