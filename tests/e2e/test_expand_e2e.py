@@ -1,0 +1,726 @@
+"""Expand (SPEC §6) through a real `mitmdump -s cg_addon.py`, driven by the official SDKs.
+
+One proxy runs the `summarize` preset with lowered triggers and its own `cg_db`. Each test primes
+its own session: turn 1 commissions a summary (forwarded untouched), the summary completes in the
+background, and turn 2 is spliced — `[head, summary with <<cg:KEY>>, tail]` — and, when the
+request declares tools, gets `context_guru_expand` appended.
+
+The "model" is the fake provider's responder: it reads each request it receives the way a model
+would — the id comes from the marker in the spliced summary, a call is made only when the request
+declares the tool — and answers in the form asked for (JSON, or SSE when `"stream": true`).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sqlite3
+import threading
+import uuid
+import warnings
+from collections.abc import Callable, Iterator
+from contextlib import closing
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import anthropic
+import httpx
+import openai
+import pytest
+import yaml
+from openai.lib.streaming.chat import ChatCompletionStreamState
+
+from cg.expand import TOOL_JSON, TOOL_NAME
+from cg.responses import Reply as Message
+from cg.responses import render_json, render_sse
+from tests.e2e.harness import (
+    Capture,
+    Proxy,
+    assert_forwarded_unchanged,
+    by_id,
+    message_sources,
+    new_id,
+    received,
+)
+from tests.fakeprovider import DEFAULT_TEXT, FakeProvider, Recorded, Reply
+
+with warnings.catch_warnings():
+    warnings.simplefilter("ignore", DeprecationWarning)
+    from mitmproxy.test import taddons, tflow, tutils
+
+pytestmark = pytest.mark.e2e
+
+MARKER = re.compile(r"<<cg:([0-9a-f]{24})>>")
+LOW = {
+    "cache_state": "any",
+    "min_tokens": 10,
+    "trigger": {"min_request_frac": 0, "min_messages": 4},
+}
+SYSTEM = "You are a coding agent. Ünïcödé ✓"
+FINAL = "Final answer: the failing test was test_nested ✓"
+ANTHROPIC_TOOLS = [
+    {
+        "name": "Bash",
+        "description": "Run a shell command.",
+        "input_schema": {"type": "object", "properties": {"cmd": {"type": "string"}}},
+    }
+]
+OPENAI_TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "bash",
+            "description": "Run a shell command.",
+            "parameters": {"type": "object", "properties": {"cmd": {"type": "string"}}},
+        },
+    }
+]
+# What turn 1 commissions: messages[HEAD:CUT] of its transcript are summarized and stashed.
+SPAN = {"anthropic": (1, 4), "openai": (1, 5)}
+FIRST_LEN = {"anthropic": 7, "openai": 8}
+
+
+# -- transcripts -------------------------------------------------------------------------------
+
+
+def anthropic_messages(tag: str, n: int) -> list[Any]:
+    out: list[Any] = [{"role": "user", "content": f"Task {tag}: make the parser tests pass ✓"}]
+    out.append(
+        {
+            "role": "assistant",
+            "content": [
+                {"type": "text", "text": "Running the tests."},
+                {"type": "tool_use", "id": "toolu_01", "name": "Bash", "input": {"cmd": "pytest"}},
+            ],
+        }
+    )
+    out.append(
+        {
+            "role": "user",
+            "content": [
+                {"type": "tool_result", "tool_use_id": "toolu_01", "content": "FAILED test_nested"}
+            ],
+        }
+    )
+    for i in range(3, n):
+        if i % 2:
+            text = f"Step {i} of {tag[:8]}: read parser.py:{10 * i}."
+            out.append({"role": "assistant", "content": text})
+        else:
+            out.append({"role": "user", "content": f'Note {i}: keep going, "carefully" ✓.'})
+    return out[:n]
+
+
+def openai_messages(tag: str, n: int) -> list[Any]:
+    out: list[Any] = [
+        {"role": "system", "content": SYSTEM},
+        {"role": "user", "content": f"Task {tag}: make the parser tests pass ✓"},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {
+                    "id": "call_01",
+                    "type": "function",
+                    "function": {"name": "bash", "arguments": '{"cmd": "pytest"}'},
+                }
+            ],
+        },
+        {"role": "tool", "tool_call_id": "call_01", "content": "FAILED test_nested"},
+    ]
+    for i in range(4, n):
+        if i % 2:
+            out.append({"role": "user", "content": f"Note {i}: keep going ✓."})
+        else:
+            out.append({"role": "assistant", "content": f"Step {i} of {tag[:8]}: read it."})
+    return out[:n]
+
+
+def messages(dialect: str, tag: str, n: int) -> list[Any]:
+    return (anthropic_messages if dialect == "anthropic" else openai_messages)(tag, n)
+
+
+# -- the scripted model --------------------------------------------------------------------------
+
+
+def answer(rec: Recorded, message: dict[str, Any], dialect: str) -> Reply:
+    """`message` (a provider message) sent the way the request asked: SSE or JSON."""
+    body = rec.json()
+    if body.get("stream") is not True:
+        return Reply(body=render_json(Message(dialect, message)), headers=_JSON)  # type: ignore[arg-type]
+    opts = body.get("stream_options")
+    if dialect == "openai" and not (isinstance(opts, dict) and opts.get("include_usage")):
+        message = {k: v for k, v in message.items() if k != "usage"}
+    return Reply(body=render_sse(Message(dialect, message)), headers=_SSE)  # type: ignore[arg-type]
+
+
+_JSON = {"content-type": "application/json"}
+_SSE = {"content-type": "text/event-stream; charset=utf-8"}
+
+
+def anthropic_message(
+    n: int, text: str | None, calls: list[tuple[str, str, Any]], usage: tuple[int, int]
+) -> dict[str, Any]:
+    content: list[Any] = []
+    if calls:
+        content.append({"type": "thinking", "thinking": f"I need detail {n}.", "signature": "c2ln"})
+    if text is not None:
+        content.append({"type": "text", "text": text})
+    content += [{"type": "tool_use", "id": i, "name": nm, "input": inp} for i, nm, inp in calls]
+    return {
+        "id": f"msg_e2e{n}",
+        "type": "message",
+        "role": "assistant",
+        "model": "claude-test",
+        "content": content,
+        "stop_reason": "tool_use" if calls else "end_turn",
+        "stop_sequence": None,
+        "usage": {"input_tokens": usage[0], "output_tokens": usage[1]},
+    }
+
+
+def openai_message(
+    n: int, text: str | None, calls: list[tuple[str, str, Any]], usage: tuple[int, int]
+) -> dict[str, Any]:
+    msg: dict[str, Any] = {"role": "assistant", "content": text, "refusal": None}
+    if calls:
+        msg["tool_calls"] = [
+            {
+                "id": i,
+                "type": "function",
+                "function": {"name": nm, "arguments": json.dumps(inp)},
+            }
+            for i, nm, inp in calls
+        ]
+    return {
+        "id": f"chatcmpl-e2e{n}",
+        "object": "chat.completion",
+        "created": 1_700_000_000,
+        "model": "gpt-test",
+        "choices": [
+            {
+                "index": 0,
+                "message": msg,
+                "logprobs": None,
+                "finish_reason": "tool_calls" if calls else "stop",
+            }
+        ],
+        "usage": {
+            "prompt_tokens": usage[0],
+            "completion_tokens": usage[1],
+            "total_tokens": sum(usage),
+        },
+    }
+
+
+def build(dialect: str, *a: Any) -> dict[str, Any]:
+    return (anthropic_message if dialect == "anthropic" else openai_message)(*a)
+
+
+def tool_names(dialect: str, body: dict[str, Any]) -> list[str]:
+    tools = body.get("tools") or []
+    if dialect == "anthropic":
+        return [t.get("name") for t in tools]
+    return [t.get("function", {}).get("name") for t in tools]
+
+
+def our_results(dialect: str, body: dict[str, Any]) -> list[str]:
+    """The texts of the tool results answering our calls at the end of `messages`."""
+    msgs = body["messages"]
+    if dialect == "anthropic":
+        last = msgs[-1]
+        if last["role"] != "user" or not isinstance(last["content"], list):
+            return []
+        return [b["content"] for b in last["content"] if b.get("type") == "tool_result"]
+    out = []
+    for m in reversed(msgs):
+        if m["role"] != "tool":
+            break
+        out.append(m["content"])
+    return out[::-1]
+
+
+@dataclass
+class Model:
+    """What the scripted model does. `expand`: call the tool when it is declared (with the
+    marker's id, or `key` when set); `always`: call it on every request that declares it, even
+    after an answer; `also`: a client tool called beside it."""
+
+    dialect: str
+    key: str | None = None
+    always: bool = False
+    also: bool = False
+    calls: int = 0
+
+    def __call__(self, rec: Recorded) -> Reply | None:
+        body = rec.json()
+        if TOOL_NAME not in tool_names(self.dialect, body):
+            return None  # a request without our tool gets the provider's default answer
+        done = our_results(self.dialect, body)
+        if done and not self.always:
+            return answer(rec, build(self.dialect, 99, FINAL, [], (2000, 11)), self.dialect)
+        m = MARKER.search(json.dumps(body["messages"], ensure_ascii=False))
+        assert m is not None, "the tool was offered without a marker"
+        self.calls += 1
+        calls = [(f"toolu_x{self.calls}", TOOL_NAME, {"id": self.key or m.group(1)})]
+        if self.also:
+            own = "Bash" if self.dialect == "anthropic" else "bash"
+            calls.append((f"toolu_own{self.calls}", own, {"cmd": "ls"}))
+        text = f"Looking closer, round {self.calls}."
+        return answer(rec, build(self.dialect, self.calls, text, calls, (1000, 7)), self.dialect)
+
+
+@pytest.fixture
+def model(provider: FakeProvider) -> Iterator[Callable[..., Model]]:
+    def install(dialect: str, **kw: Any) -> Model:
+        m = Model(dialect, **kw)
+        provider.responder = m
+        return m
+
+    yield install
+    provider.responder = None
+
+
+# -- the proxy and an agent ------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def xproxy(provider: FakeProvider, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Proxy]:
+    workdir = tmp_path_factory.mktemp("proxy-expand")
+    config = workdir / "cg.yaml"
+    config.write_text(yaml.safe_dump({"components": {"summarize": LOW}}))
+    p = Proxy.start(
+        provider.url,
+        workdir,
+        preset="summarize",
+        options=[f"cg_config={config}", f"cg_db={workdir / 'cg.sqlite3'}"],
+    )
+    try:
+        yield p
+    finally:
+        p.stop()
+    assert not p.addon_errors(), p.log_text()
+
+
+def db_of(proxy: Proxy) -> Path:
+    return proxy.records.path.parent / "cg.sqlite3"
+
+
+@dataclass
+class Sent:
+    eid: str
+    request: httpx.Request
+    result: Any  # the SDK's final message / completion, as a dict
+    chunks: list[Any]  # streamed chunks (openai) or events (anthropic), as dicts
+
+
+class Agent:
+    def __init__(self, proxy: Proxy, provider: FakeProvider, dialect: str) -> None:
+        self.proxy = proxy
+        self.provider = provider
+        self.dialect = dialect
+        self.session = uuid.uuid4().hex
+        self.capture = Capture()
+        self.http = httpx.Client(trust_env=False, event_hooks=self.capture.hooks(), timeout=30)
+        headers = {"x-context-guru-session": self.session}
+        self.sdk: Any
+        if dialect == "anthropic":
+            self.sdk = anthropic.Anthropic(
+                base_url=proxy.url, api_key="sk-e2e", http_client=self.http, max_retries=0,
+                default_headers=headers,
+            )  # fmt: skip
+        else:
+            self.sdk = openai.OpenAI(
+                base_url=f"{proxy.url}/v1", api_key="sk-e2e", http_client=self.http,
+                max_retries=0, default_headers=headers,
+            )  # fmt: skip
+
+    def __enter__(self) -> Agent:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.http.close()
+
+    def send(self, n: int, *, stream: bool = False, tools: bool = True, **extra: Any) -> Sent:
+        eid = new_id()
+        kw: dict[str, Any] = {"messages": messages(self.dialect, self.session, n), **extra}
+        kw["extra_headers"] = {"x-e2e-id": eid}
+        chunks: list[Any] = []
+        if self.dialect == "anthropic":
+            kw.update(model="claude-test", max_tokens=64, system=SYSTEM)
+            if tools:
+                kw["tools"] = ANTHROPIC_TOOLS
+            if stream:
+                with self.sdk.messages.stream(**kw) as s:
+                    chunks = [ev.to_dict() for ev in s]
+                    result = s.get_final_message().to_dict()
+            else:
+                result = self.sdk.messages.create(**kw).to_dict()
+        else:
+            kw["model"] = "gpt-test"
+            if tools:
+                kw["tools"] = OPENAI_TOOLS
+            if stream:
+                kw["stream_options"] = {"include_usage": True}
+                state: ChatCompletionStreamState[Any] = ChatCompletionStreamState()
+                for chunk in self.sdk.chat.completions.create(**kw, stream=True):
+                    chunks.append(chunk.to_dict())
+                    state.handle_chunk(chunk)
+                result = state.current_completion_snapshot.to_dict()
+            else:
+                result = self.sdk.chat.completions.create(**kw).to_dict()
+        sent = self.capture.sent[-1]
+        assert sent.headers["x-e2e-id"] == eid
+        return Sent(eid, sent, result, chunks)
+
+    def prime(self) -> Sent:
+        """Turn 1: commission a summary and wait until it is stored."""
+        before = self.proxy.stats()["summaries"]["completed"]
+        t1 = self.send(FIRST_LEN[self.dialect])
+        assert_forwarded_unchanged(t1.request, received(self.provider, t1.eid))
+        self.proxy.wait_stats(lambda s: s["summaries"]["completed"] > before)
+        return t1
+
+
+def record(proxy: Proxy, eid: str) -> dict[str, Any]:
+    cg: dict[str, Any] = proxy.records.wait(eid)["cg"]
+    return cg
+
+
+def stash_keys(proxy: Proxy, session: str) -> list[str]:
+    with closing(sqlite3.connect(db_of(proxy))) as conn:
+        rows = conn.execute("SELECT key FROM stashes WHERE session = ?", (session,)).fetchall()
+    return [r[0] for r in rows]
+
+
+def member(body: bytes, key: str) -> bytes | None:
+    """The raw bytes of top-level member `key`'s value (an independent reader)."""
+    s = body.decode("utf-8")
+    dec = json.JSONDecoder()
+    i = s.index("{") + 1
+    while True:
+        while s[i] in " \t\r\n,":
+            i += 1
+        if s[i] == "}":
+            return None
+        k, i = dec.raw_decode(s, i)
+        while s[i] in " \t\r\n:":
+            i += 1
+        _, j = dec.raw_decode(s, i)
+        if k == key:
+            return s[i:j].encode()
+        i = j
+
+
+def result_text(dialect: str, result: dict[str, Any]) -> str:
+    if dialect == "anthropic":
+        return "".join(b["text"] for b in result["content"] if b["type"] == "text")
+    return str(result["choices"][0]["message"]["content"])
+
+
+def client_calls(dialect: str, result: dict[str, Any]) -> list[str]:
+    if dialect == "anthropic":
+        return [b["name"] for b in result["content"] if b["type"] == "tool_use"]
+    calls = result["choices"][0]["message"].get("tool_calls") or []
+    return [c["function"]["name"] for c in calls]
+
+
+def stop_reason(dialect: str, result: dict[str, Any]) -> str:
+    if dialect == "anthropic":
+        return str(result["stop_reason"])
+    return str(result["choices"][0]["finish_reason"])
+
+
+def usage(dialect: str, result: dict[str, Any]) -> tuple[int, int]:
+    u = result["usage"]
+    if dialect == "anthropic":
+        return u["input_tokens"], u["output_tokens"]
+    return u["prompt_tokens"], u["completion_tokens"]
+
+
+DIALECT_STREAM = [
+    pytest.param("anthropic", False, id="anthropic-json"),
+    pytest.param("anthropic", True, id="anthropic-sse"),
+    pytest.param("openai", False, id="openai-json"),
+    pytest.param("openai", True, id="openai-sse"),
+]
+
+
+# -- the model expands ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("dialect", "stream"), DIALECT_STREAM)
+def test_the_model_expands_and_the_client_gets_the_final_answer_only(
+    xproxy, provider, model, dialect, stream
+):
+    m = model(dialect)
+    with Agent(xproxy, provider, dialect) as agent:
+        t1 = agent.prime()
+        (key,) = stash_keys(xproxy, agent.session)
+        n = FIRST_LEN[dialect] + 2
+        t2 = agent.send(n, stream=stream)
+
+    # The client: the final answer, no call to a tool it never declared, usage of both rounds.
+    assert result_text(dialect, t2.result) == FINAL
+    assert client_calls(dialect, t2.result) == []
+    assert stop_reason(dialect, t2.result) == ("end_turn" if dialect == "anthropic" else "stop")
+    assert TOOL_NAME not in json.dumps(t2.result) + json.dumps(t2.chunks)
+    assert usage(dialect, t2.result) == (1000 + 2000, 7 + 11)
+    if dialect == "openai" and stream:
+        assert all(c["choices"] for c in t2.chunks[:-1]) and t2.chunks[-1]["usage"]
+
+    # The provider: the rewritten request (tool injected, marker in it), then one continuation.
+    first, cont = provider.wait_for(2, where=by_id(t2.eid))
+    assert m.calls == 1
+    fbody = first.json()
+    assert tool_names(dialect, fbody)[-1] == TOOL_NAME
+    assert MARKER.search(first.body.decode()).group(1) == key  # type: ignore[union-attr]
+    fpre, fmsgs, fpost = message_sources(first.body)
+    cpre, cmsgs, cpost = message_sources(cont.body)
+    assert (cpre, cpost) == (fpre, fpost)  # model, system, tools (ours too), stream: as sent
+    assert cmsgs[: len(fmsgs)] == fmsgs  # every earlier message byte for byte
+    new = [json.loads(x) for x in cmsgs[len(fmsgs) :]]
+    assert new[0]["role"] == "assistant"
+    if dialect == "anthropic":
+        assert [b["type"] for b in new[0]["content"]] == ["thinking", "text", "tool_use"]
+        assert new[0]["content"][0]["signature"] == "c2ln"
+        assert new[0]["content"][2]["input"] == {"id": key}
+        assert len(new) == 2 and new[1]["role"] == "user"
+    else:
+        assert json.loads(new[0]["tool_calls"][0]["function"]["arguments"]) == {"id": key}
+        assert [x["role"] for x in new[1:]] == ["tool"]
+    (text,) = our_results(dialect, cont.json())
+    # The stash's original bytes: turn 1's messages[HEAD:CUT] exactly as the client sent them.
+    head, cut = SPAN[dialect]
+    _, t1_msgs, _ = message_sources(t1.request.content)
+    for src in t1_msgs[head:cut]:
+        assert src.decode() in text
+    assert text.startswith(f"The {cut - head} messages that the summary <<cg:{key}>> replaced")
+    # The continuation carries the agent's own headers.
+    for name in ("x-api-key", "authorization", "x-context-guru-session", "x-e2e-id"):
+        assert cont.header(name) == first.header(name)
+    assert cont.header("x-context-guru") is None
+
+    cg = record(xproxy, t2.eid)
+    assert cg["outcome"] == "rewritten"
+    assert cg["expand"]["injected"] is True
+    assert cg["expand"]["rounds"] == 1
+
+
+@pytest.mark.parametrize(("dialect", "stream"), [DIALECT_STREAM[1], DIALECT_STREAM[2]])
+def test_the_loop_stops_after_three_continuations(xproxy, provider, model, dialect, stream):
+    m = model(dialect, always=True)
+    with Agent(xproxy, provider, dialect) as agent:
+        agent.prime()
+        t2 = agent.send(FIRST_LEN[dialect] + 2, stream=stream)
+    got = provider.wait_for(1, where=by_id(t2.eid))
+    assert len(got) == 4, "the first request and exactly three continuations"
+    assert m.calls == 4
+    assert client_calls(dialect, t2.result) == []
+    assert TOOL_NAME not in json.dumps(t2.result) + json.dumps(t2.chunks)
+    assert result_text(dialect, t2.result) == "Looking closer, round 4."
+    assert stop_reason(dialect, t2.result) == ("end_turn" if dialect == "anthropic" else "stop")
+    assert usage(dialect, t2.result) == (4 * 1000, 4 * 7)
+    assert record(xproxy, t2.eid)["expand"]["rounds"] == 3
+
+
+@pytest.mark.parametrize("dialect", ["anthropic", "openai"])
+def test_an_unknown_or_foreign_id_is_answered_no_longer_available(xproxy, provider, model, dialect):
+    with Agent(xproxy, provider, "anthropic") as other:
+        other.prime()
+        (foreign,) = stash_keys(xproxy, other.session)
+    for key in ("0" * 24, foreign):  # never stashed; stashed by another session
+        model(dialect, key=key)
+        with Agent(xproxy, provider, dialect) as agent:
+            agent.prime()
+            assert key not in stash_keys(xproxy, agent.session)
+            t2 = agent.send(FIRST_LEN[dialect] + 2)
+        _, cont = provider.wait_for(2, where=by_id(t2.eid))
+        (text,) = our_results(dialect, cont.json())
+        assert text.startswith(f"context_guru_expand: id '{key}' is no longer available")
+        assert result_text(dialect, t2.result) == FINAL
+
+
+@pytest.mark.parametrize("dialect", ["anthropic", "openai"])
+def test_mixed_calls_give_the_client_its_own_call_only(xproxy, provider, model, dialect):
+    model(dialect, also=True)
+    with Agent(xproxy, provider, dialect) as agent:
+        agent.prime()
+        t2 = agent.send(FIRST_LEN[dialect] + 2, stream=True)
+    assert len(provider.wait_for(1, where=by_id(t2.eid))) == 1  # nothing re-sent
+    own = "Bash" if dialect == "anthropic" else "bash"
+    assert client_calls(dialect, t2.result) == [own]
+    assert stop_reason(dialect, t2.result) == (
+        "tool_use" if dialect == "anthropic" else "tool_calls"
+    )
+    assert TOOL_NAME not in json.dumps(t2.result) + json.dumps(t2.chunks)
+    assert result_text(dialect, t2.result) == "Looking closer, round 1."
+    assert record(xproxy, t2.eid)["expand"]["rounds"] == 0
+
+
+# -- when the tool is not injected -------------------------------------------------------------------
+
+
+def outside_messages(sent: httpx.Request, got: Recorded) -> None:
+    """Every byte outside `messages` (so `tools`, `tool_choice`) reached the provider as sent."""
+    spre, _, spost = message_sources(sent.content)
+    gpre, _, gpost = message_sources(got.body)
+    assert (gpre, gpost) == (spre, spost)
+
+
+@pytest.mark.parametrize(
+    ("dialect", "extra", "reason"),
+    [
+        ("anthropic", {"tools": False}, "the request declares no tools"),
+        ("openai", {"tools": False}, "the request declares no tools"),
+        ("anthropic", {"tool_choice": {"type": "any"}}, "tool_choice forces a choice"),
+        (
+            "anthropic",
+            {"tool_choice": {"type": "tool", "name": "Bash"}},
+            "tool_choice forces a choice",
+        ),
+        ("openai", {"tool_choice": "required"}, "tool_choice forces a choice"),
+    ],
+    ids=["anthropic-no-tools", "openai-no-tools", "any", "tool", "required"],
+)
+def test_no_injection_without_tools_or_under_a_forced_choice(
+    xproxy, provider, model, dialect, extra, reason
+):
+    model(dialect)
+    with Agent(xproxy, provider, dialect) as agent:
+        agent.prime()
+        t2 = agent.send(FIRST_LEN[dialect] + 2, **extra)
+    got = received(provider, t2.eid)  # exactly one: nothing to continue
+    assert MARKER.search(got.body.decode())  # the vacuity guard: spliced, with a marker
+    outside_messages(t2.request, got)
+    assert TOOL_NAME.encode() not in (member(got.body, "tools") or b"")
+    cg = record(xproxy, t2.eid)
+    assert cg["outcome"] == "rewritten"
+    assert cg["expand"] == {"injected": False, "reason": reason}
+    assert result_text(dialect, t2.result) == DEFAULT_TEXT
+
+
+@pytest.mark.parametrize("dialect", ["anthropic", "openai"])
+def test_no_injection_without_a_marker(xproxy, provider, model, dialect):
+    model(dialect)
+    with Agent(xproxy, provider, dialect) as agent:
+        t = agent.send(3)  # too short to summarize: nothing spliced, no marker
+    assert_forwarded_unchanged(t.request, received(provider, t.eid))
+    cg = record(xproxy, t.eid)
+    assert cg["outcome"] == "passed_through"
+    assert cg["expand"] == {"injected": False, "reason": "no resolvable marker"}
+
+
+@pytest.mark.parametrize("dialect", ["anthropic", "openai"])
+def test_the_injected_tool_bytes_are_identical_across_turns(xproxy, provider, dialect):
+    with Agent(xproxy, provider, dialect) as agent:
+        agent.prime()
+        n = FIRST_LEN[dialect]
+        t2 = agent.send(n + 2)
+        t3 = agent.send(n + 4, stream=True)
+    tools = []
+    for t in (t2, t3):
+        got = received(provider, t.eid)
+        assert record(xproxy, t.eid)["expand"]["injected"] is True
+        raw = member(got.body, "tools")
+        client = member(t.request.content, "tools")
+        assert raw is not None and client is not None
+        assert raw == client[:-1] + b"," + TOOL_JSON[dialect].encode() + b"]"
+        tools.append(raw)
+    assert tools[0] == tools[1]
+
+
+# -- SSE still streams when the tool was not injected -------------------------------------------------
+
+
+def test_sse_of_a_rewritten_flow_without_the_tool_still_streams(xproxy, provider):
+    with Agent(xproxy, provider, "anthropic") as agent:
+        agent.prime()
+        msgs = anthropic_messages(agent.session, FIRST_LEN["anthropic"] + 2)
+        session = agent.session
+    body = json.dumps(
+        {"model": "claude-test", "max_tokens": 64, "stream": True, "messages": msgs}
+    ).encode()
+    gate = threading.Event()
+    reply = Reply(gate=gate)
+    provider.script(reply)
+    eid = new_id()
+    headers = {
+        "x-e2e-id": eid,
+        "x-context-guru-session": session,
+        "content-type": "application/json",
+    }
+    with (
+        xproxy.client() as c,
+        c.stream("POST", "/v1/messages", content=body, headers=headers) as r,
+    ):
+        for line in r.iter_lines():
+            if "Hello" in line:  # the first text delta, while the provider holds the rest
+                gate.set()
+    assert gate.is_set(), "no text delta reached the client"
+    assert not reply.gate_timed_out, "the proxy buffered an SSE answer it did not need to"
+    cg = record(xproxy, eid)
+    assert cg["outcome"] == "rewritten"  # the vacuity guard: a rewritten flow, not a pass-through
+    assert cg["expand"]["injected"] is False
+
+
+# -- GET /_cg/expand ---------------------------------------------------------------------------------
+
+
+def test_the_expand_endpoint(xproxy, provider):
+    with Agent(xproxy, provider, "anthropic") as agent:
+        t1 = agent.prime()
+        (key,) = stash_keys(xproxy, agent.session)
+    head, cut = SPAN["anthropic"]
+    _, sent, _ = message_sources(t1.request.content)
+    with xproxy.client() as c:
+        r = c.get("/_cg/expand", params={"id": key})
+        assert r.status_code == 200
+        assert r.headers["content-type"] == "application/json"
+        doc = r.json()
+        assert doc["id"] == key and doc["session"] == agent.session
+        assert doc["count"] == cut - head and doc["dialect"] == "anthropic"
+        assert doc["messages"] == [json.loads(s) for s in sent[head:cut]]
+
+        r = c.get("/_cg/expand", params={"id": "f" * 24})
+        assert r.status_code == 404
+        assert "no longer available" in r.json()["error"]
+        for bad in ("xyz", "", key.upper(), key + "0"):
+            r = c.get("/_cg/expand", params={"id": bad})
+            assert r.status_code == 400, bad
+            assert "not a context-guru id" in r.json()["error"]
+        assert c.get("/_cg/expand").status_code == 400
+
+
+def test_the_expand_endpoint_refuses_a_non_loopback_client(tmp_path):
+    """Simulated in process (the e2e proxy listens on 127.0.0.1 only): a peer address that is
+    not loopback gets 403 before the id is even read."""
+    from cg.addon import ContextGuru
+    from cg.store import Store, stash_key
+
+    db = tmp_path / "cg.sqlite3"
+    sources = ['{"role":"user","content":"x"}']
+    key = stash_key(sources)
+    with Store(db) as st:
+        st.put_stash(key, "s", sources, "anthropic")
+
+    def flow(peer: tuple[str, int]) -> Any:
+        req = tutils.treq(method=b"GET", path=f"/_cg/expand?id={key}".encode(), content=b"")
+        f = tflow.tflow(req=req)
+        f.client_conn.peername = peer
+        return f
+
+    cg = ContextGuru()
+    with taddons.context(cg) as tctx:
+        tctx.configure(cg, cg_preset="summarize", cg_db=str(db))
+        remote = flow(("203.0.113.7", 4000))
+        cg.request(remote)
+        assert remote.response is not None and remote.response.status_code == 403
+        local = flow(("127.0.0.1", 4000))
+        cg.request(local)
+        assert local.response is not None and local.response.status_code == 200
+        assert json.loads(local.response.content or b"")["messages"] == [
+            {"role": "user", "content": "x"}
+        ]
+        cg.done()
