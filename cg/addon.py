@@ -188,7 +188,9 @@ class ContextGuru:
             control.answer(flow, self._routes(), self.allow_remote_control)
             return
         dialect = route(req.method, req.path)
-        if dialect is None or not host_allowed(req.host, self.hosts):
+        # By name (the Host header): in transparent/local mode, and in a CONNECT tunnel,
+        # `req.host` is the address connected to, not the provider's name.
+        if dialect is None or not host_allowed(req.pretty_host, self.hosts):
             return
         self.stats.requests += 1
         t0 = time.perf_counter()

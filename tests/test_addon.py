@@ -271,6 +271,22 @@ async def test_cg_hosts_restricts_which_hosts_are_touched(
         assert cg.stats.requests == int(touched)
 
 
+async def test_cg_hosts_matches_the_host_name_not_the_address_connected_to(
+    toy_config: str,
+) -> None:
+    """Transparent/local mode (and a CONNECT tunnel) set `request.host` to the address the
+    connection went to; the provider's name is in the Host header."""
+    cg = ContextGuru()
+    with taddons.context(cg) as tctx:
+        setup(tctx, cg, cg_config=toy_config, cg_hosts=["api.anthropic.com"])
+        f = make_flow(host="160.79.104.10", headers={"host": "api.anthropic.com"})
+        cg.request(f)
+        assert f.metadata[META]["dialect"] == "anthropic"
+        other = make_flow(host="160.79.104.10", headers={"host": "api.openai.com"})
+        cg.request(other)
+        assert META not in other.metadata
+
+
 async def test_body_size_cap(toy_config: str) -> None:
     cg = ContextGuru()
     with taddons.context(cg) as tctx:
