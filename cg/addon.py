@@ -96,8 +96,9 @@ class ContextGuru:
             "cg_hosts",
             Sequence[str],
             [],
-            "Hosts whose provider requests context-guru may rewrite (exact or *.example.com); "
-            "empty means any host. Other hosts' traffic passes through untouched.",
+            "Hosts whose provider requests context-guru may rewrite (exact or *.example.com, "
+            "comma-separated or repeated); empty means any host. Other hosts' traffic passes "
+            "through untouched.",
         )
         loader.add_option(
             "cg_max_body_mb",
@@ -141,7 +142,10 @@ class ContextGuru:
         self.config = config
         self.components = components
         self.expand = ExpandPolicy(opts.cg_expand_inject, store)
-        self.hosts = tuple(opts.cg_hosts)
+        # `--set cg_hosts=a,b` arrives as one entry "a,b": a comma list is what people write.
+        self.hosts = tuple(
+            h.strip() for item in opts.cg_hosts for h in item.split(",") if h.strip()
+        )
         self.max_body = opts.cg_max_body_mb * 1024 * 1024
         self.allow_remote_control = opts.cg_control_remote
 

@@ -271,6 +271,21 @@ async def test_cg_hosts_restricts_which_hosts_are_touched(
         assert cg.stats.requests == int(touched)
 
 
+async def test_cg_hosts_takes_a_comma_list_as_set_on_the_command_line(toy_config: str) -> None:
+    """`--set cg_hosts=a,b` reaches the addon as the one entry "a,b"."""
+    cg = ContextGuru()
+    with taddons.context(cg) as tctx:
+        setup(tctx, cg, cg_config=toy_config, cg_hosts=["api.anthropic.com, *.openai.com"])
+        for host, touched in [
+            ("api.anthropic.com", True),
+            ("api.openai.com", True),
+            ("x.io", False),
+        ]:
+            f = make_flow(host=host)
+            cg.request(f)
+            assert (META in f.metadata) is touched, host
+
+
 async def test_cg_hosts_matches_the_host_name_not_the_address_connected_to(
     toy_config: str,
 ) -> None:
