@@ -28,7 +28,10 @@ refusal is kept in `refusals`, so a test asserts there were none.
 (which context-guru answers, never the agent) is kept in `expansions`, then the step is taken.
 
 Requests that are not this session's (no `tag` in the first user message: an agent's side
-requests, a title, a quota probe) get None: the fake provider's default answer.
+requests, a title, a quota probe) get None: the fake provider's default answer. Claude Code's
+start-up GETs to the first-party API (`/api/claude_code/policy_limits`, `…/settings`, sent when
+its base URL is api.anthropic.com) get the 404 an API key without managed policy gets, which it
+reads as "no restrictions" (anything else it retries for seconds).
 """
 
 from __future__ import annotations
@@ -218,6 +221,10 @@ class AgentScript:
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def __call__(self, rec: Recorded) -> Reply | None:
+        if rec.method in ("GET", "HEAD"):
+            if rec.path.startswith("/api/claude_code/"):
+                return anthropic_error(404, "not_found_error", "Not Found")
+            return None
         try:
             body = rec.json()
         except ValueError:

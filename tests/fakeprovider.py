@@ -293,7 +293,11 @@ class _Handler(BaseHTTPRequestHandler):
             finally:
                 reply.answered.set()
         elif self.command in ("GET", "HEAD"):
-            self._send(200, _JSON, _dumps({"echo": True, "path": self.path}))
+            side = provider._side_reply(rec)
+            if side is not None and side.body is not None:
+                self._send(side.status, side.headers or _JSON, side.body)
+            else:
+                self._send(200, _JSON, _dumps({"echo": True, "path": self.path}))
         else:
             msg = f"no route for {self.command} {bare}"
             self._send(404, _JSON, _dumps({"error": {"type": "not_found", "message": msg}}))
@@ -378,7 +382,8 @@ class FakeProvider:
     """`with FakeProvider() as p:` serves on `p.url` until the block ends.
 
     `tls`: serve HTTPS with this server context (`p.url` is then `https://…`). `responder`: asked
-    for the reply to each agent request the script queue does not answer; None means default.
+    for the reply to each agent request the script queue does not answer, and to each GET or
+    HEAD (a `Reply` with `body`); None means the default answer.
     """
 
     def __init__(self, tls: ssl.SSLContext | None = None) -> None:
@@ -451,6 +456,10 @@ class FakeProvider:
                 return self._replies.popleft()
             responder = self.responder
         return (responder(rec) if responder is not None and rec is not None else None) or Reply()
+
+    def _side_reply(self, rec: Recorded) -> Reply | None:
+        responder = self.responder
+        return responder(rec) if responder is not None else None
 
     # -- recording ---------------------------------------------------------------------------
 

@@ -1,6 +1,10 @@
-"""Checks shared by the real-agent tests: what an agent sent vs what the provider got, turn by turn.
+"""Shared by the real-agent tests (Claude Code, the SDK agent loops): start a proxy with the tap,
+drive a scripted session, and check what an agent sent against what the provider got.
 
-    turns = audit(sent, provider, proxy, "anthropic")
+    proxy = start_proxy(fake.url, workdir, "summarize", LOW)       # tap.py loaded first
+    s = drive_claude(binary, fake, proxy, workdir, 10, env, side)  # Claude Code, audited
+    turns = audit(sent, fake, proxy, "anthropic")                  # any agent's requests
+    assert_summarized(turns, proxy, head=1); assert_expanded_once(turns, script, proxy)
 
 `sent` is every request the agent put on the wire (from the tap for Claude Code, from an httpx
 hook for the SDKs), each tagged with its `x-e2e-id`. For each one `audit` finds what the provider
@@ -31,11 +35,23 @@ from typing import Any
 import yaml
 
 from cg.shape import check_wire_roles, validate_shape
-from tests.agent_script import EXPAND_TOOL, AgentScript, shape_problems
+from tests.agent_script import EXPAND_TOOL, AgentScript, session, shape_problems
+from tests.e2e.claude_code import Run, run_claude
 from tests.e2e.harness import Proxy, by_id, message_sources, poll
 from tests.fakeprovider import FakeProvider, Recorded
 
 TAP = Path(__file__).with_name("tap.py")
+SECRET = "the secret number is 4711"  # in the file the scripted Read reads
+# Triggers low enough for a session's third request to qualify; one summary, reused to the end
+# (no roll-forward). keep_first 2 keeps [system, task] on openai; on anthropic the head retreats
+# to [task], since the second message calls a tool (or, for Claude Code, is a system message).
+LOW: dict[str, Any] = {
+    "cache_state": "any",
+    "keep_first": 2,
+    "min_tokens": 10,
+    "resummarize_tokens": 1_000_000,
+    "trigger": {"min_request_frac": 0, "min_messages": 6},
+}
 HEADER = "=== History Summary ==="
 MARKER = re.compile(r"<<cg:([0-9a-f]+)>>")
 HOP = {"host", "content-length", "x-e2e-id"}
@@ -238,3 +254,79 @@ def assert_expanded_once(turns: list[Turn], script: AgentScript, proxy: Proxy) -
     assert f"<<cg:{key}>> replaced, verbatim" in expansion
     assert "echo step 1" in expansion  # the span's first exchange, restored from the stash
     assert proxy.stats()["expansions"] == 1
+
+
+# -- Claude Code sessions ------------------------------------------------------------------------
+
+
+@dataclass
+class ClaudeSession:
+    run: Run
+    script: AgentScript
+    sent: list[Sent]
+    turns: list[Turn]
+
+
+def drive_claude(
+    claude: Path,
+    fake: FakeProvider,
+    proxy: Proxy,
+    workdir: Path,
+    steps: int,
+    env: dict[str, str],
+    side: set[tuple[str, str]],
+    **script_kw: Any,
+) -> ClaudeSession:
+    """One Claude Code session of `steps` scripted steps (two parallel calls at step 3, a Read
+    at step 5) through `proxy` (its tap), audited turn by turn. `side`: the (method, path) of
+    the requests it makes besides its turns, each of which must pass untouched."""
+    work = workdir / "work"
+    work.mkdir(parents=True, exist_ok=True)
+    (work / "notes.txt").write_text(SECRET + "\n")
+    tag = f"CG-{workdir.name}"
+    script = AgentScript(
+        tag, session(steps, parallel_at=(3,), read_at={5: str(work / "notes.txt")}), **script_kw
+    )
+    fake.responder = script
+    try:
+        run = run_claude(claude, f"{tag}: run the scripted steps, one tool call each.", work, env)
+    finally:
+        fake.responder = None
+    result = run.assert_succeeded()
+    assert result["result"] == script.final_text
+    assert script.refusals == [], script.refusals
+
+    tap = tapped(proxy.records.path.with_name("tap.jsonl"))
+    sent = [x for x in tap if x.method == "POST"]
+    assert len(sent) == steps + 1, f"Claude Code made {len(sent)} requests for {steps} steps"
+    side_requests(tap, fake, proxy, side)
+    assert [a.step for a in script.answers if a.expand is None] == list(range(steps + 1))
+    # Claude Code really ran every tool the script called, and sent back what they printed.
+    outputs = sorted(str(v) for v in script.results.values())
+    assert sum(f"step {k}" in outputs for k in range(1, steps + 1)) == steps - 1
+    assert "step 3b" in outputs
+    assert any(SECRET in o for o in outputs)
+    return ClaudeSession(run, script, sent, audit(sent, fake, proxy, "anthropic"))
+
+
+def side_requests(
+    tap: list[Sent], fake: FakeProvider, proxy: Proxy, expected: set[tuple[str, str]]
+) -> None:
+    """Claude Code's requests that are not turns: not provider requests, so each reaches the
+    provider byte-identical and undecided."""
+    others = [x for x in tap if x.method != "POST"]
+    assert {(x.method, x.path) for x in others} == expected
+    for x in others:
+        (got,) = fake.wait_for(1, where=by_id(x.eid))
+        assert (got.method, got.path, got.body) == (x.method, x.path, x.body)
+        assert _headers(got.headers) == _headers(x.headers)
+        assert proxy.records.wait(x.eid)["cg"] is None
+
+
+def never_saw_expand(s: ClaudeSession) -> None:
+    """Claude Code was never offered, shown or asked about context_guru_expand."""
+    assert EXPAND_TOOL not in s.run.stdout
+    names = {b["name"] for b in s.run.blocks("assistant") if b.get("type") == "tool_use"}
+    assert names == {"Bash", "Read"}, names
+    for sent in s.sent:
+        assert EXPAND_TOOL.encode() not in sent.body

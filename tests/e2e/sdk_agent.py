@@ -22,8 +22,10 @@ from typing import Any
 import anthropic
 import openai
 
-from tests.e2e.agents import Sent
-from tests.e2e.harness import Capture, new_id
+from tests.agent_script import EXPAND_TOOL, AgentScript, session
+from tests.e2e.agents import SECRET, Sent, Turn, audit, wait_settled
+from tests.e2e.harness import Capture, Proxy, new_id
+from tests.fakeprovider import FakeProvider
 
 API_KEY = "sk-sdk-agent-e2e"
 SYSTEM = "You are a coding agent. Use the tools; answer when the task is done."
@@ -222,3 +224,34 @@ class _Accumulator:
     def calls(self) -> list[tuple[str, str, str]]:
         assert self.usage is not None, "include_usage asked for, no usage chunk came"
         return [(i, n, a) for _, (i, n, a) in sorted(self.slots.items())]
+
+
+async def run_scripted(
+    fake: FakeProvider, proxy: Proxy, workdir: Path, agent: SdkAgent, steps: int = 8
+) -> tuple[AgentScript, list[Turn]]:
+    """One scripted session of `steps` steps (two parallel calls at step 3, a Read at step 5)
+    with the model calling context_guru_expand once, through `proxy`; audited turn by turn."""
+    notes = workdir / "notes.txt"
+    notes.write_text(SECRET + "\n")
+    tag = f"CG-{workdir.name}"
+    script = AgentScript(
+        tag,
+        session(steps, parallel_at=(3,), read_at={5: str(notes)}),
+        expand=True,
+        before=lambda step: wait_settled(proxy),
+    )
+    fake.responder = script
+    try:
+        text = await agent.run(f"{tag}: run the scripted steps.")
+    finally:
+        fake.responder = None
+        await agent.close()
+    assert text == script.final_text
+    assert script.refusals == [], script.refusals
+    assert set(agent.tool_names) == {"Bash", "Read"}, agent.tool_names  # never the expand tool
+    assert "4711" in str(script.results.values())  # the loop really ran its tools
+    sent = agent.sent
+    assert len(sent) == steps + 1, f"the agent made {len(sent)} requests for {steps} steps"
+    for s in sent:
+        assert EXPAND_TOOL.encode() not in s.body  # it never learned of the tool
+    return script, audit(sent, fake, proxy, agent.dialect)

@@ -12,31 +12,27 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.agent_script import EXPAND_TOOL, AgentScript, session
 from tests.e2e.agents import (
-    Sent,
-    Turn,
     assert_expanded_once,
     assert_summarized,
-    audit,
+    drive_claude,
+    never_saw_expand,
     start_proxy,
     summary_index,
-    tapped,
     wait_settled,
 )
-from tests.e2e.claude_code import VERSION, Run, run_claude
-from tests.e2e.harness import Proxy, by_id, message_sources
+from tests.e2e.claude_code import VERSION
+from tests.e2e.harness import message_sources
 from tests.fakeprovider import FakeProvider
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
-SECRET = "the secret number is 4711"
+# Claude Code's one request besides its turns in reverse mode: Bun warming the connection.
+PRECONNECT = {("HEAD", "/")}
 # Low enough for Claude Code's third request (6 messages) to qualify; no roll-forward, so every
 # later turn reuses the one summary.
 LOW: dict[str, Any] = {
@@ -54,79 +50,6 @@ def fake() -> Iterator[FakeProvider]:
         yield p
 
 
-@dataclass
-class Session:
-    run: Run
-    script: AgentScript
-    sent: list[Sent]
-    turns: list[Turn]
-
-
-def drive(
-    claude: Path,
-    fake: FakeProvider,
-    proxy: Proxy,
-    workdir: Path,
-    steps: int,
-    env: dict[str, str],
-    **script_kw: Any,
-) -> Session:
-    """One Claude Code session of `steps` scripted steps (two parallel calls at step 3, a Read
-    at step 5) through `proxy`; checked turn by turn (tests/e2e/agents.py)."""
-    work = workdir / "work"
-    work.mkdir(parents=True, exist_ok=True)
-    (work / "notes.txt").write_text(SECRET + "\n")
-    tag = f"CG-{workdir.name}"
-    script = AgentScript(
-        tag, session(steps, parallel_at=(3,), read_at={5: str(work / "notes.txt")}), **script_kw
-    )
-    fake.responder = script
-    try:
-        run = run_claude(claude, f"{tag}: run the scripted steps, one tool call each.", work, env)
-    finally:
-        fake.responder = None
-    result = run.assert_succeeded()
-    assert result["result"] == script.final_text
-    assert script.refusals == [], script.refusals
-
-    tap = tapped(proxy.records.path.with_name("tap.jsonl"))
-    sent = [x for x in tap if x.method == "POST"]
-    assert len(sent) == steps + 1, f"Claude Code made {len(sent)} requests for {steps} steps"
-    preconnects(tap, fake, proxy)
-    assert [a.step for a in script.answers if a.expand is None] == list(range(steps + 1))
-    # Claude Code really ran every tool the script called, and sent back what they printed.
-    outputs = sorted(str(v) for v in script.results.values())
-    assert sum(f"step {k}" in outputs for k in range(1, steps + 1)) == steps - 1
-    assert "step 3b" in outputs
-    assert any(SECRET in o for o in outputs)
-    return Session(run, script, sent, audit(sent, fake, proxy, "anthropic"))
-
-
-def preconnects(tap: list[Sent], fake: FakeProvider, proxy: Proxy) -> None:
-    """Claude Code's only other request: a `HEAD /` to the base URL as it starts (Bun warming
-    the connection). Not a provider request: it passes untouched and undecided."""
-    others = [x for x in tap if x.method != "POST"]
-    assert [(x.method, x.path) for x in others] == [("HEAD", "/")]
-    for x in others:
-        (got,) = fake.wait_for(1, where=by_id(x.eid))
-        assert (got.method, got.path, got.body) == ("HEAD", "/", b"")
-        assert same(got.headers) == same(x.headers)
-        assert proxy.records.wait(x.eid)["cg"] is None
-
-
-def same(headers: Any) -> list[tuple[str, str]]:
-    return sorted((k.lower(), v) for k, v in headers if k.lower() not in ("host", "x-e2e-id"))
-
-
-def never_saw_expand(s: Session) -> None:
-    """Claude Code was never offered, shown or asked about context_guru_expand."""
-    assert EXPAND_TOOL not in s.run.stdout
-    names = {b["name"] for b in s.run.blocks("assistant") if b.get("type") == "tool_use"}
-    assert names == {"Bash", "Read"}, names
-    for sent in s.sent:
-        assert EXPAND_TOOL.encode() not in sent.body
-
-
 # -- default preset: nothing changes -------------------------------------------------------------
 
 
@@ -135,7 +58,9 @@ def test_claude_code_default_preset_every_request_reaches_the_provider_byte_iden
 ):
     proxy = start_proxy(fake.url, tmp_path, "summarize")
     proxies(proxy)
-    s = drive(claude_code, fake, proxy, tmp_path, 6, {"ANTHROPIC_BASE_URL": proxy.url})
+    s = drive_claude(
+        claude_code, fake, proxy, tmp_path, 6, {"ANTHROPIC_BASE_URL": proxy.url}, PRECONNECT
+    )
 
     assert [t.outcome for t in s.turns] == ["passed_through"] * 7
     stats = proxy.stats()
@@ -184,13 +109,14 @@ def test_claude_code_session_is_summarized_reused_and_expanded_without_claude_co
 ):
     proxy = start_proxy(fake.url, tmp_path, "summarize", LOW)
     proxies(proxy)
-    s = drive(
+    s = drive_claude(
         claude_code,
         fake,
         proxy,
         tmp_path,
         12,
         {"ANTHROPIC_BASE_URL": proxy.url},
+        PRECONNECT,
         expand=True,
         before=lambda step: wait_settled(proxy),
     )
@@ -209,13 +135,14 @@ def test_claude_code_summarizer1509_never_leaves_the_summary_after_its_system_me
     low = {"min_tokens": 10, "trigger": {"min_request_frac": 0, "min_messages": 6}}
     proxy = start_proxy(fake.url, tmp_path, "summarizer1509", low)
     proxies(proxy)
-    s = drive(
+    s = drive_claude(
         claude_code,
         fake,
         proxy,
         tmp_path,
         10,
         {"ANTHROPIC_BASE_URL": proxy.url},
+        PRECONNECT,
         before=lambda step: wait_settled(proxy),
     )
     rewritten = [t for t in s.turns if t.outcome == "rewritten"]
