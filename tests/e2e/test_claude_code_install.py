@@ -7,6 +7,7 @@ import pytest
 from tests.e2e import claude_code as cc
 
 
+@pytest.mark.slow  # needs the install
 def test_install_is_a_no_op_once_the_pinned_version_is_there(claude_code, monkeypatch):
     monkeypatch.setattr("shutil.which", lambda *a, **kw: None)  # npm must not be needed again
     assert cc.install() == claude_code
