@@ -31,9 +31,13 @@ EXIT_NOT_FOUND = 1
 
 
 def _store(db: str | None) -> Any:
+    """The store, opened to read: the CLI never evicts (the proxy's config sets the TTL)."""
     from cg.store import Store
 
-    return Store.from_config(StoreConfig(), path=db)
+    path = Path(db or StoreConfig().path).expanduser()
+    if not path.is_file():
+        raise ValueError(f"no context-guru store at {path}")
+    return Store(path, evict=False)
 
 
 def _out(obj: Any) -> None:

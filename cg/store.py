@@ -249,7 +249,10 @@ class Store:
         now: Callable[[], float] = time.time,
         evict_interval: float = DEFAULT_EVICT_INTERVAL,
         busy_timeout_ms: int = DEFAULT_BUSY_TIMEOUT_MS,
+        evict: bool = True,
     ) -> None:
+        """`evict=False` opens the file as a reader would: nothing is ever evicted by this
+        object (the CLI must not apply its default TTL to a store configured longer)."""
         if ttl_hours <= 0 or max_mb <= 0:
             raise ValueError("ttl_hours and max_mb must be positive")
         raw = os.fspath(path)
@@ -258,18 +261,19 @@ class Store:
         self.ttl = ttl_hours * 3600.0
         self.max_bytes = int(max_mb * 1024 * 1024)
         self.now = now
-        self.evict_interval = evict_interval
+        self.evict_interval = evict_interval if evict else float("inf")
         self.evicted = 0
         self._last_evict = float("-inf")
         self._lock = threading.Lock()
         self._conn: sqlite3.Connection | None = None
         self._conn = self._open(busy_timeout_ms)
         self.journal_mode: str = self._conn.execute("PRAGMA journal_mode").fetchone()[0]
-        try:
-            self.evict()
-        except StoreError:
-            self.close()
-            raise
+        if evict:
+            try:
+                self.evict()
+            except StoreError:
+                self.close()
+                raise
 
     @classmethod
     def from_config(

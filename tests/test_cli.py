@@ -115,8 +115,10 @@ def test_expand_expired_id_exits_1(tmp_path: Path, capsys) -> None:
     key = stash_key(SOURCES)
     with Store(path, ttl_hours=1000, now=lambda: long_ago) as st:
         st.put_stash(key, SESSION, SOURCES, "anthropic")
-    with Store(path, ttl_hours=1000) as st:
+    with Store(path, evict=False) as st:
         assert st.has_stash(key)  # the vacuity guard: it is there until a 72 h store opens it
+    with Store(path) as st:  # the proxy, with the default 72 h TTL, evicts it on open
+        assert not st.has_stash(key)
     code, out, err = run(capsys, "expand", key, "--db", str(path))
     assert code == 1
     assert "no longer available (expired)" in err
@@ -156,6 +158,7 @@ def test_sessions(db: Path, capsys) -> None:
 
 
 def test_sessions_of_an_empty_store(tmp_path: Path, capsys) -> None:
+    Store(tmp_path / "empty.sqlite3").close()
     code, out, _ = run(capsys, "sessions", "--db", str(tmp_path / "empty.sqlite3"))
     assert (code, out) == (0, "no sessions\n")
 
@@ -248,3 +251,22 @@ def test_the_console_script(db: Path, tmp_path: Path) -> None:
     )
     assert bad.returncode == 2
     assert "not a context-guru id" in bad.stderr
+
+
+def test_the_cli_never_evicts_a_store_configured_with_a_longer_ttl(tmp_path: Path, capsys) -> None:
+    path = tmp_path / "long.sqlite3"
+    old = time.time() - 100 * 3600
+    key = stash_key(SOURCES)
+    with Store(path, ttl_hours=168, now=lambda: old) as st:
+        st.put_stash(key, SESSION, SOURCES, "anthropic")
+    for args in (["sessions"], ["stats"], ["expand", key]):
+        assert run(capsys, *args, "--db", str(path))[0] == 0
+    with Store(path, ttl_hours=168) as st:
+        assert st.has_stash(key)
+
+
+def test_a_mistyped_db_path_is_refused_not_created(tmp_path: Path, capsys) -> None:
+    missing = tmp_path / "nope" / "cg.sqlite3"
+    code, _, err = run(capsys, "sessions", "--db", str(missing))
+    assert code == 2 and "no context-guru store" in err
+    assert not missing.parent.exists()
