@@ -76,7 +76,7 @@ def test_a_flow_without_a_record_says_so() -> None:
     assert title == "context-guru" and "no context-guru decision" in str(list(lines))
 
 
-def test_a_reloaded_script_leaves_one_view() -> None:
+async def test_a_reloaded_script_leaves_one_view() -> None:
     """mitmproxy reloads a changed script without always running the old one's `done`."""
     first, second = ContextGuru(), ContextGuru()
     with taddons.context(first):
