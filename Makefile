@@ -37,6 +37,7 @@ test: lint typecheck pytest
 
 bench: $(VENV)/.installed-test
 	$(BIN)/python -m bench.hotpath
+	$(BIN)/python -m bench.reuse
 
 clean:
 	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache
