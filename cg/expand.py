@@ -50,13 +50,20 @@ TOOL_JSON = {
 }
 
 
+# The search starts at the literal `cg:` (fast), then checks the brackets around it; a pattern
+# that begins with the brackets' alternation is tried at every position of a 1 MB body.
+_KEY_AT = re.compile(rf"cg:({KEY_PATTERN})")
+_OPEN = re.compile(r"(?:<|\\u003[cC]){2}\Z")
+_CLOSE = re.compile(r"(?:>|\\u003[eE]){2}")
+
+
 def markers(raw: bytes | str) -> Iterator[str]:
     """Every marker key in `raw` (bytes or decoded text), in order of appearance."""
     text = raw.decode("utf-8", "replace") if isinstance(raw, bytes) else raw
-    if "cg:" not in text:  # a C-speed scan first: nearly every body has no marker at all
-        return
-    for m in MARKER_RE.finditer(text):
-        yield m.group(1)
+    for m in _KEY_AT.finditer(text):
+        start = m.start()
+        if _OPEN.search(text, max(0, start - 12), start) and _CLOSE.match(text, m.end()):
+            yield m.group(1)
 
 
 def forces_tool_choice(dialect: str, tool_choice: Any) -> bool:

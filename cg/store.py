@@ -40,6 +40,7 @@ from cg.jsonspan import JsonSpanError, walk_array
 from cg.settings import StoreConfig
 
 SCHEMA_VERSION = 1
+TOUCH_INTERVAL = 60.0  # seconds between `last_used` updates of a live checkpoint's stash
 # A checkpoint is keyed by conversation, `session#first-message`; its owner is the session.
 _OWNER_SQL = (
     "(CASE WHEN instr(session, '#') > 0 THEN substr(session, 1, instr(session, '#') - 1) "
@@ -501,9 +502,11 @@ class Store:
                 return None
             cp = _checkpoint(row)
             if cp.key is not None:
+                # At most once a minute: the row holds the blob, and SQLite rewrites it whole.
                 conn.execute(
-                    "UPDATE stashes SET last_used = ? WHERE key = ? AND session = ?",
-                    (t, cp.key, owner(session)),
+                    "UPDATE stashes SET last_used = ? WHERE key = ? AND session = ? "
+                    "AND last_used < ?",
+                    (t, cp.key, owner(session), t - TOUCH_INTERVAL),
                 )
         return cp
 

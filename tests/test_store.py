@@ -21,6 +21,7 @@ from cg.store import (
     KEY_PATTERN,
     KEY_RE,
     SCHEMA_VERSION,
+    TOUCH_INTERVAL,
     Checkpoint,
     Store,
     StoreError,
@@ -252,7 +253,7 @@ def test_reading_a_checkpoint_keeps_its_stash_from_lru_eviction(db: Path, clock:
         clock.t += 1
         st.put_stash(old, "t", ["1" * 100], "anthropic")
         st.put_checkpoint(checkpoint("s", key=live))
-        clock.t += 1
+        clock.t += TOUCH_INTERVAL + 1  # `last_used` is refreshed at most once per interval
         assert st.get_checkpoint("s") is not None  # marks `live` used
         st.max_bytes = 150
         result = st.evict()
