@@ -693,7 +693,7 @@ def test_the_expand_endpoint(xproxy, provider):
         assert c.get("/_cg/expand").status_code == 400
 
 
-def test_the_expand_endpoint_refuses_a_non_loopback_client(tmp_path):
+async def test_the_expand_endpoint_refuses_a_non_loopback_client(tmp_path):
     """Simulated in process (the e2e proxy listens on 127.0.0.1 only): a peer address that is
     not loopback gets 403 before the id is even read."""
     from cg.addon import ContextGuru
