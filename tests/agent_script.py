@@ -194,11 +194,10 @@ def shape_problems(dialect: str, messages: list[Any]) -> list[str]:
 
 @dataclass
 class Answer:
-    """One reply the script made: which step, and whether it was the expand call."""
+    """One reply the script made: which step, and the marker key if it called the expand tool."""
 
     step: int
     expand: str | None
-    stream: bool
 
 
 @dataclass
@@ -210,7 +209,6 @@ class AgentScript:
     # Called with the step number before that step's reply is made (a test's gate); it runs on
     # the provider's handler thread, so it may wait on a condition.
     before: Callable[[int], None] | None = None
-    model: str = ""
     answers: list[Answer] = field(default_factory=list)
     refusals: list[str] = field(default_factory=list)
     expansions: list[str] = field(default_factory=list)
@@ -246,8 +244,8 @@ class AgentScript:
         if key is None and self.before is not None:
             self.before(step)
         with self._lock:
-            self.answers.append(Answer(step, key, stream))
-            message = self._message(dialect, step, key, str(body.get("model", self.model)), rec)
+            self.answers.append(Answer(step, key))
+            message = self._message(dialect, step, key, str(body.get("model", "fake-model")), rec)
         return _reply(dialect, message, stream, body)
 
     # -- reading the request -------------------------------------------------------------------

@@ -34,8 +34,9 @@ from typing import Any
 VERSION = "2.1.197"
 PACKAGE = f"@anthropic-ai/claude-code@{VERSION}"
 CACHE = Path(__file__).resolve().parents[2] / ".cache" / "claude-code"
-INSTALL_TIMEOUT = 600.0
-RUN_TIMEOUT = 120.0
+# Both under pytest's per-test timeout (120 s), so ours is the failure that says what happened.
+INSTALL_TIMEOUT = 100.0  # a fresh install takes a few seconds (a ~75 MB download)
+RUN_TIMEOUT = 60.0  # a scripted session takes 2-3 s
 API_KEY = "sk-test"
 OFFLINE = {
     "IS_SANDBOX": "1",

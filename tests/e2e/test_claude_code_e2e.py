@@ -31,7 +31,8 @@ from tests.fakeprovider import FakeProvider
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
-# Claude Code's one request besides its turns in reverse mode: Bun warming the connection.
+# Claude Code's one request besides its turns in reverse mode: a `HEAD` of the base URL as it
+# starts, warming the connection (skipped when a proxy variable is set).
 PRECONNECT = {("HEAD", "/")}
 # Low enough for Claude Code's third request (6 messages) to qualify; no roll-forward, so every
 # later turn reuses the one summary.
