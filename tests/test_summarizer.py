@@ -503,7 +503,7 @@ async def test_a_server_that_drips_its_answer_times_out_at_the_deadline():
 
     async def drip() -> AsyncIterator[bytes]:
         for _ in range(100):
-            await asyncio.sleep(0.05)
+            await asyncio.sleep(0.05)  # cg: allow-sleep: the server under test drips its answer
             yield b" "
 
     wire = Wire(lambda r: httpx.Response(200, content=drip()))
@@ -515,7 +515,7 @@ async def test_a_server_that_drips_its_answer_times_out_at_the_deadline():
 
 async def test_retries_stop_at_the_deadline():
     async def slow_503(request: httpx.Request) -> httpx.Response:
-        await asyncio.sleep(0.2)
+        await asyncio.sleep(0.2)  # cg: allow-sleep: the server under test is slow to answer
         return httpx.Response(503)
 
     wire = Wire(slow_503)
