@@ -386,7 +386,7 @@ class ContextGuru:
         out = await continuation.run(
             self.pool.client(),
             flow.request.url,
-            [(k.decode("latin-1"), v.decode("latin-1")) for k, v in flow.request.headers.fields],
+            flow.request.headers.fields,
             dialect,
             sent,
             first,

@@ -40,13 +40,11 @@ from cg.responses import (
     with_usage,
 )
 from cg.store import valid_key
-from cg.upstream import RESEND_TIMEOUT
+from cg.upstream import HOP_BY_HOP, agent_request
 
 MAX_ROUNDS = 3
-_SKIP = frozenset(
-    {b"host", b"content-length", b"transfer-encoding", b"connection", b"content-encoding"}
-    | {b"keep-alive", b"upgrade"}
-)
+# The re-sent body is the decoded one: its content-encoding no longer applies.
+_DROP = HOP_BY_HOP | {b"content-encoding"}
 
 
 def _bytes(s: str | bytes) -> bytes:
@@ -122,9 +120,8 @@ async def run(
 ) -> Outcome:
     """Drive the loop from the first reply; `sent` is the request body that produced it."""
     items = headers.items() if isinstance(headers, Mapping) else headers
-    # The agent's headers as bytes (httpx would refuse a non-ASCII str), hop-by-hop ones dropped.
-    out_headers = [(_bytes(k), _bytes(v)) for k, v in items if _bytes(k).lower() not in _SKIP]
-    sent_names = {k.lower() for k, _ in out_headers} | {b"host", b"content-length"}
+    # The agent's headers as bytes (httpx would refuse a non-ASCII str).
+    agent_headers = [(_bytes(k), _bytes(v)) for k, v in items]
     replies = [first]
     reply = first
     log: list[dict[str, Any]] = []
@@ -140,13 +137,9 @@ async def run(
             body = append_messages(
                 dialect, body, [assistant_message(reply), *tool_results(dialect, results)]
             )
-            req = client.build_request(
-                "POST", url, content=body.encode("utf-8"), headers=out_headers,
-                timeout=RESEND_TIMEOUT,
-            )  # fmt: skip
-            # None of the client's defaults (user-agent, accept-encoding, …): the agent's only.
-            for name in {k for k in req.headers if k.encode() not in sent_names}:
-                del req.headers[name]
+            req = agent_request(
+                client, "POST", url, agent_headers, body.encode("utf-8"), drop=_DROP
+            )
             resp = await client.send(req)
             ctype = resp.headers.get("content-type", "")
             if resp.status_code != 200:

@@ -7,17 +7,16 @@ out once more with the original headers, and that answer is what the client gets
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from typing import Any
 
 import httpx
 from mitmproxy import http
 
 # Hop-by-hop or recomputed: never copied between the two HTTP stacks.
-_SKIP = frozenset(
-    {"host", "content-length", "transfer-encoding", "connection", "keep-alive", "upgrade"}
+HOP_BY_HOP = frozenset(
+    {b"host", b"content-length", b"transfer-encoding", b"connection", b"keep-alive", b"upgrade"}
 )
-
-_SKIP_B = frozenset(h.encode() for h in _SKIP)
 
 # The agent's own request had no read timeout through mitmproxy, and neither has its re-send:
 # a long generation may take minutes to start answering. The agent keeps its own timeout.
@@ -47,17 +46,31 @@ def provider_message(body: bytes | None, limit: int = 500) -> str:
     return body[:limit].decode("utf-8", "replace")
 
 
-async def resend(client: httpx.AsyncClient, req: http.Request, original: bytes) -> http.Response:
-    """Send `req` upstream again with `original` as its (still encoded) body; the answer whole."""
-    headers = [(k, v) for k, v in req.headers.fields if k.lower() not in _SKIP_B]
-    out = client.build_request(
-        req.method, req.url, headers=headers, content=original, timeout=RESEND_TIMEOUT
-    )
-    # The client's defaults (accept-encoding, user-agent, …) would change what the provider
-    # sends back, e.g. an encoding the agent never asked for: send the agent's headers only.
-    sent = {k.lower() for k, _ in headers} | {b"host", b"content-length"}
+def agent_request(
+    client: httpx.AsyncClient,
+    method: str,
+    url: str,
+    headers: Iterable[tuple[bytes, bytes]],
+    content: bytes,
+    drop: frozenset[bytes] = HOP_BY_HOP,
+) -> httpx.Request:
+    """A request upstream carrying the agent's own headers (as bytes), and only those.
+
+    The client's defaults (accept-encoding, user-agent, …) would change what the provider sends
+    back, e.g. an encoding the agent never asked for. No read timeout: the agent's request had
+    none through mitmproxy, and the agent keeps its own.
+    """
+    kept = [(k, v) for k, v in headers if k.lower() not in drop]
+    out = client.build_request(method, url, headers=kept, content=content, timeout=RESEND_TIMEOUT)
+    sent = {k.lower() for k, _ in kept} | {b"host", b"content-length"}
     for name in {k for k in out.headers if k.encode() not in sent}:
         del out.headers[name]
+    return out
+
+
+async def resend(client: httpx.AsyncClient, req: http.Request, original: bytes) -> http.Response:
+    """Send `req` upstream again with `original` as its (still encoded) body; the answer whole."""
+    out = agent_request(client, req.method, req.url, req.headers.fields, original)
     resp = await client.send(out, stream=True)
     try:
         raw = b"".join([chunk async for chunk in resp.aiter_raw()])
@@ -66,7 +79,7 @@ async def resend(client: httpx.AsyncClient, req: http.Request, original: bytes) 
     answer = http.Response.make(
         resp.status_code,
         b"",
-        [(k, v) for k, v in resp.headers.raw if k.lower() not in _SKIP_B],
+        [(k, v) for k, v in resp.headers.raw if k.lower() not in HOP_BY_HOP],
     )
     answer.raw_content = raw
     answer.headers["content-length"] = str(len(raw))
