@@ -24,7 +24,7 @@ from cg.body import BodyIndex
 from cg.dialects import MessageView
 from cg.pipeline import RequestContext, Step
 from cg.splice import Insert, Keep, Plan, is_identity
-from cg.store import Checkpoint, Store, stash_key
+from cg.store import Checkpoint, Store, owner, stash_key
 from cg.summarize.config import SummarizeConfig
 from cg.summarize.prompt import build_prompt, extract_summary, summary_text
 from cg.summarize.span import Span, repair_orphans, select_span
@@ -155,6 +155,7 @@ class Summarize:
         self.inflight: set[str] = set()
         self._stats: OrderedDict[bytes, _MsgStats] = OrderedDict()
         self._digests: OrderedDict[bytes, bytes] = OrderedDict()
+        self._by_view: OrderedDict[int, tuple[MessageView, bytes]] = OrderedDict()
 
     @property
     def marker_mode(self) -> str:
@@ -258,7 +259,7 @@ class Summarize:
 
     def _splice(self, index: BodyIndex, cp: Checkpoint, ce: int, detail: dict[str, Any]) -> Step:
         mode = self.marker_mode
-        if mode == "full" and cp.key and not self.store.has_stash(cp.key):
+        if mode == "full" and cp.key and not self.store.has_stash(cp.key, owner(cp.session)):
             # Degrade honestly: the marker now says the original expired, and stays so.
             text = summary_text(cp.summary, mode, cp.key, cp.covered_count, expired=True)
             msg = Insert.message({"role": "user", "content": text}, index.dialect)
@@ -309,7 +310,23 @@ class Summarize:
         )
 
     def _digest(self, index: BodyIndex, i: int) -> bytes:
-        """`message_digest(index, i)`, memoised by the message's raw bytes."""
+        """`message_digest(index, i)`, memoised by the message's view, then its raw bytes.
+
+        A `MessageCache` hit hands back the previous turn's view object for a verbatim-equal
+        message, so the first memo answers without even hashing the message's bytes again.
+        """
+        view = index.messages[i].view
+        seen = self._by_view.get(id(view))
+        if seen is not None and seen[0] is view:
+            self._by_view.move_to_end(id(view))
+            return seen[1]
+        d = self._raw_digest(index, i)
+        self._by_view[id(view)] = (view, d)  # holding the view keeps its id from being reused
+        if len(self._by_view) > 50_000:
+            self._by_view.popitem(last=False)
+        return d
+
+    def _raw_digest(self, index: BodyIndex, i: int) -> bytes:
         raw = hashlib.blake2b(index.source(i).encode("utf-8"), digest_size=16).digest()
         d = self._digests.get(raw)
         if d is not None:
@@ -338,12 +355,11 @@ class Summarize:
 
     def _other_tokens(self, index: BodyIndex) -> int:
         """Tokens outside `messages` (system prompt, tools), counted once per distinct source."""
-        total = 0
-        for key, m in index.members.items():
-            if key in ("system", "tools"):
-                src = index.text[m.start : m.end]
-                total += self.tokens.count_cached(hashlib.blake2b(src.encode()).digest(), src)
-        return total
+        return sum(
+            self.tokens.count_text(index.text[m.start : m.end])
+            for key, m in index.members.items()
+            if key in ("system", "tools")
+        )
 
     # -- off the hot path ----------------------------------------------------------------------
 
