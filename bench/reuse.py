@@ -326,8 +326,8 @@ def part_lines(sc: Scenario) -> list[Line]:
     sid = session_of(sc.headers, ix).id
     span = select_span(views, cfg.keep_first, cfg.keep_last)
     assert isinstance(span, Span)
-    digests = [comp._digest(ix, i) for i in range(n)]
-    stats = [comp._msg_stats(g, v) for g, v in zip(digests, views, strict=True)]
+    stats = comp.facts.all(ix)
+    digests = [s.digest for s in stats]
     ce = cp.head_count + cp.covered_count
     assert prefix_hash(digests[:ce]) == cp.covered_hash
     step = comp._splice(ix, cp, ce, {})
@@ -345,7 +345,7 @@ def part_lines(sc: Scenario) -> list[Line]:
     def facts() -> RequestFacts:
         return RequestFacts(
             messages=n,
-            request_tokens=sum(s.tokens for s in stats) + comp._other_tokens(ix),
+            request_tokens=sum(s.tokens for s in stats) + comp.facts.prelude(ix).tokens,
             output_tokens=sum(sum(s.outputs) for s in stats),
             max_output_tokens=max((max(s.outputs, default=0) for s in stats), default=0),
             window=resolve_window(
@@ -376,12 +376,8 @@ def part_lines(sc: Scenario) -> list[Line]:
         ("apply · cache_ttl: regex over the body text", lambda: cache_ttl(ix.text)),
         ("apply · select_span", lambda: select_span(views, cfg.keep_first, cfg.keep_last)),
         (
-            f"apply · {n} message digests (memo hits)",
-            lambda: [comp._digest(ix, i) for i in range(n)],
-        ),
-        (
-            f"apply · {n} message stats (memo hits)",
-            lambda: [comp._msg_stats(g, v) for g, v in zip(digests, views, strict=True)],
+            f"apply · {n} message facts: digests and token counts (memo hits)",
+            lambda: comp.facts.all(ix),
         ),
         ("apply · conversation key + store.get_checkpoint (SQLite write tx)", get_checkpoint),
         ("apply · prefix_hash of the covered prefix", lambda: prefix_hash(digests[:ce])),

@@ -30,6 +30,7 @@ from typing import Any
 
 from cg.body import BodyIndex
 from cg.dialects import SYSTEM_ROLES
+from cg.facts import strip_cache_control
 
 HEADER_CG = "x-context-guru-session"
 HEADER_CLAUDE_CODE = "x-claude-code-session-id"
@@ -76,18 +77,10 @@ def session_from_user_id(user_id: object) -> str | None:
     return m.group(1) if m else None
 
 
-def _strip_cache_control(v: Any) -> Any:
-    if isinstance(v, dict):
-        return {k: _strip_cache_control(x) for k, x in v.items() if k != "cache_control"}
-    if isinstance(v, list):
-        return [_strip_cache_control(x) for x in v]
-    return v
-
-
 def head_hash(system: object, first_user: object) -> str:
     """`h:` + a 16-byte blake2b of the canonical system prompt and first user message."""
     canon = json.dumps(
-        [_strip_cache_control(system), _strip_cache_control(first_user)],
+        [strip_cache_control(system), strip_cache_control(first_user)],
         sort_keys=True,
         ensure_ascii=True,
         separators=(",", ":"),

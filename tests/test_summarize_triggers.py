@@ -123,6 +123,17 @@ def test_huge_output_frac_fires_regardless_of_gates_and_cache() -> None:
     assert not evaluate(c, replace(WARM, max_output_tokens=2_999)).fire
 
 
+def test_ceiling_frac_moves_the_ceiling_and_zero_turns_it_off() -> None:
+    c = config(cache_state="cold", trigger={**BLOCKING, "ceiling_frac": 0.8})
+    warm = replace(FACTS, last_request=NOW - 1, request_tokens=80_000)
+    r = evaluate(c, warm)
+    assert r.fire and r.hard == "ceiling: 80000 tokens >= ceiling_frac 0.8 x 100000"
+    assert r.cache == "warm"
+    assert not evaluate(c, replace(warm, request_tokens=79_999)).fire
+    off = config(cache_state="cold", trigger={**BLOCKING, "ceiling_frac": 0})
+    assert not evaluate(off, replace(warm, request_tokens=99_999)).fire
+
+
 def test_huge_output_frac_needs_a_known_window() -> None:
     c = config(trigger={"huge_output_frac": 0.01, "min_request_frac": 0})
     r = evaluate(c, replace(FACTS, window=None, messages=0))

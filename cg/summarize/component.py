@@ -15,13 +15,13 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal, Protocol
 
 from cg.body import BodyIndex
 from cg.dialects import MessageView
+from cg.facts import FactsCache, canonical_digest
 from cg.pipeline import RequestContext, Step
 from cg.splice import Insert, Keep, Plan, is_identity
 from cg.store import Checkpoint, Store, owner, stash_key
@@ -95,31 +95,10 @@ class Commission:
         )
 
 
-@dataclass(frozen=True, slots=True)
-class _MsgStats:
-    tokens: int
-    outputs: tuple[int, ...]
-
-
 def message_digest(index: BodyIndex, i: int) -> bytes:
-    """A digest of what message i says, blind to where the client moved `cache_control`.
-
-    Claude Code moves its `cache_control` breakpoint to the last message every turn (other
-    clients mark the last two user turns), so one message arrives with a breakpoint on one turn
-    and without it on the next. Every message is hashed on the same canonical form, with
-    `cache_control` removed, whether it carries one or not; `Summarize` memoises this by the
-    message's raw bytes, so a turn canonicalises only its new messages.
-    """
-    canon = json.dumps(_strip_cache_control(index.messages[i].value), sort_keys=True)
-    return hashlib.blake2b(canon.encode("utf-8"), digest_size=16).digest()
-
-
-def _strip_cache_control(v: Any) -> Any:
-    if isinstance(v, dict):
-        return {k: _strip_cache_control(x) for k, x in v.items() if k != "cache_control"}
-    if isinstance(v, list):
-        return [_strip_cache_control(x) for x in v]
-    return v
+    """What message i says, blind to where the client moved `cache_control` (see
+    `cg.facts.canonical_digest`); `Summarize` reads it memoised from a `FactsCache`."""
+    return canonical_digest(index.messages[i].value)
 
 
 def conversation_key(session: str, first: bytes) -> str:
@@ -145,6 +124,7 @@ class Summarize:
         model_windows: Mapping[str, int] | None = None,
         table: WindowTable | None = None,
         summarizer: Summarizer | None = None,
+        facts: FactsCache | None = None,
     ) -> None:
         self.cfg = cfg
         self.summarizer = summarizer
@@ -153,9 +133,7 @@ class Summarize:
         self.model_windows = dict(model_windows or {})
         self.table = table or shipped_windows()
         self.inflight: set[str] = set()
-        self._stats: OrderedDict[bytes, _MsgStats] = OrderedDict()
-        self._digests: OrderedDict[bytes, bytes] = OrderedDict()
-        self._by_view: OrderedDict[int, tuple[MessageView, bytes]] = OrderedDict()
+        self.facts = facts or FactsCache(tokens)
 
     @property
     def marker_mode(self) -> str:
@@ -179,8 +157,8 @@ class Summarize:
         span = select_span(views, self.cfg.keep_first, self.cfg.keep_last)
         if isinstance(span, str):
             return Step(None, span)
-        digests = [self._digest(index, i) for i in range(n)]
-        stats = [self._msg_stats(d, v) for d, v in zip(digests, views, strict=True)]
+        stats = self.facts.all(index)
+        digests = [s.digest for s in stats]
         # One session id can carry several conversations (an agent and its subagents): each
         # conversation, told apart by its first message, has its own checkpoint.
         conv = conversation_key(req.session, digests[0])
@@ -209,7 +187,7 @@ class Summarize:
 
         facts = RequestFacts(
             messages=n,
-            request_tokens=sum(s.tokens for s in stats) + self._other_tokens(index),
+            request_tokens=sum(s.tokens for s in stats) + self.facts.prelude(index).tokens,
             output_tokens=sum(sum(s.outputs) for s in stats),
             max_output_tokens=max((max(s.outputs, default=0) for s in stats), default=0),
             window=resolve_window(
@@ -307,58 +285,6 @@ class Summarize:
             span=views[start : span.end],
             transcript=views,
             previous_summary=cp.summary if cp is not None and rolling else None,
-        )
-
-    def _digest(self, index: BodyIndex, i: int) -> bytes:
-        """`message_digest(index, i)`, memoised by the message's view, then its raw bytes.
-
-        A `MessageCache` hit hands back the previous turn's view object for a verbatim-equal
-        message, so the first memo answers without even hashing the message's bytes again.
-        """
-        view = index.messages[i].view
-        seen = self._by_view.get(id(view))
-        if seen is not None and seen[0] is view:
-            self._by_view.move_to_end(id(view))
-            return seen[1]
-        d = self._raw_digest(index, i)
-        self._by_view[id(view)] = (view, d)  # holding the view keeps its id from being reused
-        if len(self._by_view) > 50_000:
-            self._by_view.popitem(last=False)
-        return d
-
-    def _raw_digest(self, index: BodyIndex, i: int) -> bytes:
-        raw = hashlib.blake2b(index.source(i).encode("utf-8"), digest_size=16).digest()
-        d = self._digests.get(raw)
-        if d is not None:
-            self._digests.move_to_end(raw)
-            return d
-        d = self._digests[raw] = message_digest(index, i)
-        if len(self._digests) > 50_000:
-            self._digests.popitem(last=False)
-        return d
-
-    def _msg_stats(self, digest: bytes, v: MessageView) -> _MsgStats:
-        s = self._stats.get(digest)
-        if s is not None:
-            self._stats.move_to_end(digest)
-            return s
-        total = self.tokens.count(v.text)
-        if v.role == "tool":
-            outputs: tuple[int, ...] = (total,)
-        else:
-            outputs = tuple(self.tokens.count(b.text) for b in v.blocks if b.type == "tool_result")
-        s = _MsgStats(total, outputs)
-        self._stats[digest] = s
-        if len(self._stats) > 50_000:
-            self._stats.popitem(last=False)
-        return s
-
-    def _other_tokens(self, index: BodyIndex) -> int:
-        """Tokens outside `messages` (system prompt, tools), counted once per distinct source."""
-        return sum(
-            self.tokens.count_text(index.text[m.start : m.end])
-            for key, m in index.members.items()
-            if key in ("system", "tools")
         )
 
     # -- off the hot path ----------------------------------------------------------------------

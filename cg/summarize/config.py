@@ -24,6 +24,9 @@ class TriggerConfig(BaseModel):
     min_request_frac: float = Field(0.9, ge=0, le=1)
     min_output_frac: float = Field(0.0, ge=0, le=1)
     huge_output_frac: float = Field(0.0, ge=0, le=1)
+    # A request at this fraction of the window fires regardless of every gate and of the cache
+    # state; 0 turns the ceiling off.
+    ceiling_frac: float = Field(0.95, ge=0, le=1)
 
 
 class ModelConfig(BaseModel):

@@ -3,8 +3,8 @@
 Request gates are ANDed and a zero gate imposes nothing. A fraction gate needs the model's
 window; when the window is unknown the gate is not resolvable and does not fire (the decision
 record says so). Two hard triggers fire regardless of the gates and of the cache state: one tool
-output of `huge_output_frac` of the window, and a request within `CEILING` of the window (it would
-fail anyway). `cache_state: cold` acts only when the session's prompt cache is presumed expired.
+output of `huge_output_frac` of the window, and a request at `ceiling_frac` of the window (close
+to failing anyway, or to the agent's own compaction). `cache_state: cold` acts only when the session's prompt cache is presumed expired.
 """
 
 from __future__ import annotations
@@ -20,7 +20,6 @@ import yaml
 from cg.settings import PRESETS_DIR
 from cg.summarize.config import SummarizeConfig
 
-CEILING = 0.95
 CACHE_TTL_DEFAULT = 300.0
 CACHE_TTL_1H = 3600.0
 ONE_MILLION = 1_000_000
@@ -121,8 +120,10 @@ def evaluate(cfg: SummarizeConfig, f: RequestFacts) -> TriggerResult:
     if f.window is not None:
         if t.huge_output_frac > 0 and f.max_output_tokens >= t.huge_output_frac * f.window:
             r.hard = f"huge_output_frac: one tool output of {f.max_output_tokens} tokens"
-        elif f.request_tokens >= CEILING * f.window:
-            r.hard = f"ceiling: {f.request_tokens} tokens is within {1 - CEILING:.0%} of the window"
+        elif t.ceiling_frac > 0 and f.request_tokens >= t.ceiling_frac * f.window:
+            r.hard = (
+                f"ceiling: {f.request_tokens} tokens >= ceiling_frac {t.ceiling_frac} x {f.window}"
+            )
     if r.hard:
         r.fire = True
     elif not r.blocked:

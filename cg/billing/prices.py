@@ -1,0 +1,111 @@
+"""List prices per model, in USD per million tokens (SPEC §11).
+
+The shipped table is `presets/tables/prices.yaml` (dated, each figure with its source); a
+config's `prices:` map overrides it model by model. A model is matched by its exact name, else by
+the longest name in the table that it starts with (`claude-sonnet-4-5-20250929` takes
+`claude-sonnet-4-5`). A model with no price is *unknown*: its cost is None, never zero, and
+every total it enters says so.
+
+Some models charge more for a long prompt (every token of a request whose input, cache reads and
+writes included, passes `long_prompt.threshold_tokens`); such a request is billed wholly at the
+`long_prompt` rates. The ledger records which tier each request fell in (`tier()`), since a sum
+of many requests no longer tells.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from functools import cache
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from cg.billing.usage import Usage
+from cg.settings import PRESETS_DIR, describe
+
+PRICES_FILE = PRESETS_DIR / "tables" / "prices.yaml"
+LONG = "long"
+
+
+class Rates(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+    input: float = Field(ge=0)
+    cache_write_5m: float = Field(ge=0)
+    cache_write_1h: float = Field(ge=0)
+    cache_read: float = Field(ge=0)
+    output: float = Field(ge=0)
+
+    def cost(self, u: Usage) -> float:
+        write_5m = u.cache_write_tokens - u.cache_write_1h_tokens
+        return (
+            u.input_tokens * self.input
+            + write_5m * self.cache_write_5m
+            + u.cache_write_1h_tokens * self.cache_write_1h
+            + u.cache_read_tokens * self.cache_read
+            + u.output_tokens * self.output
+        ) / 1_000_000
+
+
+class LongPrompt(Rates):
+    threshold_tokens: int = Field(gt=0)
+
+
+class Price(Rates):
+    long_prompt: LongPrompt | None = None
+
+
+def parse_prices(raw: Mapping[str, Any], source: str) -> dict[str, Price]:
+    """A `{model: {input, cache_write_5m, cache_write_1h, cache_read, output}}` map, validated.
+
+    Raises ValueError naming the model and the key."""
+    out: dict[str, Price] = {}
+    for model, rates in raw.items():
+        try:
+            out[str(model)] = Price.model_validate(rates)
+        except ValidationError as e:
+            raise ValueError(describe(e, f"{source}.{model}")) from None
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class PriceTable:
+    prices: dict[str, Price]
+    date: str = ""
+
+    def lookup(self, model: str) -> Price | None:
+        if model in self.prices:
+            return self.prices[model]
+        best = max((p for p in self.prices if model.startswith(p)), key=len, default=None)
+        return self.prices[best] if best is not None else None
+
+    def tier(self, model: str, prompt_tokens: int) -> str:
+        """`long` when this request is billed at the model's long-prompt rates, else ``."""
+        p = self.lookup(model)
+        lp = p.long_prompt if p is not None else None
+        return LONG if lp is not None and prompt_tokens > lp.threshold_tokens else ""
+
+    def cost(self, model: str, usage: Usage, tier: str = "") -> float | None:
+        """USD for `usage` of `model`; None when the model has no price (unknown, not free)."""
+        p = self.lookup(model)
+        if p is None:
+            return None
+        rates: Rates = p.long_prompt if tier == LONG and p.long_prompt is not None else p
+        return rates.cost(usage)
+
+    def with_overrides(self, overrides: Mapping[str, Any]) -> PriceTable:
+        if not overrides:
+            return self
+        return PriceTable({**self.prices, **parse_prices(overrides, "prices")}, self.date)
+
+
+@cache
+def shipped_prices() -> PriceTable:
+    data = yaml.safe_load(PRICES_FILE.read_text(encoding="utf-8")) or {}
+    return PriceTable(parse_prices(data.get("models") or {}, "prices.yaml"), str(data.get("date")))
+
+
+def price_table(overrides: Mapping[str, Any] | None = None) -> PriceTable:
+    """The shipped table with a config's `prices` map over it."""
+    return shipped_prices().with_overrides(overrides or {})

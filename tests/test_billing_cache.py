@@ -1,0 +1,115 @@
+"""The prompt-cache billing model: hand-computed cases for both providers, and the shape of a
+real Claude Code request."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from cg.billing.cache import TTL_1H, TTL_5M, Prompt, PromptCache, chain, prompt_of, standalone
+from cg.billing.usage import Usage
+from cg.body import index_body
+from cg.dialects import ANTHROPIC
+from cg.facts import FactsCache
+from cg.tokens import TokenCounter
+
+FIXTURES = Path(__file__).resolve().parent / "fixtures"
+
+
+def prompt(sizes: list[int], bps: tuple[int, ...] = (), *, tag: bytes = b"", auto: bool = False,
+           ttl: float = TTL_5M) -> Prompt:  # fmt: skip
+    """Units of the given token sizes; unit i's content is `tag + i + size`, so two prompts
+    share a prefix exactly as far as their tags and sizes agree."""
+    keys, cum, key, total = [], [], b"", 0
+    for i, n in enumerate(sizes):
+        key = chain(key, tag + f"{i}:{n}".encode())
+        total += n
+        keys.append(key)
+        cum.append(total)
+    return Prompt(tuple(keys), tuple(cum), bps, ttl, auto)
+
+
+def test_anthropic_first_request_writes_up_to_its_last_breakpoint_and_sends_the_rest() -> None:
+    cache = PromptCache()
+    u = cache.bill(prompt([2000, 500, 500, 300], bps=(0, 2)), now=0)
+    assert u == Usage(input_tokens=300, cache_write_tokens=3000, cache_read_tokens=0, requests=1)
+
+
+def test_anthropic_next_turn_reads_the_previous_prefix_and_writes_only_what_is_new() -> None:
+    cache = PromptCache()
+    cache.bill(prompt([2000, 500, 500], bps=(2,)), now=0)
+    u = cache.bill(prompt([2000, 500, 500, 700, 300], bps=(4,)), now=60)
+    assert u == Usage(cache_write_tokens=1000, cache_read_tokens=3000, requests=1)
+
+
+def test_anthropic_cache_expires_five_minutes_after_its_last_use() -> None:
+    cache = PromptCache()
+    cache.bill(prompt([2000, 500], bps=(1,)), now=0)
+    assert cache.bill(prompt([2000, 500, 100], bps=(2,)), now=299).cache_read_tokens == 2500
+    # The read at 299 refreshed the 2500-token entry and wrote the 2600 one: both live to 599.
+    assert cache.bill(prompt([2000, 500, 100, 50], bps=(3,)), now=598).cache_read_tokens == 2600
+    cold = cache.bill(prompt([2000, 500, 100, 50, 10], bps=(4,)), now=598 + 301)
+    assert cold == Usage(cache_write_tokens=2660, requests=1)
+
+
+def test_a_one_hour_breakpoint_outlives_five_minutes_and_is_priced_apart() -> None:
+    cache = PromptCache()
+    u = cache.bill(prompt([3000], bps=(0,), ttl=TTL_1H), now=0)
+    assert (u.cache_write_tokens, u.cache_write_1h_tokens) == (3000, 3000)
+    assert cache.bill(prompt([3000, 10], bps=(0,), ttl=TTL_1H), now=3000).cache_read_tokens == 3000
+
+
+def test_a_prefix_under_the_minimum_is_never_cached() -> None:
+    cache = PromptCache()
+    assert cache.bill(prompt([500, 300], bps=(1,)), now=0) == Usage(input_tokens=800, requests=1)
+    assert cache.bill(prompt([500, 300], bps=(1,)), now=1) == Usage(input_tokens=800, requests=1)
+
+
+def test_a_changed_prelude_misses_everything() -> None:
+    cache = PromptCache()
+    cache.bill(prompt([2000, 500], bps=(1,)), now=0)
+    u = cache.bill(prompt([2000, 500], bps=(1,), tag=b"other tools "), now=1)
+    assert u.cache_read_tokens == 0 and u.cache_write_tokens == 2500
+
+
+def test_a_request_with_no_breakpoint_reads_but_writes_nothing() -> None:
+    cache = PromptCache()
+    cache.bill(prompt([2000, 500], bps=(1,)), now=0)
+    shared = prompt([2000, 500], bps=(1,)).extended(b"instruction", 400)
+    assert cache.bill(shared, now=5) == Usage(input_tokens=400, cache_read_tokens=2500, requests=1)
+
+
+def test_openai_caches_every_prefix_automatically_from_1024_tokens_without_a_premium() -> None:
+    cache = PromptCache()
+    first = cache.bill(prompt([800, 600, 400], auto=True), now=0)
+    assert first == Usage(input_tokens=1800, requests=1)
+    second = cache.bill(prompt([800, 600, 999], auto=True), now=10)  # shares 1400 tokens
+    assert second == Usage(input_tokens=999, cache_read_tokens=1400, requests=1)
+    short = PromptCache()
+    short.bill(prompt([800, 100], auto=True), now=0)
+    assert short.bill(prompt([800, 100, 5], auto=True), now=1).cache_read_tokens == 0
+
+
+def test_a_standalone_prompt_is_billed_at_the_full_input_price() -> None:
+    cache = PromptCache()
+    assert cache.bill(standalone(b"p", 5000), now=0) == Usage(input_tokens=5000, requests=1)
+
+
+def test_a_claude_code_request_has_one_unit_per_message_and_its_breakpoints() -> None:
+    body = json.loads((FIXTURES / "claude_code_2.1.197_turn16.json").read_text())
+    raw = json.dumps(body, ensure_ascii=False).encode()
+    index = index_body(raw, ANTHROPIC)
+    p = prompt_of(index, FactsCache(TokenCounter()))
+    assert len(p.keys) == 1 + len(body["messages"])
+    last = len(body["messages"])  # Claude Code marks the last message (and its system prompt)
+    assert 0 in p.breakpoints and p.breakpoints[-1] == last
+    assert p.ttl == TTL_5M and not p.auto
+    assert list(p.cum) == sorted(p.cum) and p.cum[0] > 1024
+    # The same request with its breakpoint moved keys the same prefixes.
+    moved = json.loads(raw)
+    for m in moved["messages"]:
+        if isinstance(m["content"], list):
+            for b in m["content"]:
+                b.pop("cache_control", None)
+    p2 = prompt_of(index_body(json.dumps(moved).encode(), ANTHROPIC), FactsCache(TokenCounter()))
+    assert p2.keys == p.keys and p2.breakpoints == (0,)
