@@ -39,6 +39,9 @@ class ModelConfig(BaseModel):
     base_url: str | None = None
     api_key: SecretStr | None = None
     auth: Literal["x-api-key", "bearer"] | None = None
+    # auto: with source incoming, the summarizer call is the commissioning request plus one
+    # instruction, so the provider reads the transcript from its prompt cache (SPEC §5.5).
+    share_cache: Literal["auto", "always", "never"] = "auto"
 
 
 class SummarizeConfig(BaseModel):
