@@ -21,14 +21,16 @@ from mitmproxy import contentviews, ctx, exceptions, http
 
 from cg import __version__, continuation, control
 from cg import expand as expand_mod
+from cg.agents import CLAUDE_CODE, claude_code
 from cg.body import MessageCache
 from cg.components import COMPONENTS, Services, build_pipeline
 from cg.dialects import route
 from cg.expand import TOOL_NAME
+from cg.facts import FactsCache
 from cg.pipeline import Commissioner, Component
 from cg.responses import ResponseParseError, tool_calls
 from cg.rewrite import ExpandPolicy, rewrite_body
-from cg.settings import Config, host_allowed, load_config
+from cg.settings import AUTO, Config, host_allowed, load_presets
 from cg.stats import Stats
 from cg.store import Store, StoreError, valid_key
 from cg.summarizer import HttpPool, Origin, SummarizerClient, timeout_from_env
@@ -49,11 +51,13 @@ class ContextGuru:
         self.stats = Stats()
         self.cache = MessageCache()
         self.config = Config()
-        self.components: list[Component] = []
+        self.pipelines: dict[str, list[Component]] = {}
+        self.preset = ""
         self.hosts: Sequence[str] = ()
         self.max_body = 32 * 1024 * 1024
         self.allow_remote_control = False
         self.tokens = TokenCounter()
+        self.facts = FactsCache(self.tokens)
         self.store: Store | None = None
         self.store_note = ""
         self.tasks: dict[str, asyncio.Task[str]] = {}
@@ -69,8 +73,10 @@ class ContextGuru:
         loader.add_option(
             "cg_preset",
             str,
-            "summarize",
-            "context-guru preset, a name from presets/: summarize (default), summarizer1509, off.",
+            AUTO,
+            "context-guru preset: auto (default: claude-code for requests carrying Claude "
+            "Code's own headers, summarize for everything else), or a name from presets/ "
+            "(summarize, claude-code, summarizer1509, off) applied to all traffic.",
         )
         loader.add_option(
             "cg_config",
@@ -120,19 +126,30 @@ class ContextGuru:
         try:
             if opts.cg_max_body_mb < 0:
                 raise ValueError(f"cg_max_body_mb: must be >= 0 (got {opts.cg_max_body_mb})")
-            config = load_config(opts.cg_preset, opts.cg_config, list(COMPONENTS))
-            store = self._open_store(config, opts.cg_db) if config.pipeline else self.store
+            configs = load_presets(opts.cg_preset, opts.cg_config, list(COMPONENTS))
+            # The last one is the default: `summarize` under auto, else the one named.
+            preset = list(configs)[-1]
+            config = configs[preset]
+            acting = any(c.pipeline for c in configs.values())
+            store = self._open_store(config, opts.cg_db) if acting else self.store
             timeout = timeout_from_env()
             self.pool.verify = upstream_verify(opts)
-            services = Services(
-                store or Store.memory(),
-                self.tokens,
-                config.model_windows,
-                summarizers=lambda cfg, level: SummarizerClient(
-                    cfg, self.pool, level=level, timeout=timeout
-                ),
-            )
-            components = build_pipeline(config.pipeline, config.components, services)
+            pipelines = {
+                name: build_pipeline(
+                    c.pipeline,
+                    c.components,
+                    Services(
+                        store or Store.memory(),
+                        self.tokens,
+                        c.model_windows,
+                        summarizers=lambda cfg, level: SummarizerClient(
+                            cfg, self.pool, level=level, timeout=timeout
+                        ),
+                        facts=self.facts,
+                    ),
+                )
+                for name, c in configs.items()
+            }
         except ValueError as e:
             raise exceptions.OptionsError(str(e)) from None  # type: ignore[no-untyped-call]
         if opts.cg_expand_inject not in ("auto", "always", "never"):
@@ -140,7 +157,8 @@ class ContextGuru:
                 f"cg_expand_inject: must be auto, always or never (got {opts.cg_expand_inject!r})"
             )
         self.config = config
-        self.components = components
+        self.pipelines = pipelines
+        self.preset = preset
         self.expand = ExpandPolicy(opts.cg_expand_inject, store)
         # `--set cg_hosts=a,b` arrives as one entry "a,b": a comma list is what people write.
         self.hosts = tuple(
@@ -148,6 +166,21 @@ class ContextGuru:
         )
         self.max_body = opts.cg_max_body_mb * 1024 * 1024
         self.allow_remote_control = opts.cg_control_remote
+
+    @property
+    def components(self) -> list[Component]:
+        """The pipeline of requests no rule picks another for (`summarize` under auto)."""
+        return self.pipelines.get(self.preset, [])
+
+    def pipeline_for(self, headers: Any) -> tuple[str, list[Component], str]:
+        """(preset, its pipeline, why) for one request: under `auto`, Claude Code's own headers
+        pick `claude-code`; a preset the user named applies to everything."""
+        if len(self.pipelines) > 1:
+            why = claude_code(headers)
+            if why is not None and CLAUDE_CODE in self.pipelines:
+                return CLAUDE_CODE, self.pipelines[CLAUDE_CODE], f"auto: {why}"
+            return self.preset, self.components, "auto: not Claude Code"
+        return self.preset, self.components, "cg_preset"
 
     def _open_store(self, config: Config, cg_db: str) -> Store:
         """The store for this config; reopened only when its file changes.
@@ -229,15 +262,18 @@ class ContextGuru:
                     "reason": f"cannot decode body: {e}",
                 }
             if raw is not None:
+                preset, components, why = self.pipeline_for(req.headers)
                 result = rewrite_body(
                     raw,
                     dialect,
-                    self.components,
+                    components,
                     headers=req.headers,
                     cache=self.cache,
                     expand=self.expand,
                 )
                 record = result.record
+                record["preset"] = preset
+                record["preset_reason"] = why
                 self._count_components(record)
                 if result.commissions:
                     self._commission(result.commissions, Origin.of(req.url, req.headers))

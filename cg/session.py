@@ -54,7 +54,7 @@ def valid_session_id(s: object) -> bool:
     return isinstance(s, str) and SESSION_RE.fullmatch(s) is not None
 
 
-def _header(headers: Mapping[str, str], name: str) -> str | None:
+def header(headers: Mapping[str, str], name: str) -> str | None:
     v = headers.get(name)
     if v is None:  # a plain dict: look the name up case-insensitively
         v = next((val for k, val in headers.items() if k.lower() == name), None)
@@ -104,7 +104,7 @@ def resolve_session(
     """
     skipped: list[str] = []
     for name in (HEADER_CG, HEADER_CLAUDE_CODE):
-        v = _header(headers, name)
+        v = header(headers, name)
         if v is not None:
             if valid_session_id(v.strip()):
                 return SessionId(v.strip(), name, tuple(skipped))

@@ -69,15 +69,30 @@ def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+# `cg_preset: auto` (the default): Claude Code's requests get the first, every other request the
+# second (SPEC §9).
+AUTO = "auto"
+AUTO_PRESETS = ("claude-code", "summarize")
+
+
 def preset_names() -> list[str]:
     return sorted(p.stem for p in PRESETS_DIR.glob("*.yaml") if not p.stem.startswith("_"))
+
+
+def load_presets(
+    preset: str, config_file: str | None, known_components: Sequence[str]
+) -> dict[str, Config]:
+    """The config of each preset a `cg_preset` value names: both of `AUTO_PRESETS` for `auto`,
+    else the one; the `cg_config` file is merged over each."""
+    names = AUTO_PRESETS if preset == AUTO else (preset,)
+    return {name: load_config(name, config_file, known_components) for name in names}
 
 
 def load_config(preset: str, config_file: str | None, known_components: Sequence[str]) -> Config:
     path = PRESETS_DIR / f"{preset}.yaml"
     if not preset or "/" in preset or not path.is_file():
         raise ValueError(
-            f"cg_preset: unknown preset {preset!r} (known: {', '.join(preset_names())})"
+            f"cg_preset: unknown preset {preset!r} (known: {', '.join([AUTO, *preset_names()])})"
         )
     data = _read_yaml(path, f"preset {preset}")
     if config_file:
