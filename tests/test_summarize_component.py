@@ -193,6 +193,31 @@ def test_the_checkpoint_rolls_forward_past_resummarize_tokens(store: Store) -> N
     assert store.get_stash(old_key or "") is not None  # the old stash still resolves
 
 
+def test_a_sent_request_at_the_ceiling_rolls_forward_whatever_resummarize_tokens(
+    store: Store,
+) -> None:
+    turns = grow(fixture_body(CC16), 30, output_words=400)
+    window = 60_000
+    cfg = config(resummarize_tokens=10**9, trigger={"ceiling_frac": 0.5})
+    d = make(cfg, store, model_windows={"claude-opus-4-8": window})
+    two_turns(d, turns[0], turns[1])
+    rolled = None
+    for body in turns[2:]:
+        r = d.send(body)
+        assert r.outcome == "rewritten", r.record
+        rec = record(r)
+        if d.pending:
+            rolled = rec
+            break
+        assert rec["tokens_after"] < 0.5 * window
+    assert rolled is not None, "the request sent never reached the ceiling: vacuous"
+    assert rolled["tokens_after"] >= 0.5 * window > rolled["middle_tokens"]
+    assert rolled["commission"].startswith("rolling forward: the request sent is")
+    assert d.drain() == ["completed"]
+    after = record(d.send(turns[turns.index(body) + 1]))
+    assert after["tokens_after"] < 0.5 * window  # the fresh checkpoint took the middle
+
+
 def test_a_diverged_prefix_invalidates_the_checkpoint(store: Store) -> None:
     turns = grow(fixture_body(CC16), 4, output_words=30)
     d = make(config(), store)

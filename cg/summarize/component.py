@@ -216,6 +216,17 @@ class Summarize:
             else:
                 want = middle_tokens > self.cfg.resummarize_tokens
                 why = f"rolling forward: {middle_tokens} new tokens > resummarize_tokens"
+                # The ceiling holds for what is sent too: a summarized request that grew to it
+                # rolls forward now, however few tokens `resummarize_tokens` counted.
+                sent = detail.get("tokens_after")
+                ceiling = self.cfg.trigger.ceiling_frac
+                if not want and sent is not None and ceiling > 0 and facts.window:
+                    if sent >= ceiling * facts.window:
+                        want = True
+                        why = (
+                            f"rolling forward: the request sent is {sent} tokens >= "
+                            f"ceiling_frac {ceiling} x {facts.window}"
+                        )
         else:
             want, why = trig.fire, "trigger fired"
         if not want:
