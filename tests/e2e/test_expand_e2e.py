@@ -461,12 +461,13 @@ def test_the_model_expands_and_the_client_gets_the_final_answer_only(
         n = FIRST_LEN[dialect] + 2
         t2 = agent.send(n, stream=stream)
 
-    # The client: the final answer, no call to a tool it never declared, usage of both rounds.
+    # The client: the final answer, no call to a tool it never declared; usage: the final
+    # round's input side (the context as it now is) and the output of both rounds.
     assert result_text(dialect, t2.result) == FINAL
     assert client_calls(dialect, t2.result) == []
     assert stop_reason(dialect, t2.result) == ("end_turn" if dialect == "anthropic" else "stop")
     assert TOOL_NAME not in json.dumps(t2.result) + json.dumps(t2.chunks)
-    assert usage(dialect, t2.result) == (1000 + 2000, 7 + 11)
+    assert usage(dialect, t2.result) == (2000, 7 + 11)
     if dialect == "openai" and stream:
         assert all(c["choices"] for c in t2.chunks[:-1]) and t2.chunks[-1]["usage"]
 
@@ -521,7 +522,7 @@ def test_the_loop_stops_after_three_continuations(xproxy, provider, model, diale
     assert TOOL_NAME not in json.dumps(t2.result) + json.dumps(t2.chunks)
     assert result_text(dialect, t2.result) == "Looking closer, round 4."
     assert stop_reason(dialect, t2.result) == ("end_turn" if dialect == "anthropic" else "stop")
-    assert usage(dialect, t2.result) == (4 * 1000, 4 * 7)
+    assert usage(dialect, t2.result) == (1000, 4 * 7)
     assert record(xproxy, t2.eid)["expand"]["rounds"] == 3
 
 
