@@ -228,7 +228,7 @@ class UsageTap:
 
     def finish(self, cut: bool = False) -> None:
         """The stream ended (`cut`: by an error). An event left without its blank line is
-        read if it is whole JSON (some servers omit the last one), else counted truncated."""
+        read if its data is whole (some servers omit the last one), else counted truncated."""
         if self.state != READING:
             return
         try:
@@ -266,32 +266,34 @@ class UsageTap:
         if data.endswith(b"\r"):
             data = data[:-1]
             self._cr = True
-        data = data.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
+        if b"\r" in data:
+            data = data.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
         start = len(self._buf)
         self._buf += data
-        # An event boundary may straddle the chunks: look from one byte back.
-        pos = max(0, start - 1)
-        while True:
-            end = self._buf.find(b"\n\n", pos)
-            if end < 0:
-                break
-            event = bytes(self._buf[:end])
+        # Every event finished by now at once: one search from the end, one count for "usage"
+        # (from one byte back: a boundary may straddle the chunks).
+        end = self._buf.rfind(b"\n\n", max(0, start - 1))
+        if end >= 0:
+            done = bytes(self._buf[:end])
             del self._buf[: end + 2]
-            pos = 0
             if self._skipping:
+                cut = done.find(b"\n\n")
                 self._skipping = False
-                continue
-            if mentions_usage(event):
-                self._event(event)
+                done = done[cut + 2 :] if cut >= 0 else b""
+            if mentions_usage(done):
+                for event in done.split(b"\n\n"):
+                    if mentions_usage(event):
+                        self._event(event)
         if len(self._buf) > self.max_event:
             self._buf.clear()
-            self._skipping = True
-            self.dropped += 1
+            if not self._skipping:
+                self._skipping = True
+                self.dropped += 1
 
     def _event(self, event: bytes, final: bool = False) -> bool:
-        """Parse one event that names usage; False when its data is not JSON."""
-        if not mentions_usage(event):
-            return True
+        """Parse one event; False when its data is not whole JSON. Before the end only events
+        naming usage get here; at the end (`final`) the leftover event is checked whatever it
+        names, since data cut short means the stream was."""
         name: str | None = None
         data: list[bytes] = []
         for line in event.split(b"\n"):
@@ -302,11 +304,15 @@ class UsageTap:
                 data.append(value)
             elif field == b"event":
                 name = value.decode("utf-8", "replace")
+        text = b"\n".join(data)
+        if final and (not data or text.strip() == b"[DONE]"):
+            return True
         try:
-            obj = json.loads(b"\n".join(data))
+            obj = json.loads(text)
         except ValueError:
             if not final:
                 self.malformed += 1
             return False
-        self.reader.event(name, obj)
+        if mentions_usage(event):
+            self.reader.event(name, obj)
         return True
