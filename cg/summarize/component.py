@@ -220,13 +220,13 @@ class Summarize:
                 # rolls forward now, however few tokens `resummarize_tokens` counted.
                 sent = detail.get("tokens_after")
                 ceiling = self.cfg.trigger.ceiling_frac
-                if not want and sent is not None and ceiling > 0 and facts.window:
-                    if sent >= ceiling * facts.window:
-                        want = True
-                        why = (
-                            f"rolling forward: the request sent is {sent} tokens >= "
-                            f"ceiling_frac {ceiling} x {facts.window}"
-                        )
+                window = facts.window or 0
+                if not want and sent is not None and 0 < ceiling * window <= sent:
+                    want = True
+                    why = (
+                        f"rolling forward: the request sent is {sent} tokens >= "
+                        f"ceiling_frac {ceiling} x {window}"
+                    )
         else:
             want, why = trig.fire, "trigger fired"
         if not want:
