@@ -58,6 +58,7 @@ class Meter:
             index,
             record.get("outcome") == "rewritten",
             flow.request.timestamp_start,
+            feed="components" in record,
         )
         if index is None and raw is not None and len(raw) <= max_body:
             self.readable.add(flow.id)
@@ -150,6 +151,10 @@ class Meter:
         """The usage of a 2xx answer: from its tap if it streamed, else from its body."""
         assert flow.response is not None
         tap = flow.response.stream
+        if tap is True:
+            # Streamed by mitmproxy itself (`stream_large_bodies`): nothing was read.
+            self.counts.missing += 1
+            return None
         if isinstance(tap, UsageTap):
             tap.finish()
         elif flow.response.headers.get("content-type", "").startswith(SSE):

@@ -370,3 +370,13 @@ def test_ledger_rows_outlive_the_stash_ttl_and_go_after_thirty_days(tmp_path: Pa
 def test_an_unknown_kind_is_refused(store: Store) -> None:
     with pytest.raises(ValueError, match="unknown kind"):
         store.record_usage("s", [("bogus", "m", "", Usage())])
+
+
+def test_a_turn_no_pipeline_ran_on_does_not_feed_the_model(store: Store, facts: FactsCache) -> None:
+    """Under `off` nothing is rewritten: its turns are booked but shape nothing (a cold
+    session's first shape costs a full tokenisation in the response hook)."""
+    ledger = Ledger(store, PRICES, facts)
+    t = Turn("anthropic", "s1", index_body(body(4, breakpoint=True), ANTHROPIC), False, 1.0, False)
+    ledger.agent_turn(t, [Round(Usage(5, requests=1))], H)
+    assert store.cache_state("s1") is None
+    assert ledger.report()["savings"]["turns"] == 1

@@ -25,7 +25,7 @@ from cg.billing.usage import Usage
 from cg.summarize.component import Commission
 from cg.summarize.config import ModelConfig
 from cg.summarizer import HttpPool, Origin, SummarizerClient
-from tests.test_addon import BODY, Toy, make_flow
+from tests.test_addon import Toy, make_flow
 
 SSE_HEADERS = {"content-type": "text/event-stream; charset=utf-8"}
 ANTHROPIC_SSE = (
@@ -313,5 +313,17 @@ def toy_config(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
     return str(path)
 
 
-def test_the_test_body_is_anthropic() -> None:
-    assert json.loads(BODY)["model"] == "claude"
+async def test_an_answer_mitmproxy_streamed_itself_counts_missing_not_malformed(
+    tmp_path: Path,
+) -> None:
+    """`stream_large_bodies` streams a big JSON answer without the tap: there is no body to read
+    afterwards, which is not a malformed usage."""
+    cg = ContextGuru()
+    with taddons.context(cg) as tctx:
+        configure(tctx, cg, tmp_path)
+        f = make_flow()
+        cg.request(f)
+        f.response = http.Response.make(200, b"", {"content-type": "application/json"})
+        f.response.stream = True
+        await cg.response(f)
+        assert (cg.stats.usage_reads.missing, cg.stats.usage_reads.malformed) == (1, 0)

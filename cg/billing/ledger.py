@@ -53,13 +53,16 @@ class Turn:
 
     `index` is the client's request as indexed (None when it was not: too large, streamed,
     undecodable); `rewritten` whether the bytes sent differ from the client's; `at` the
-    request's timestamp (orders the prompt-cache model)."""
+    request's timestamp (orders the prompt-cache model); `feed` whether an unchanged turn feeds
+    the session's modelled cache (False where no pipeline ran, as under `off`: nothing there is
+    ever rewritten, and a cold session's first shape would cost a full tokenisation)."""
 
     dialect: str
     session: str | None
     index: BodyIndex | None
     rewritten: bool
     at: float
+    feed: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,7 +111,8 @@ class Ledger:
             ("agent", model, self._tier(model, r.usage), r.usage) for r in rounds
         ]
         counters = LedgerTurns(turns=1 if rounds else 0)
-        cache = self._cache(session) if turn.index is not None else None
+        modelled_turn = turn.index is not None and (turn.rewritten or turn.feed)
+        cache = self._cache(session) if modelled_turn else None
         original: Prompt | None = None
         modelled = Usage()
         if cache is not None and turn.index is not None:
