@@ -12,23 +12,28 @@ import asyncio
 import contextlib
 import functools
 import gc
+import json
 import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
-from mitmproxy import contentviews, ctx, exceptions, http
+from mitmproxy import command, contentviews, ctx, exceptions, http
 
 from cg import __version__, continuation, control
 from cg import expand as expand_mod
 from cg.agents import CLAUDE_CODE, claude_code
-from cg.body import MessageCache
+from cg.billing.ledger import Ledger
+from cg.billing.prices import price_table
+from cg.billing.savings import sessions_report
+from cg.body import BodyIndex, MessageCache
 from cg.components import COMPONENTS, Services, build_pipeline
 from cg.dialects import route
 from cg.expand import TOOL_NAME
 from cg.facts import FactsCache
+from cg.meter import Meter
 from cg.pipeline import Commissioner, Component
-from cg.responses import ResponseParseError, tool_calls
+from cg.responses import Reply, ResponseParseError, tool_calls
 from cg.rewrite import ExpandPolicy, rewrite_body
 from cg.settings import AUTO, Config, host_allowed, load_presets
 from cg.stats import Stats
@@ -63,6 +68,7 @@ class ContextGuru:
         self.tasks: dict[str, asyncio.Task[str]] = {}
         self.pool = HttpPool()
         self.originals: dict[str, bytes | None] = {}
+        self.meter = Meter(self.stats.usage_reads)
         self.expand = ExpandPolicy("auto", None)
         self.view = RewriteView(lambda key: self.store.get_stash(key) if self.store else None)
 
@@ -131,7 +137,9 @@ class ContextGuru:
             preset = list(configs)[-1]
             config = configs[preset]
             acting = any(c.pipeline for c in configs.values())
-            store = self._open_store(config, opts.cg_db) if acting else self.store
+            # The usage ledger persists with any pipeline, or wherever cg_db names a file.
+            store = self._open_store(config, opts.cg_db) if acting or opts.cg_db else self.store
+            ledger = Ledger(store or Store.memory(), price_table(config.prices), self.facts)
             timeout = timeout_from_env()
             self.pool.verify = upstream_verify(opts)
             pipelines = {
@@ -143,7 +151,11 @@ class ContextGuru:
                         self.tokens,
                         c.model_windows,
                         summarizers=lambda cfg, level: SummarizerClient(
-                            cfg, self.pool, level=level, timeout=timeout
+                            cfg,
+                            self.pool,
+                            level=level,
+                            timeout=timeout,
+                            on_usage=self.meter.summarizer,
                         ),
                         facts=self.facts,
                     ),
@@ -159,6 +171,7 @@ class ContextGuru:
         self.config = config
         self.pipelines = pipelines
         self.preset = preset
+        self.meter.ledger = ledger
         self.expand = ExpandPolicy(opts.cg_expand_inject, store)
         # `--set cg_hosts=a,b` arrives as one entry "a,b": a comma list is what people write.
         self.hosts = tuple(
@@ -233,6 +246,7 @@ class ContextGuru:
         t0 = time.perf_counter()
         record: dict[str, Any]
         raw: bytes | None = None
+        index: BodyIndex | None = None
         if req.headers.get(BYPASS_HEADER, "").strip() == "1":
             record = {
                 "dialect": dialect.name,
@@ -272,6 +286,7 @@ class ContextGuru:
                     expand=self.expand,
                 )
                 record = result.record
+                index = result.index
                 record["preset"] = preset
                 record["preset_reason"] = why
                 self._count_components(record)
@@ -289,6 +304,7 @@ class ContextGuru:
         self.stats.count(record["outcome"])
         record.setdefault("timings_ms", {})["hook"] = round((time.perf_counter() - t0) * 1000, 3)
         flow.metadata[META] = record
+        self.meter.note(flow, record, index, self.max_body)
         if record["outcome"] == "failed_open":
             log.warning("context-guru failed open on %s: %s", req.path, record["reason"])
         elif record["outcome"] == "rewritten":
@@ -358,19 +374,27 @@ class ContextGuru:
     # -- the 400 safety net --------------------------------------------------------------------
 
     async def response(self, flow: http.HTTPFlow) -> None:
+        """The answer of a provider flow: continue an expand call, or re-send a refused
+        rewrite; then book the usage the provider reported (every round, each once)."""
+        replies = await self._answer(flow)
+        record = flow.metadata.get(META)
+        if isinstance(record, dict):
+            self.meter.answered(flow, record, replies)
+
+    async def _answer(self, flow: http.HTTPFlow) -> list[Reply] | None:
         """A 400 to a rewritten request: re-send the original bytes once, return that answer.
+        Returns the continuation's replies when the model called `context_guru_expand`.
 
         The provider's message is recorded: it is the live signal of a shape bug.
         """
         original = self.originals.pop(flow.id, None)
         if original is None or flow.response is None:
-            return
+            return None
         record = flow.metadata.get(META, {})
         if flow.response.status_code == 200 and record.get("expand", {}).get("injected"):
-            await self._continue(flow, record)
-            return
+            return await self._continue(flow, record)
         if flow.response.status_code != 400:
-            return
+            return None
         self._forget_checkpoints(record)
         record["provider_400"] = provider_message(flow.response.get_content(strict=False))
         try:
@@ -378,12 +402,13 @@ class ContextGuru:
         except Exception as e:  # noqa: BLE001 - the client then gets the provider's own 400
             record["retry_error"] = f"{type(e).__name__}: {e}"
             log.warning("context-guru: re-sending the original failed: %s", e)
-            return
+            return None
         self.stats.retried_original += 1
         record["outcome"] = "retried_original"
         record["reason"] = "the provider refused the rewrite (400); the original was re-sent"
         flow.comment = "cg: provider refused the rewrite (400); original re-sent"
         log.warning("context-guru: provider refused a rewrite: %s", record["provider_400"])
+        return None
 
     def _forget_checkpoints(self, record: dict[str, Any]) -> None:
         """A checkpoint the provider refused would be refused every turn: drop it."""
@@ -396,8 +421,9 @@ class ContextGuru:
 
     # -- the expand continuation --------------------------------------------------------------
 
-    async def _continue(self, flow: http.HTTPFlow, record: dict[str, Any]) -> None:
-        """The model called `context_guru_expand`: answer it here, re-send, return the end."""
+    async def _continue(self, flow: http.HTTPFlow, record: dict[str, Any]) -> list[Reply] | None:
+        """The model called `context_guru_expand`: answer it here, re-send, return the end.
+        Returns every round's reply (for the ledger), or None when nothing was continued."""
         assert flow.response is not None
         dialect = record["dialect"]
         ctype = flow.response.headers.get("content-type", "")
@@ -407,9 +433,9 @@ class ContextGuru:
             )
         except ResponseParseError as e:
             record["expand"]["error"] = f"unreadable response: {e}"
-            return
+            return None
         if not any(c.name == TOOL_NAME for c in tool_calls(first)):
-            return  # nothing of ours in it: the client gets the provider's bytes as they are
+            return None  # nothing of ours in it: the client gets the provider's bytes as they are
         session = record.get("session")
         store = self.store
 
@@ -436,12 +462,17 @@ class ContextGuru:
         resp.headers.pop("content-encoding", None)
         resp.headers["content-type"] = out.content_type
         resp.content = out.body
+        return out.replies
 
     def error(self, flow: http.HTTPFlow) -> None:
         self.originals.pop(flow.id, None)
+        record = flow.metadata.get(META)
+        if isinstance(record, dict):
+            self.meter.failed(flow, record)
 
     def responseheaders(self, flow: http.HTTPFlow) -> None:
-        """Stream provider SSE straight through: the agent sees tokens as they arrive.
+        """Stream provider SSE straight through: the agent sees tokens as they arrive, and a
+        `UsageTap` reads the usage off the passing bytes (changing none, holding none back).
 
         Except when the expand tool was injected: the answer may call it, and the client must
         never see that call, so that answer is buffered and read whole.
@@ -452,7 +483,7 @@ class ContextGuru:
         if record.get("expand", {}).get("injected"):
             return
         if flow.response.headers.get("content-type", "").startswith("text/event-stream"):
-            flow.response.stream = True
+            flow.response.stream = self.meter.stream(flow)
 
     # -- control endpoints -------------------------------------------------------------------
 
@@ -461,9 +492,35 @@ class ContextGuru:
             "health": lambda f: control.json_response(
                 200, {"ok": True, "version": __version__, "preset": ctx.options.cg_preset}
             ),
-            "stats": lambda f: control.json_response(200, self.stats.to_json()),
+            "stats": lambda f: control.json_response(200, self.stats_json()),
+            "sessions": lambda f: control.json_response(200, self.sessions_json()),
             "expand": self._expand_endpoint,
         }
+
+    def stats_json(self) -> dict[str, Any]:
+        """The counters, with the ledger's `usage` and `savings` (SPEC §9, §11)."""
+        return {**self.stats.to_json(), **self.meter.report()}
+
+    def sessions_json(self) -> dict[str, Any]:
+        """`GET /_cg/sessions`: every session with its checkpoint, usage and savings."""
+        ledger = self.meter.ledger
+        if ledger is None:
+            return {"sessions": []}
+        try:
+            rows = sessions_report(ledger.store, ledger.prices, self.tokens.count_text)
+        except Exception as e:  # noqa: BLE001 - an unreadable store must not break the endpoint
+            return {"sessions": [], "error": str(e)}
+        return {"sessions": rows}
+
+    @command.command("cg.stats")  # type: ignore[untyped-decorator]
+    def stats_command(self) -> str:
+        """context-guru's counters, usage and savings (as /_cg/stats), as JSON."""
+        return json.dumps(self.stats_json(), ensure_ascii=False, indent=1)
+
+    @command.command("cg.sessions")  # type: ignore[untyped-decorator]
+    def sessions_command(self) -> str:
+        """Every session with its checkpoint, usage and savings (as /_cg/sessions), as JSON."""
+        return json.dumps(self.sessions_json(), ensure_ascii=False, indent=1)
 
     def _expand_endpoint(self, flow: http.HTTPFlow) -> http.Response:
         """`GET /_cg/expand?id=KEY`: the stashed span as JSON; 404 unknown, 400 malformed."""

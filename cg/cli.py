@@ -2,8 +2,8 @@
 
     context-guru replay FILE [--preset P] [--config F] [--summary TEXT] [--json]
     context-guru expand KEY [--db PATH] [--json]
-    context-guru sessions [--db PATH] [--json]
-    context-guru stats [--db PATH] [--proxy URL]
+    context-guru sessions [--db PATH] [--config F] [--json]
+    context-guru stats [--db PATH | --proxy URL] [--config F] [--json]
 
 `replay` runs a captured body (a raw request body, a `{"provider", "body"}` fixture, or a
 mitmproxy flow file) through a preset offline, against a throwaway store, and shows what would
@@ -210,25 +210,95 @@ def _readable(m: Any) -> str:
     return "\n".join(parts)
 
 
+def _prices(config: str | None) -> Any:
+    """The price table: the shipped one, under a config file's `prices` map when given."""
+    from cg.billing.prices import price_table
+
+    if not config:
+        return price_table()
+    from cg.settings import load_config
+
+    return price_table(load_config("summarize", config, ["summarize"]).prices)
+
+
+def _usd(x: Any) -> str:
+    return "unknown" if x is None else f"${x:,.6f}"
+
+
+def _usage_lines(usage: Any, indent: str = "  ") -> list[str]:
+    if not isinstance(usage, dict):
+        return [f"{indent}usage: unavailable"]
+    out = []
+    for kind in ("agent", "summarizer"):
+        u = usage.get(kind) or {}
+        out.append(
+            f"{indent}{kind:<10}  input {u.get('input_tokens', 0):>12,}  cache write "
+            f"{u.get('cache_write_tokens', 0):>12,}  cache read {u.get('cache_read_tokens', 0):>13,}"
+            f"  output {u.get('output_tokens', 0):>10,}  requests {u.get('requests', 0):>6,}"
+        )
+    return out
+
+
+def _savings_lines(s: Any, indent: str = "  ") -> list[str]:
+    if not isinstance(s, dict):
+        return [f"{indent}savings: unavailable"]
+    out = [
+        f"{indent}tokens not sent (our count)  {s['tokens_not_sent']:,} over "
+        f"{s['rewritten_turns']} rewritten of {s['turns']} turns",
+        f"{indent}billed                       {_usd(s['billed_usd'])}  (agent "
+        f"{_usd(s['billed_agent_usd'])}, summarizer {_usd(s['billed_summarizer_usd'])})",
+        f"{indent}without rewrite (ESTIMATE)   {_usd(s['without_rewrite_usd'])}",
+        f"{indent}saved (ESTIMATE)             {_usd(s['saved_usd'])}",
+    ]
+    if s.get("estimate_skipped_turns"):
+        out.append(
+            f"{indent}rewritten turns without usage, not estimated: {s['estimate_skipped_turns']}"
+        )
+    if s.get("unpriced_models"):
+        out.append(
+            f"{indent}unpriced models (their cost is unknown, not zero): "
+            + ", ".join(s["unpriced_models"])
+        )
+    return out
+
+
 def sessions(args: argparse.Namespace) -> int:
+    from cg.billing.savings import sessions_report
+    from cg.tokens import TokenCounter
+
+    prices = _prices(args.config)
     store = _store(args.db)
     try:
-        rows = store.sessions()
+        infos = {r.session: r for r in store.sessions()}
+        rows = sessions_report(store, prices, TokenCounter().count_text)
     finally:
         store.close()
     if args.json:
-        _out([r.__dict__ if hasattr(r, "__dict__") else _asdict(r) for r in rows])
+        _out([{**_asdict(infos[r["id"]]), **r} for r in rows])
         return 0
     if not rows:
         print("no sessions")
     for r in rows:
+        info = infos[r["id"]]
         seen = (
-            time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(r.last_request))
-            if r.last_request
+            time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(r["last_seen"]))
+            if r["last_seen"]
             else "-"
         )
-        cp = f"checkpoint covers {r.covered_count} messages" if r.covered_count else "no checkpoint"
-        print(f"{r.session}  last seen {seen}  {cp}  {r.stashes} stashes ({r.stash_bytes} bytes)")
+        cp = r["checkpoint"]
+        what = (
+            f"checkpoint covers {cp['covered_messages']} messages "
+            f"(summary {cp['summary_tokens']:,} tokens)"
+            if cp
+            else "no checkpoint"
+        )
+        print(
+            f"{r['id']}  last seen {seen}  {what}  {info.stashes} stashes "
+            f"({info.stash_bytes} bytes)"
+        )
+        if r["usage"]["agent"]["requests"] or r["usage"]["summarizer"]["requests"]:
+            print("\n".join(_usage_lines(r["usage"], "    ")))
+            print("\n".join(_savings_lines(r["savings"], "    ")))
     return 0
 
 
@@ -243,14 +313,37 @@ def stats(args: argparse.Namespace) -> int:
         import httpx
 
         resp = httpx.get(args.proxy.rstrip("/") + "/_cg/stats", timeout=10, trust_env=False)
-        _out(resp.json())
-        return 0 if resp.status_code == 200 else EXIT_NOT_FOUND
-    store = _store(args.db)
-    try:
-        _out(store.stats().to_json())
-    finally:
-        store.close()
-    return 0
+        doc = resp.json()
+        code = 0 if resp.status_code == 200 else EXIT_NOT_FOUND
+    else:
+        from cg.billing.savings import report
+
+        prices = _prices(args.config)
+        store = _store(args.db)
+        try:
+            doc = {**store.stats().to_json(), **report(store, prices)}
+        finally:
+            store.close()
+        code = 0
+    if args.json:
+        _out(doc)
+        return code
+    if "path" in doc:
+        print(
+            f"store {doc['path']}: {doc['sessions']} sessions, {doc['checkpoints']} "
+            f"checkpoints, {doc['stashes']} stashes ({doc['file_bytes']:,} bytes on disk)"
+        )
+    else:
+        print(
+            f"proxy {args.proxy}: {doc.get('requests', 0)} requests, "
+            f"{doc.get('rewritten', 0)} rewritten, {doc.get('passed_through', 0)} passed "
+            f"through, {doc.get('failed_open', 0)} failed open"
+        )
+    print("usage (as the provider reported it):")
+    print("\n".join(_usage_lines(doc.get("usage"))))
+    print("savings:")
+    print("\n".join(_savings_lines(doc.get("savings"))))
+    return code
 
 
 def parser() -> argparse.ArgumentParser:
@@ -271,14 +364,17 @@ def parser() -> argparse.ArgumentParser:
     e.add_argument("--json", action="store_true")
     e.set_defaults(func=expand)
 
-    s = sub.add_parser("sessions", help="list sessions and their checkpoints")
+    s = sub.add_parser("sessions", help="sessions: checkpoints, usage and savings")
     s.add_argument("--db", default=None)
+    s.add_argument("--config", default=None, help="a YAML config whose `prices` apply")
     s.add_argument("--json", action="store_true")
     s.set_defaults(func=sessions)
 
-    t = sub.add_parser("stats", help="store statistics, or a running proxy's counters")
+    t = sub.add_parser("stats", help="usage and savings in the store, or a running proxy's")
     t.add_argument("--db", default=None)
     t.add_argument("--proxy", default=None, help="e.g. http://127.0.0.1:8080")
+    t.add_argument("--config", default=None, help="a YAML config whose `prices` apply")
+    t.add_argument("--json", action="store_true")
     t.set_defaults(func=stats)
     return p
 

@@ -8,7 +8,9 @@ ourselves, re-send, and give the client only the final answer.
     loop cap reached / a round fails          ->  the last good answer, expand calls stripped
 
 The client never receives a call to a tool it did not declare, and gets the answer in the form
-it asked for (SSE if it streamed). `usage` is the sum over every round: what the exchange cost.
+it asked for (SSE if it streamed). Its `usage` is the final round's input side (what the context
+now is) with the output summed over the rounds (`client_usage`); every round's own usage is in
+`Outcome.replies`, for the ledger, each counted once.
 Continuation rounds go straight upstream, never through the pipeline, so expanded content is
 never summarized or stashed again.
 """
@@ -29,12 +31,12 @@ from cg.jsonspan import rebuild_array
 from cg.responses import (
     Reply,
     assistant_message,
+    client_usage,
     parse_json,
     parse_sse,
     render_json,
     render_sse,
     strip_calls,
-    sum_usage,
     tool_calls,
     tool_results,
     with_usage,
@@ -62,6 +64,7 @@ class Outcome:
     content_type: str
     rounds: int
     log: list[dict[str, Any]] = field(default_factory=list)
+    replies: list[Reply] = field(default_factory=list)  # the first answer, then each round's
 
 
 def parse(dialect: str, body: bytes, content_type: str) -> Reply:
@@ -157,7 +160,7 @@ async def run(
     if any(isinstance(r.message.get("usage"), dict) for r in replies):
         # Only when some round reported usage: an OpenAI stream without include_usage has none,
         # and a usage chunk (empty choices) would break clients that never asked for one.
-        final = with_usage(final, sum_usage(replies))
+        final = with_usage(final, client_usage(replies))
     if streamed:
-        return Outcome(render_sse(final), "text/event-stream; charset=utf-8", rounds, log)
-    return Outcome(render_json(final), "application/json", rounds, log)
+        return Outcome(render_sse(final), "text/event-stream; charset=utf-8", rounds, log, replies)
+    return Outcome(render_json(final), "application/json", rounds, log, replies)

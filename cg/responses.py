@@ -11,7 +11,7 @@ without streaming (`Reply`), edited as data, and rendered back in the provider's
     parse_json / parse_sse   body bytes  -> Reply      (ResponseParseError when malformed)
     tool_calls / strip_calls                           what the model called / a copy without
     assistant_message / tool_results                   the turns to append for a continuation
-    sum_usage / with_usage                             usage over all rounds
+    sum_usage / client_usage / with_usage              usage over all rounds
     render_json / render_sse Reply       -> bytes      what the official SDKs accept
 
 Functions never mutate their arguments: each returns new objects (deep-copied JSON), so a
@@ -36,6 +36,7 @@ __all__ = [
     "Reply",
     "ResponseParseError",
     "assistant_message",
+    "client_usage",
     "parse_json",
     "parse_sse",
     "render_json",
@@ -708,8 +709,45 @@ def sum_usage(replies: list[Reply]) -> JsonObject:
     return cast(JsonObject, total) if isinstance(total, dict) else {}
 
 
+# The keys that describe a request's input: after a continuation they come from the final round.
+_INPUT_SIDE = {
+    "anthropic": (
+        "input_tokens",
+        "cache_creation_input_tokens",
+        "cache_read_input_tokens",
+        "cache_creation",
+    ),
+    "openai": ("prompt_tokens", "prompt_tokens_details"),
+}
+
+
+def client_usage(replies: list[Reply]) -> JsonObject:
+    """The usage the client is told after a continuation: the final round's input side (what
+    the context now is: an agent sizes its own compaction from it, so a sum over rounds would
+    make it compact early), with the output and everything else summed over the rounds (what
+    was generated). OpenAI's `total_tokens` is then prompt + completion. The ledger keeps every
+    round's full usage apart; this is only what the client reads."""
+    with_usage_ = [r for r in replies if isinstance(r.message.get("usage"), dict)]
+    if not with_usage_:
+        return {}
+    out = sum_usage(with_usage_)
+    last = with_usage_[-1]
+    final = last.message["usage"]
+    for k in _INPUT_SIDE.get(last.dialect, ()):
+        if k in final:
+            out[k] = _clone(final[k])
+        else:
+            out.pop(k, None)
+    if last.dialect == "openai" and "total_tokens" in out:
+        prompt: Any = out.get("prompt_tokens")
+        completion: Any = out.get("completion_tokens")
+        if _is_number(prompt) and _is_number(completion):
+            out["total_tokens"] = prompt + completion
+    return out
+
+
 def with_usage(reply: Reply, usage: JsonObject) -> Reply:
-    """A copy of the reply reporting `usage` (typically `sum_usage` over every round)."""
+    """A copy of the reply reporting `usage` (`client_usage` over every round)."""
     m = _clone(reply.message)
     m["usage"] = _clone(usage)
     return Reply(reply.dialect, m)

@@ -25,11 +25,13 @@ Outcome = Literal["passed_through", "rewritten", "failed_open"]
 
 @dataclass(slots=True)
 class Rewrite:
-    """`body` is the new body to send, or None to send the original bytes unchanged."""
+    """`body` is the new body to send, or None to send the original bytes unchanged; `index`
+    the client's body as indexed (None when it could not be), for readers after the hot path."""
 
     body: bytes | None
     record: dict[str, Any]
     commissions: list[tuple[Component, Any]] = field(default_factory=list)
+    index: BodyIndex | None = None
 
     @property
     def outcome(self) -> Outcome:
@@ -58,12 +60,13 @@ def rewrite_body(
         return now
 
     result: PipelineResult | None = None
+    index: BodyIndex | None = None
 
     def done(outcome: Outcome, reason: str, body: bytes | None = None) -> Rewrite:
         record["outcome"] = outcome
         record["reason"] = reason
         timings["total"] = round((time.perf_counter() - t0) * 1000, 3)
-        return Rewrite(body, record, result.commissions if result is not None else [])
+        return Rewrite(body, record, result.commissions if result is not None else [], index)
 
     try:
         try:

@@ -32,6 +32,9 @@ class Config(BaseModel):
     components: dict[str, dict[str, Any]] = Field(default_factory=dict)
     store: StoreConfig = Field(default_factory=StoreConfig)
     model_windows: dict[str, int] = Field(default_factory=dict)
+    # {model: {input, cache_write_5m, cache_write_1h, cache_read, output[, long_prompt]}} in
+    # USD per million tokens, over presets/tables/prices.yaml (validated by load_config)
+    prices: dict[str, Any] = Field(default_factory=dict)
 
 
 def describe(e: ValidationError, source: str, secret_keys: Collection[str] = ()) -> str:
@@ -101,6 +104,9 @@ def load_config(preset: str, config_file: str | None, known_components: Sequence
         cfg = Config.model_validate(data)
     except ValidationError as e:
         raise ValueError(describe(e, "config")) from None
+    from cg.billing.prices import parse_prices  # prices.py reads this module's PRESETS_DIR
+
+    parse_prices(cfg.prices, "config: prices")
     for name in cfg.pipeline:
         if name not in known_components:
             raise ValueError(f"config: pipeline: unknown component {name!r}")

@@ -16,6 +16,25 @@ class SummaryCounts:
 
 
 @dataclass(slots=True)
+class UsageCounts:
+    """How reading the providers' `usage` went, answer by answer (SPEC §11): `read` answers
+    booked in the ledger; `missing` 2xx answers that reported none (an OpenAI stream without
+    `stream_options.include_usage`); `malformed` usage of the wrong shape, skipped; `truncated`
+    streams that ended mid-event (what they reported before is booked); `undecodable` streams
+    in a content-encoding the tap cannot undo; `tap_errors` taps disabled by an internal error;
+    `store_errors` ledger writes that failed. None of these ever touches the answer."""
+
+    read: int = 0
+    missing: int = 0
+    malformed: int = 0
+    truncated: int = 0
+    undecodable: int = 0
+    tap_errors: int = 0
+    store_errors: int = 0
+    summarizer_read: int = 0
+
+
+@dataclass(slots=True)
 class Stats:
     requests: int = 0
     rewritten: int = 0
@@ -27,6 +46,7 @@ class Stats:
     tokens_before: int = 0
     tokens_after: int = 0
     summaries: SummaryCounts = field(default_factory=SummaryCounts)
+    usage_reads: UsageCounts = field(default_factory=UsageCounts)
 
     def count(self, outcome: str) -> None:
         if outcome in ("rewritten", "passed_through", "failed_open", "bypassed"):

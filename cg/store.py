@@ -8,12 +8,22 @@ Tables (schema version in `PRAGMA user_version`):
     checkpoints  session -> the summary that replaced a covered prefix, and the exact serialised
                  summary message, so reuse re-emits byte-identical bytes.
     sessions     session -> when its last request was seen and the cache TTL it asked for.
+    usage        (session, kind, model, tier) -> summed token buckets of the provider's own
+                 `usage` (kind `agent`, `summarizer`, or `estimate`: what the agent's turns would
+                 have been billed unrewritten); the usage ledger of SPEC §11 (v2)
+    ledger       session -> its turn counters (turns, rewritten, tokens not sent, estimates
+                 skipped) and the few live entries of its estimate's prompt-cache model (v2)
+
+Migrations: v1 (stashes, checkpoints, sessions) -> v2 adds `usage` and `ledger`; each step runs
+in one transaction, so a killed migration leaves the file as it was.
 
 Safe under concurrent processes (WAL, `busy_timeout`, every write one `BEGIN IMMEDIATE`
 transaction) and a killed process (a transaction is all or nothing). Bounded by a TTL on
 `last_used` and a total stash size, evicted least recently used first; eviction runs on open and
 opportunistically after writes, at most once per `evict_interval` seconds. Session clocks expire by
 the same TTL, and a checkpoint with its session (reading a checkpoint marks its stash used).
+Ledger rows are a few hundred bytes per session and what `/_cg/sessions` reports, so they live
+`LEDGER_TTL_DAYS` (30) days after their session's last answer, or the store TTL if that is longer.
 
 Credentials never reach this module: its API takes only session ids (allow-listed, `cg.session`),
 message text, summaries and times, never headers, API keys or model settings.
@@ -36,10 +46,13 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from cg.billing.usage import Usage
 from cg.jsonspan import JsonSpanError, walk_array
 from cg.settings import StoreConfig
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+LEDGER_TTL_DAYS = 30.0
+USAGE_KINDS = ("agent", "summarizer", "estimate")
 TOUCH_INTERVAL = 60.0  # seconds between `last_used` updates of a live checkpoint's stash
 # A checkpoint is keyed by conversation, `session#first-message`; its owner is the session.
 _OWNER_SQL = (
@@ -92,6 +105,39 @@ CREATE TABLE IF NOT EXISTS sessions (
     cache_ttl REAL
 );
 """
+
+_SCHEMA_V2 = """
+CREATE TABLE IF NOT EXISTS usage (
+    session TEXT NOT NULL,
+    kind TEXT NOT NULL,
+    model TEXT NOT NULL,
+    tier TEXT NOT NULL,
+    input_tokens INTEGER NOT NULL,
+    cache_write_tokens INTEGER NOT NULL,
+    cache_write_1h_tokens INTEGER NOT NULL,
+    cache_read_tokens INTEGER NOT NULL,
+    output_tokens INTEGER NOT NULL,
+    requests INTEGER NOT NULL,
+    updated REAL NOT NULL,
+    PRIMARY KEY (session, kind, model, tier)
+);
+CREATE TABLE IF NOT EXISTS ledger (
+    session TEXT PRIMARY KEY,
+    turns INTEGER NOT NULL,
+    rewritten INTEGER NOT NULL,
+    tokens_not_sent INTEGER NOT NULL,
+    estimate_skipped INTEGER NOT NULL,
+    cache_state TEXT,
+    last_seen REAL NOT NULL
+);
+CREATE INDEX IF NOT EXISTS ledger_seen ON ledger (last_seen);
+"""
+# schema version reached -> the DDL that takes the file from the one before to it
+_MIGRATIONS = {1: _SCHEMA, 2: _SCHEMA_V2}
+_USAGE_COLS = (
+    "input_tokens, cache_write_tokens, cache_write_1h_tokens, cache_read_tokens, "
+    "output_tokens, requests"
+)
 
 
 class StoreError(RuntimeError):
@@ -177,7 +223,8 @@ class SessionRecord:
 
 @dataclass(frozen=True, slots=True)
 class SessionInfo:
-    """One line of the CLI's session listing."""
+    """One line of the CLI's session listing; `last_seen` is the latest of its request clock,
+    checkpoint, stashes and ledger."""
 
     session: str
     last_request: float | None
@@ -186,6 +233,31 @@ class SessionInfo:
     covered_count: int | None
     stashes: int
     stash_bytes: int
+    last_seen: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class UsageRow:
+    """One ledger row: what `session` was billed (or, kind `estimate`, would have been) by
+    `model`, in price tier `tier` (`""` or `long`)."""
+
+    session: str
+    kind: str
+    model: str
+    tier: str
+    usage: Usage
+
+
+@dataclass(frozen=True, slots=True)
+class LedgerTurns:
+    """A session's turn counters: answers recorded, turns sent rewritten, our token count of
+    what the rewrites left out, and rewritten turns whose estimate could not be made."""
+
+    turns: int = 0
+    rewritten: int = 0
+    tokens_not_sent: int = 0
+    estimate_skipped: int = 0
+    last_seen: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -332,27 +404,30 @@ class Store:
         return conn
 
     def _migrate(self, conn: sqlite3.Connection) -> None:
+        """Bring the file to SCHEMA_VERSION, one version per transaction (so two processes
+        opening an old file at once migrate it once: the second sees the new version)."""
         version = conn.execute("PRAGMA user_version").fetchone()[0]
-        if version == SCHEMA_VERSION:
-            return
         if version > SCHEMA_VERSION:
             raise StoreError(
                 f"the store {self.path} has schema version {version}, newer than this "
                 f"context-guru understands ({SCHEMA_VERSION}); use a newer context-guru or "
                 "another cg_db"
             )
-        conn.execute("BEGIN IMMEDIATE")
-        try:
-            if conn.execute("PRAGMA user_version").fetchone()[0] == 0:
-                for stmt in _SCHEMA.split(";"):
-                    if stmt.strip():
-                        conn.execute(stmt)
-                conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
-            conn.execute("COMMIT")
-        except BaseException:
-            if conn.in_transaction:
-                conn.execute("ROLLBACK")
-            raise
+        while version < SCHEMA_VERSION:
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                version = conn.execute("PRAGMA user_version").fetchone()[0]
+                if version < SCHEMA_VERSION:
+                    version += 1
+                    for stmt in _MIGRATIONS[version].split(";"):
+                        if stmt.strip():
+                            conn.execute(stmt)
+                    conn.execute(f"PRAGMA user_version = {version}")
+                conn.execute("COMMIT")
+            except BaseException:
+                if conn.in_transaction:
+                    conn.execute("ROLLBACK")
+                raise
 
     # -- plumbing ---------------------------------------------------------------------------
 
@@ -555,14 +630,22 @@ class Store:
         return rec.last_request if rec else None
 
     def sessions(self) -> list[SessionInfo]:
-        """Every session the store knows of, most recently seen first."""
+        """Every session the store knows of, most recently seen first. A session's
+        conversations (checkpoint keys `session#…`) are one session; its newest checkpoint is
+        the one reported."""
         with self._op("sessions") as conn:
             rows = conn.execute(
-                """
-                WITH ids AS (
+                f"""
+                WITH cp AS (
+                    SELECT {_OWNER_SQL} AS owner, updated, covered_count,
+                           ROW_NUMBER() OVER (PARTITION BY {_OWNER_SQL}
+                                              ORDER BY updated DESC) AS k
+                    FROM checkpoints
+                ), ids AS (
                     SELECT session FROM sessions
-                    UNION SELECT session FROM checkpoints
+                    UNION SELECT owner FROM cp
                     UNION SELECT session FROM stashes
+                    UNION SELECT session FROM ledger
                 ), st AS (
                     SELECT session, COUNT(*) AS n, SUM(size) AS bytes, MAX(last_used) AS used
                     FROM stashes GROUP BY session
@@ -570,15 +653,102 @@ class Store:
                 SELECT ids.session, s.last_request, s.cache_ttl, c.updated, c.covered_count,
                        COALESCE(st.n, 0), COALESCE(st.bytes, 0),
                        MAX(COALESCE(s.last_request, 0), COALESCE(c.updated, 0),
-                           COALESCE(st.used, 0)) AS seen
+                           COALESCE(st.used, 0), COALESCE(l.last_seen, 0)) AS seen
                 FROM ids
                 LEFT JOIN sessions s ON s.session = ids.session
-                LEFT JOIN checkpoints c ON c.session = ids.session
+                LEFT JOIN cp c ON c.owner = ids.session AND c.k = 1
                 LEFT JOIN st ON st.session = ids.session
+                LEFT JOIN ledger l ON l.session = ids.session
                 ORDER BY seen DESC, ids.session
                 """
             ).fetchall()
-        return [SessionInfo(*r[:7]) for r in rows]
+        return [
+            SessionInfo(r[0], r[1], r[2], r[3], r[4], r[5], r[6], last_seen=r[7] or None)
+            for r in rows
+        ]
+
+    # -- the usage ledger --------------------------------------------------------------------
+
+    def record_usage(
+        self,
+        session: str,
+        rows: Sequence[tuple[str, str, str, Usage]],
+        turns: LedgerTurns | None = None,
+        cache_state: str | None = None,
+    ) -> None:
+        """Add `(kind, model, tier, usage)` rows to `session`'s ledger, and `turns` to its
+        counters (`cache_state`, when given, replaces the stored one), in one transaction."""
+        t = self.now()
+        with self._tx("record_usage") as conn:
+            for kind, model, tier, u in rows:
+                if kind not in USAGE_KINDS:
+                    raise ValueError(f"record_usage: unknown kind {kind!r}")
+                conn.execute(
+                    f"INSERT INTO usage (session, kind, model, tier, {_USAGE_COLS}, updated) "
+                    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
+                    "ON CONFLICT (session, kind, model, tier) DO UPDATE SET "
+                    "input_tokens = input_tokens + excluded.input_tokens, "
+                    "cache_write_tokens = cache_write_tokens + excluded.cache_write_tokens, "
+                    "cache_write_1h_tokens = cache_write_1h_tokens + "
+                    "excluded.cache_write_1h_tokens, "
+                    "cache_read_tokens = cache_read_tokens + excluded.cache_read_tokens, "
+                    "output_tokens = output_tokens + excluded.output_tokens, "
+                    "requests = requests + excluded.requests, updated = excluded.updated",
+                    (
+                        session, kind, model, tier, u.input_tokens, u.cache_write_tokens,
+                        u.cache_write_1h_tokens, u.cache_read_tokens, u.output_tokens,
+                        u.requests, t,
+                    ),
+                )  # fmt: skip
+            d = turns or LedgerTurns()
+            conn.execute(
+                "INSERT INTO ledger (session, turns, rewritten, tokens_not_sent, "
+                "estimate_skipped, cache_state, last_seen) VALUES (?, ?, ?, ?, ?, ?, ?) "
+                "ON CONFLICT (session) DO UPDATE SET turns = turns + excluded.turns, "
+                "rewritten = rewritten + excluded.rewritten, "
+                "tokens_not_sent = tokens_not_sent + excluded.tokens_not_sent, "
+                "estimate_skipped = estimate_skipped + excluded.estimate_skipped, "
+                "cache_state = COALESCE(excluded.cache_state, cache_state), "
+                "last_seen = excluded.last_seen",
+                (
+                    session, d.turns, d.rewritten, d.tokens_not_sent, d.estimate_skipped,
+                    cache_state, t,
+                ),
+            )  # fmt: skip
+        self._maybe_evict()
+
+    def usage_rows(self, session: str | None = None) -> list[UsageRow]:
+        """The ledger's rows (one session's, when given), in a stable order."""
+        sql = f"SELECT session, kind, model, tier, {_USAGE_COLS} FROM usage"
+        args: tuple[str, ...] = ()
+        if session is not None:
+            sql += " WHERE session = ?"
+            args = (session,)
+        with self._op("usage_rows") as conn:
+            rows = conn.execute(sql + " ORDER BY session, kind, model, tier", args).fetchall()
+        return [UsageRow(r[0], r[1], r[2], r[3], Usage(*r[4:])) for r in rows]
+
+    def ledger_turns(self, session: str | None = None) -> dict[str, LedgerTurns]:
+        """Each session's turn counters (one session's, when given)."""
+        sql = (
+            "SELECT session, turns, rewritten, tokens_not_sent, estimate_skipped, last_seen "
+            "FROM ledger"
+        )
+        args: tuple[str, ...] = ()
+        if session is not None:
+            sql += " WHERE session = ?"
+            args = (session,)
+        with self._op("ledger_turns") as conn:
+            rows = conn.execute(sql, args).fetchall()
+        return {r[0]: LedgerTurns(*r[1:]) for r in rows}
+
+    def cache_state(self, session: str) -> str | None:
+        """The estimate's prompt-cache entries last stored for `session` (JSON), or None."""
+        with self._op("cache_state") as conn:
+            row = conn.execute(
+                "SELECT cache_state FROM ledger WHERE session = ?", (session,)
+            ).fetchone()
+        return row[0] if row else None
 
     # -- bounds -----------------------------------------------------------------------------
 
@@ -612,6 +782,14 @@ class Store:
                 (cutoff, cutoff),
             ).rowcount
             sess = conn.execute("DELETE FROM sessions WHERE last_request < ?", (cutoff,)).rowcount
+            # The ledger outlives the stashes: it is tiny, and it is the record of what was spent.
+            ledger_cutoff = t - max(self.ttl, LEDGER_TTL_DAYS * 86400.0)
+            conn.execute(
+                "DELETE FROM usage WHERE session NOT IN "
+                "(SELECT session FROM ledger WHERE last_seen >= ?)",
+                (ledger_cutoff,),
+            )
+            conn.execute("DELETE FROM ledger WHERE last_seen < ?", (ledger_cutoff,))
             total = conn.execute("SELECT COALESCE(SUM(size), 0) FROM stashes").fetchone()[0]
             lru = 0
             if total > self.max_bytes:

@@ -20,12 +20,13 @@ import math
 import os
 import random
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
 
+from cg.billing.usage import Usage, UsageError, from_provider
 from cg.summarize.component import Commission, NoModel, SummarizerError, SummarizerTimeout
 from cg.summarize.config import ModelConfig
 
@@ -165,12 +166,15 @@ class SummarizerClient:
         level: str = "regular",
         timeout: float = DEFAULT_TIMEOUT,
         env: Mapping[str, str] | None = None,
+        on_usage: Callable[[str, str, Usage], None] | None = None,
     ) -> None:
+        """`on_usage(session, model, usage)` is told each answer's usage (the usage ledger)."""
         self.cfg = cfg
         self.pool = client
         self.level = level
         self.timeout = timeout
         self.env = env
+        self.on_usage = on_usage
 
     async def __call__(self, prompt: str, job: Commission) -> str | None:
         ep = resolve_endpoint(self.cfg, job, self.env)
@@ -200,6 +204,7 @@ class SummarizerClient:
                         doc = resp.json()
                     except ValueError:
                         raise SummarizerError("the answer is not JSON") from None
+                    self._report_usage(job.session, ep, doc)
                     return answer_text(ep.dialect, doc)
                 last = f"HTTP {resp.status_code}"
                 if resp.status_code not in RETRY_STATUS:
@@ -211,6 +216,22 @@ class SummarizerClient:
         if time.monotonic() >= deadline:
             raise SummarizerTimeout(f"no answer within {self.timeout:g}s ({last})")
         raise SummarizerError(f"gave up after {attempts} attempts ({last})")
+
+    def _report_usage(self, session: str, ep: Endpoint, doc: Any) -> None:
+        """Hand the answer's usage to `on_usage`; a missing or malformed one is skipped, and
+        nothing here may fail the summary."""
+        raw = doc.get("usage") if isinstance(doc, dict) else None
+        if self.on_usage is None or raw is None:
+            return
+        try:
+            usage = from_provider(ep.dialect, raw)
+        except UsageError:
+            return
+        model = doc.get("model")
+        try:
+            self.on_usage(session, model if isinstance(model, str) and model else ep.model, usage)
+        except Exception:  # noqa: BLE001 - the ledger's trouble is not the summary's
+            return
 
 
 class HttpPool:

@@ -76,7 +76,9 @@ class Reply:
     status line) until the hold is set or `hold_timeout` passes (which sets `hold_timed_out`) —
     a hanging server. `answered` is set once the reply has been written (or the peer was gone).
     `frames`: an SSE answer written as is, one chunk per frame (flushed), with `status` and
-    `headers` over the SSE defaults.
+    `headers` over the SSE defaults. `usage`: the answer's `usage` object instead of the default
+    (JSON: as is; Anthropic SSE: `message_delta.usage`, with `message_start` carrying its input
+    side; OpenAI SSE: the usage chunk, sent only when the request asked `include_usage`).
     """
 
     status: int = 200
@@ -90,6 +92,7 @@ class Reply:
     hold_timed_out: bool = False
     answered: threading.Event = field(default_factory=threading.Event)
     frames: list[bytes] | None = None
+    usage: dict[str, Any] | None = None
 
     @classmethod
     def json(cls, status: int, payload: Any) -> Reply:
@@ -226,6 +229,21 @@ def _openai_chunks(model: str, text: str, in_tokens: int, usage: bool) -> Iterat
     yield "[DONE]"
 
 
+_INPUT_SIDE = ("input_tokens", "cache_creation_input_tokens", "cache_read_input_tokens")
+
+
+def _with_usage(data: Any, usage: dict[str, Any] | None) -> Any:
+    """An event or chunk carrying `usage` instead of its own (see `Reply.usage`)."""
+    if usage is None or not isinstance(data, dict):
+        return data
+    if data.get("type") == "message_start":
+        start = {k: v for k, v in usage.items() if k in _INPUT_SIDE or k == "cache_creation"}
+        return {**data, "message": {**data["message"], "usage": {**start, "output_tokens": 1}}}
+    if data.get("type") == "message_delta" or data.get("usage") is not None:
+        return {**data, "usage": usage}
+    return data
+
+
 def _has_content(chunk: Any) -> bool:
     return isinstance(chunk, dict) and any(
         c.get("delta", {}).get("content") for c in chunk.get("choices", [])
@@ -345,7 +363,7 @@ class _Handler(BaseHTTPRequestHandler):
             self._send(
                 reply.status,
                 {**_JSON, **reply.headers},
-                _dumps(make(model, reply.text, in_tokens)),
+                _dumps(_with_usage(make(model, reply.text, in_tokens), reply.usage)),
             )
             return
         self.send_response(reply.status)
@@ -355,14 +373,20 @@ class _Handler(BaseHTTPRequestHandler):
         self.end_headers()
         if dialect == "anthropic":
             frames = [
-                (f"event: {name}\ndata: {_dumps(data)}\n\n", name == "content_block_delta")
+                (
+                    f"event: {name}\ndata: {_dumps(_with_usage(data, reply.usage))}\n\n",
+                    name == "content_block_delta",
+                )
                 for name, data in _anthropic_events(model, reply.text, in_tokens)
             ]
         else:
             opts = req.get("stream_options")
             usage = isinstance(opts, dict) and opts.get("include_usage") is True
             frames = [
-                (f"data: {_dumps(c) if c != '[DONE]' else c}\n\n", _has_content(c))
+                (
+                    f"data: {_dumps(_with_usage(c, reply.usage)) if c != '[DONE]' else c}\n\n",
+                    _has_content(c),
+                )
                 for c in _openai_chunks(model, reply.text, in_tokens, usage)
             ]
         gated = reply.gate is not None

@@ -13,8 +13,9 @@ from pathlib import Path
 
 import pytest
 
+from cg.billing.usage import Usage
 from cg.cli import main
-from cg.store import Checkpoint, Store, stash_key
+from cg.store import Checkpoint, LedgerTurns, Store, stash_key
 
 REPO = Path(__file__).resolve().parents[1]
 FIXTURE = REPO / "tests" / "fixtures" / "claude_code_2.1.197_turn16.json"
@@ -146,7 +147,7 @@ def test_sessions(db: Path, capsys) -> None:
     assert "1 stashes" in mine
     assert "last seen 20" in mine  # a date
     other = next(x for x in lines if x.startswith("cli-sess-2 "))
-    assert "no checkpoint" in other and "last seen -" in other
+    assert "no checkpoint" in other and "last seen 20" in other  # its stash's last use
 
     code, out, _ = run(capsys, "sessions", "--db", str(db), "--json")
     assert code == 0
@@ -164,7 +165,7 @@ def test_sessions_of_an_empty_store(tmp_path: Path, capsys) -> None:
 
 
 def test_stats(db: Path, capsys) -> None:
-    code, out, _ = run(capsys, "stats", "--db", str(db))
+    code, out, _ = run(capsys, "stats", "--db", str(db), "--json")
     assert code == 0
     doc = json.loads(out)
     assert doc["path"] == str(db)
@@ -172,6 +173,74 @@ def test_stats(db: Path, capsys) -> None:
     assert doc["journal_mode"] == "wal"
     assert (doc["stashes"], doc["checkpoints"], doc["sessions"]) == (2, 1, 1)
     assert doc["file_bytes"] > 0
+
+
+def _ledger(db: Path) -> None:
+    with Store(db) as st:
+        st.record_usage(
+            SESSION,
+            [
+                ("agent", "claude-sonnet-5-5", "", Usage(1000, 0, 0, 100000, 500, 2)),
+                ("estimate", "claude-sonnet-5-5", "", Usage(1000, 50000, 0, 90000, 500, 2)),
+                ("summarizer", "my-local-model", "", Usage(3000, 0, 0, 0, 200, 1)),
+            ],
+            LedgerTurns(turns=2, rewritten=1, tokens_not_sent=40000),
+        )
+
+
+def test_stats_shows_usage_and_labels_the_estimates(db: Path, capsys) -> None:
+    _ledger(db)
+    code, out, _ = run(capsys, "stats", "--db", str(db), "--json")
+    doc = json.loads(out)
+    assert doc["usage"]["agent"] == {
+        "input_tokens": 1000,
+        "cache_write_tokens": 0,
+        "cache_read_tokens": 100000,
+        "output_tokens": 500,
+        "requests": 2,
+    }
+    assert doc["usage"]["summarizer"]["input_tokens"] == 3000
+    s = doc["savings"]
+    # An unpriced summarizer model: every total it enters is unknown, and says which.
+    assert s["unpriced_models"] == ["my-local-model"] and s["billed_usd"] is None
+    # claude-sonnet-5-5: $2 in, $0.10 read, $10 out; 1000×2 + 100000×0.1 + 500×10 = 17,000 µ$
+    assert s["billed_agent_usd"] == pytest.approx(0.017)
+    assert s["tokens_not_sent"] == 40000 and s["rewritten_turns"] == 1
+    code, out, _ = run(capsys, "stats", "--db", str(db))
+    assert code == 0
+    assert "without rewrite (ESTIMATE)   $0.141000" in out
+    assert "saved (ESTIMATE)             unknown" in out and "$0.017000" in out
+    assert "unpriced models (their cost is unknown, not zero): my-local-model" in out
+    assert "40,000 over 1 rewritten of 2 turns" in out
+
+
+def test_a_config_prices_the_unpriced_model(db: Path, tmp_path: Path, capsys) -> None:
+    _ledger(db)
+    config = tmp_path / "prices.yaml"
+    config.write_text(
+        "prices:\n  my-local-model: {input: 0, cache_write_5m: 0, "
+        "cache_write_1h: 0, cache_read: 0, output: 0}\n"
+    )
+    _code, out, _ = run(capsys, "stats", "--db", str(db), "--config", str(config), "--json")
+    s = json.loads(out)["savings"]
+    # estimate: 1000×2 + 50000×2.5 + 90000×0.1 + 500×10 = 141,000 µ$; billed 17,000 µ$
+    assert s["unpriced_models"] == [] and s["billed_usd"] == pytest.approx(0.017)
+    assert s["without_rewrite_usd"] == pytest.approx(0.141)
+    assert s["saved_usd"] == pytest.approx(0.124)
+
+
+def test_sessions_show_each_sessions_usage_and_savings(db: Path, capsys) -> None:
+    _ledger(db)
+    code, out, _ = run(capsys, "sessions", "--db", str(db), "--json")
+    assert code == 0
+    rows = {r["id"]: r for r in json.loads(out)}
+    mine = rows[SESSION]
+    assert mine["usage"]["agent"]["cache_read_tokens"] == 100000
+    assert mine["checkpoint"]["covered_messages"] == 3
+    assert mine["savings"]["tokens_not_sent"] == 40000
+    assert rows["cli-sess-2"]["usage"]["agent"]["requests"] == 0
+    _code, out, _ = run(capsys, "sessions", "--db", str(db))
+    assert "billed" in out and "(ESTIMATE)" in out
 
 
 # -- replay ------------------------------------------------------------------------------------

@@ -229,17 +229,20 @@ async def test_an_expand_only_reply_is_resolved_and_resent(client, stream: bool)
     ]
     assert new[0]["content"][0]["signature"] == "sig1=="
 
-    # The client gets the final answer in the form it asked for, with the usage of both rounds.
+    # The client gets the final answer in the form it asked for. Its usage: the final round's
+    # input side (the context as it now is), the output of both rounds.
     assert out.content_type.startswith("text/event-stream" if stream else "application/json")
     got = final(out, "anthropic")
     assert [b["type"] for b in got.message["content"]] == ["text"]
     assert got.message["content"][0]["text"] == "The answer is 42."
     assert got.message["stop_reason"] == "end_turn"
     assert got.message["usage"] == {
-        "input_tokens": 300,
+        "input_tokens": 200,
         "output_tokens": 3,
-        "cache_read_input_tokens": 30,
+        "cache_read_input_tokens": 20,
     }
+    # Every round's own usage is kept for the ledger, each once.
+    assert [r.message["usage"]["input_tokens"] for r in out.replies] == [100, 200]
     assert out.rounds == 1
     assert out.log == [{"round": 1, "ids": [KEY]}]
 
@@ -333,8 +336,10 @@ async def test_the_loop_stops_after_three_resends(client, stream: bool) -> None:
     assert tool_calls(got) == []
     assert got.message["content"] == [{"type": "text", "text": "again 4"}]
     assert got.message["stop_reason"] == "end_turn"
-    assert got.message["usage"]["input_tokens"] == 100 * (1 + 2 + 3 + 4)
+    assert got.message["usage"]["input_tokens"] == 100 * 4  # the final round's context
+    assert got.message["usage"]["output_tokens"] == 1 + 2 + 3 + 4
     assert out.rounds == 3
+    assert len(out.replies) == 4
     # Each round re-sent everything before it, plus its own turn.
     for i in range(1, 3):
         assert len(appended(up.requests[i - 1].content, up.requests[i].content)) == 2
@@ -379,7 +384,8 @@ async def test_a_second_round_failing_returns_the_first_rounds_answer(client) ->
     assert len(up.requests) == 2
     got = final(out, "anthropic")
     assert got.message["content"] == [{"type": "text", "text": "More."}]
-    assert got.message["usage"]["input_tokens"] == 300
+    assert got.message["usage"]["input_tokens"] == 200
+    assert got.message["usage"]["output_tokens"] == 3
     assert out.log[1]["error"] == "HTTP 500"
 
 
@@ -481,9 +487,9 @@ async def test_openai_tool_messages_are_appended(client, stream: bool) -> None:
     assert "tool_calls" not in msg
     assert got.message["choices"][0]["finish_reason"] == "stop"
     assert got.message["usage"] == {
-        "prompt_tokens": 300,
+        "prompt_tokens": 200,
         "completion_tokens": 3,
-        "total_tokens": 303,
+        "total_tokens": 203,
     }
 
 

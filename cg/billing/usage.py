@@ -3,7 +3,8 @@
     input_tokens            input billed at the full price (Anthropic `input_tokens`; OpenAI
                             `prompt_tokens` / `input_tokens` minus the cached part)
     cache_write_tokens      input written to the prompt cache (Anthropic
-                            `cache_creation_input_tokens`; OpenAI has no write premium: 0)
+                            `cache_creation_input_tokens`; OpenAI `*_tokens_details.
+                            cache_write_tokens`, reported and billed from GPT-5.6 on, else 0)
     cache_write_1h_tokens   the part of cache_write_tokens written for one hour (Anthropic
                             `cache_creation.ephemeral_1h_input_tokens`), priced apart
     cache_read_tokens       input read from the cache (Anthropic `cache_read_input_tokens`;
@@ -119,10 +120,16 @@ def from_openai(u: Any) -> Usage:
     else:
         raise UsageError("usage has neither prompt_tokens nor input_tokens")
     cached = _count(details, "cached_tokens", "usage.*_tokens_details")
-    if cached > prompt:
-        raise UsageError(f"usage: {cached} cached tokens of a {prompt}-token prompt")
+    # GPT-5.6 and later bill cache writes at 1.25x input and report them apart; they are part
+    # of the prompt, like the cached tokens.
+    written = _count(details, "cache_write_tokens", "usage.*_tokens_details")
+    if cached + written > prompt:
+        raise UsageError(
+            f"usage: {cached} cached + {written} written tokens of a {prompt}-token prompt"
+        )
     return Usage(
-        input_tokens=prompt - cached,
+        input_tokens=prompt - cached - written,
+        cache_write_tokens=written,
         cache_read_tokens=cached,
         output_tokens=output,
         requests=1,

@@ -461,12 +461,13 @@ def test_the_model_expands_and_the_client_gets_the_final_answer_only(
         n = FIRST_LEN[dialect] + 2
         t2 = agent.send(n, stream=stream)
 
-    # The client: the final answer, no call to a tool it never declared, usage of both rounds.
+    # The client: the final answer, no call to a tool it never declared; usage: the final
+    # round's input side (the context as it now is) and the output of both rounds.
     assert result_text(dialect, t2.result) == FINAL
     assert client_calls(dialect, t2.result) == []
     assert stop_reason(dialect, t2.result) == ("end_turn" if dialect == "anthropic" else "stop")
     assert TOOL_NAME not in json.dumps(t2.result) + json.dumps(t2.chunks)
-    assert usage(dialect, t2.result) == (1000 + 2000, 7 + 11)
+    assert usage(dialect, t2.result) == (2000, 7 + 11)
     if dialect == "openai" and stream:
         assert all(c["choices"] for c in t2.chunks[:-1]) and t2.chunks[-1]["usage"]
 
@@ -506,6 +507,10 @@ def test_the_model_expands_and_the_client_gets_the_final_answer_only(
     assert cg["outcome"] == "rewritten"
     assert cg["expand"]["injected"] is True
     assert cg["expand"]["rounds"] == 1
+    # The ledger books both rounds in full, each once, whatever the client was told.
+    assert cg["ledger"]["rounds"] == 2
+    booked = cg["ledger"]["usage"]
+    assert (booked["input_tokens"], booked["output_tokens"]) == (1000 + 2000, 7 + 11)
 
 
 @pytest.mark.parametrize(("dialect", "stream"), [DIALECT_STREAM[1], DIALECT_STREAM[2]])
@@ -521,8 +526,11 @@ def test_the_loop_stops_after_three_continuations(xproxy, provider, model, diale
     assert TOOL_NAME not in json.dumps(t2.result) + json.dumps(t2.chunks)
     assert result_text(dialect, t2.result) == "Looking closer, round 4."
     assert stop_reason(dialect, t2.result) == ("end_turn" if dialect == "anthropic" else "stop")
-    assert usage(dialect, t2.result) == (4 * 1000, 4 * 7)
-    assert record(xproxy, t2.eid)["expand"]["rounds"] == 3
+    assert usage(dialect, t2.result) == (1000, 4 * 7)
+    cg = record(xproxy, t2.eid)
+    assert cg["expand"]["rounds"] == 3
+    assert cg["ledger"]["rounds"] == 4
+    assert cg["ledger"]["usage"]["input_tokens"] == 4 * 1000
 
 
 @pytest.mark.parametrize("dialect", ["anthropic", "openai"])

@@ -1,0 +1,218 @@
+"""The usage ledger (SPEC §11): what each session was billed, and what it would have been billed
+had nothing been rewritten.
+
+Per provider answer the addon hands over one `Turn` (what the request hook knew) and the usage
+of every round the turn took (one, or several after an expand continuation). The ledger adds,
+in one store transaction:
+
+- `agent` rows: every round's usage as the provider reported it, under the answer's model and
+  price tier;
+- `estimate` rows (what the turn would have cost unrewritten): for a turn sent as the client
+  sent it, its own billed usage; for a rewritten turn, the ORIGINAL request priced under the
+  prompt-cache model (`cg.billing.cache`) — a per-session `PromptCache` fed with the original
+  requests' shapes in order (every turn feeds it, rewritten or not), its buckets scaled by
+  (the provider's prompt tokens of the sent request / our token count of the sent request) so
+  the estimate is in the provider's tokens, and output = the turn's actual output (the final
+  round's);
+- the turn counters: turns, rewritten turns, `tokens_not_sent` (our count of the original minus
+  the sent request, over rewritten turns), rewritten turns whose estimate could not be made.
+
+The summarizer's own calls are `summarizer` rows. The per-session caches live in memory (an LRU
+of `max_sessions`) and their few live entries are stored with every turn, so a restarted proxy
+resumes the model where it stood instead of presuming a cold cache (which would fake savings).
+Nothing here holds a header or a credential: headers are read for the session id only.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import OrderedDict
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from cg.billing.cache import Prompt, PromptCache, prompt_of
+from cg.billing.prices import PriceTable
+from cg.billing.savings import report
+from cg.billing.usage import Usage
+from cg.body import BodyIndex, BodyRejected, index_body
+from cg.dialects import DIALECTS
+from cg.facts import FactsCache
+from cg.session import session_of, valid_session_id
+from cg.store import LedgerTurns, Store
+
+UNKNOWN_MODEL = "unknown"
+UNIDENTIFIED = "unidentified"  # a flow whose body could not be read to find its session
+STATE_ENTRIES = 64  # cache entries stored per session: the newest prefixes are what the next
+# request can hit
+
+
+@dataclass(slots=True)
+class Turn:
+    """What the request hook knew about one provider flow, kept for the flow's life only.
+
+    `index` is the client's request as indexed (None when it was not: too large, streamed,
+    undecodable); `rewritten` whether the bytes sent differ from the client's; `at` the
+    request's timestamp (orders the prompt-cache model); `feed` whether an unchanged turn feeds
+    the session's modelled cache (False where no pipeline ran, as under `off`: nothing there is
+    ever rewritten, and a cold session's first shape would cost a full tokenisation)."""
+
+    dialect: str
+    session: str | None
+    index: BodyIndex | None
+    rewritten: bool
+    at: float
+    feed: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class Round:
+    """One answer's usage, read and converted, and the model the answer names (or None)."""
+
+    usage: Usage
+    model: str | None = None
+
+
+def request_model(index: BodyIndex | None) -> str | None:
+    m = index.members.get("model") if index is not None else None
+    return m.value if m is not None and isinstance(m.value, str) else None
+
+
+class Ledger:
+    def __init__(
+        self,
+        store: Store,
+        prices: PriceTable,
+        facts: FactsCache,
+        max_sessions: int = 256,
+    ) -> None:
+        self.store = store
+        self.prices = prices
+        self.facts = facts
+        self.max_sessions = max_sessions
+        self._caches: OrderedDict[str, PromptCache] = OrderedDict()
+
+    # -- writing --------------------------------------------------------------------------
+
+    def agent_turn(
+        self,
+        turn: Turn,
+        rounds: list[Round],
+        headers: Mapping[str, str],
+        sent: bytes | None = None,
+    ) -> str:
+        """Record one agent turn; `sent` is the body that went upstream when it differs from
+        the client's (a rewritten turn). Returns the session it was booked under. Raises on a
+        store error (the caller counts it)."""
+        session = self.session_of(turn, headers)
+        model = next((r.model for r in rounds if r.model), None) or request_model(turn.index)
+        model = model or UNKNOWN_MODEL
+        rows: list[tuple[str, str, str, Usage]] = [
+            ("agent", model, self._tier(model, r.usage), r.usage) for r in rounds
+        ]
+        counters = LedgerTurns(turns=1 if rounds else 0)
+        modelled_turn = turn.index is not None and (turn.rewritten or turn.feed)
+        cache = self._cache(session) if modelled_turn else None
+        original: Prompt | None = None
+        modelled = Usage()
+        if cache is not None and turn.index is not None:
+            original = prompt_of(turn.index, self.facts)
+            modelled = cache.bill(original, turn.at)
+        if not turn.rewritten:
+            rows += [("estimate", m, t, u) for _, m, t, u in rows]
+        else:
+            est = None
+            sent_tokens = self._tokens(turn.dialect, sent)
+            if original is not None and sent_tokens and rounds:
+                first, last = rounds[0].usage, rounds[-1].usage
+                k = first.prompt_tokens / sent_tokens
+                s = modelled.scaled(k)
+                est = Usage(
+                    s.input_tokens, s.cache_write_tokens, s.cache_write_1h_tokens,
+                    s.cache_read_tokens, last.output_tokens, 1,
+                )  # fmt: skip
+                rows.append(("estimate", model, self._tier(model, est), est))
+            counters = LedgerTurns(
+                turns=counters.turns,
+                rewritten=1,
+                tokens_not_sent=(original.tokens - sent_tokens)
+                if original is not None and sent_tokens
+                else 0,
+                estimate_skipped=0 if est is not None else 1,
+            )
+        state = _dump(cache, turn.at) if cache is not None else None
+        self.store.record_usage(session, rows, counters, state)
+        return session
+
+    def summarizer_call(self, session: str, model: str, usage: Usage) -> None:
+        """Record one summarizer answer's usage (SummarizerClient's `on_usage`)."""
+        model = model or UNKNOWN_MODEL
+        self.store.record_usage(session, [("summarizer", model, self._tier(model, usage), usage)])
+
+    # -- reading --------------------------------------------------------------------------
+
+    def report(self, session: str | None = None) -> dict[str, Any]:
+        """`{"usage": {agent, summarizer}, "savings": {…}}` over the whole ledger or one
+        session's rows."""
+        return report(self.store, self.prices, session)
+
+    # -- helpers --------------------------------------------------------------------------
+
+    def session_of(self, turn: Turn, headers: Mapping[str, str]) -> str:
+        if turn.session:
+            return turn.session
+        if turn.index is not None:
+            return session_of(headers, turn.index).id
+        for name in ("x-context-guru-session", "x-claude-code-session-id"):
+            v = (headers.get(name) or "").strip()
+            if valid_session_id(v):
+                return v
+        return UNIDENTIFIED
+
+    def _tier(self, model: str, u: Usage) -> str:
+        return self.prices.tier(model, u.prompt_tokens)
+
+    def _tokens(self, dialect: str, body: bytes | None) -> int:
+        """Our token count of a request body (the prompt-cache shape's total), 0 if unreadable.
+        Indexed without the addon's message cache: a rewritten body must not replace the
+        client's message list that the next turn is matched against."""
+        if not body:
+            return 0
+        try:
+            return prompt_of(index_body(body, DIALECTS[dialect]), self.facts).tokens
+        except (BodyRejected, KeyError):
+            return 0
+
+    def _cache(self, session: str) -> PromptCache:
+        cache = self._caches.get(session)
+        if cache is not None:
+            self._caches.move_to_end(session)
+            return cache
+        cache = _load(self.store.cache_state(session))
+        self._caches[session] = cache
+        while len(self._caches) > self.max_sessions:
+            self._caches.popitem(last=False)  # its state is in the store already
+        return cache
+
+
+def _dump(cache: PromptCache, now: float) -> str:
+    """The cache's newest live entries as JSON: the latest expiry first, and among equals the
+    latest written (the longest prefixes of the last request)."""
+    live = [(k, e) for k, e in cache.entries.items() if e[0] > now]
+    order = sorted(range(len(live)), key=lambda i: (live[i][1][0], i), reverse=True)
+    kept = [live[i] for i in sorted(order[:STATE_ENTRIES])]
+    return json.dumps({"v": 1, "entries": [[k.hex(), exp, ttl] for k, (exp, ttl) in kept]})
+
+
+def _load(state: str | None) -> PromptCache:
+    """A cache from stored state; an unreadable state is an empty (cold) cache."""
+    cache = PromptCache()
+    if not state:
+        return cache
+    try:
+        doc = json.loads(state)
+        for key, exp, ttl in doc.get("entries", []):
+            cache.entries[bytes.fromhex(key)] = (float(exp), float(ttl))
+    except (ValueError, TypeError, AttributeError):
+        cache.entries.clear()
+    return cache

@@ -1,0 +1,145 @@
+"""The ledger priced: `usage` split agent / summarizer, and `savings` (SPEC §11).
+
+    billed_usd            the ledger's agent and summarizer rows priced: what was billed
+    without_rewrite_usd   ESTIMATE: the `estimate` rows priced (what the agent's turns would
+                          have been billed unrewritten; see README "What it saved")
+    saved_usd             ESTIMATE: without_rewrite_usd - billed agent - billed summarizer
+
+A model with no price makes every figure it enters `None` (unknown, never zero), and
+`unpriced_models` names it. Token figures need no price and are always exact sums.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from cg.billing.prices import PriceTable
+from cg.billing.usage import Usage
+from cg.store import LedgerTurns, Store, UsageRow
+
+ESTIMATED = ("without_rewrite_usd", "saved_usd")
+NOTE = (
+    "billed_usd prices the provider's own usage; without_rewrite_usd and saved_usd are "
+    "ESTIMATES (the original requests priced under a prompt-cache model, scaled to the "
+    "provider's token counts); see README 'What it saved'"
+)
+
+
+def _round(x: float | None) -> float | None:
+    return None if x is None else round(x, 6)
+
+
+def _cost(rows: Iterable[UsageRow], prices: PriceTable, unpriced: set[str]) -> float | None:
+    total: float | None = 0.0
+    for r in rows:
+        c = prices.cost(r.model, r.usage, r.tier)
+        if c is None:
+            unpriced.add(r.model)
+            total = None
+        elif total is not None:
+            total += c
+    return total
+
+
+def _sum(rows: Iterable[UsageRow]) -> Usage:
+    total = Usage()
+    for r in rows:
+        total = total + r.usage
+    return total
+
+
+def usage_split(rows: list[UsageRow]) -> dict[str, dict[str, int]]:
+    """`{"agent": {5 keys}, "summarizer": {5 keys}}`: exact sums of what providers reported."""
+    return {
+        kind: _sum(r for r in rows if r.kind == kind).to_json() for kind in ("agent", "summarizer")
+    }
+
+
+def savings(rows: list[UsageRow], turns: LedgerTurns, prices: PriceTable) -> dict[str, Any]:
+    """The `savings` object for these ledger rows and turn counters (one session's or all)."""
+    unpriced: set[str] = set()
+    agent = _cost((r for r in rows if r.kind == "agent"), prices, unpriced)
+    summ = _cost((r for r in rows if r.kind == "summarizer"), prices, unpriced)
+    without = _cost((r for r in rows if r.kind == "estimate"), prices, unpriced)
+    billed = None if agent is None or summ is None else agent + summ
+    saved = None if without is None or billed is None else without - billed
+    return {
+        "tokens_not_sent": turns.tokens_not_sent,
+        "turns": turns.turns,
+        "rewritten_turns": turns.rewritten,
+        "estimate_skipped_turns": turns.estimate_skipped,
+        "billed_usd": _round(billed),
+        "billed_agent_usd": _round(agent),
+        "billed_summarizer_usd": _round(summ),
+        "without_rewrite_usd": _round(without),
+        "saved_usd": _round(saved),
+        "estimated": list(ESTIMATED),
+        "unpriced_models": sorted(unpriced),
+        "prices_date": prices.date,
+        "note": NOTE,
+    }
+
+
+def total_turns(turns: Iterable[LedgerTurns]) -> LedgerTurns:
+    out = LedgerTurns()
+    for t in turns:
+        out = LedgerTurns(
+            out.turns + t.turns,
+            out.rewritten + t.rewritten,
+            out.tokens_not_sent + t.tokens_not_sent,
+            out.estimate_skipped + t.estimate_skipped,
+            max(out.last_seen, t.last_seen),
+        )
+    return out
+
+
+def report(store: Store, prices: PriceTable, session: str | None = None) -> dict[str, Any]:
+    """`{"usage": {agent, summarizer}, "savings": {…}}` over the store's whole ledger, or one
+    session's."""
+    rows = store.usage_rows(session)
+    turns = total_turns(store.ledger_turns(session).values())
+    return {"usage": usage_split(rows), "savings": savings(rows, turns, prices)}
+
+
+def sessions_report(
+    store: Store, prices: PriceTable, count_tokens: Callable[[str], int]
+) -> list[dict[str, Any]]:
+    """`GET /_cg/sessions`: every session the store knows, most recently seen first — its id,
+    when it was last seen, its newest checkpoint (messages covered, the summary's tokens by our
+    count), its usage split agent / summarizer, and its savings."""
+    rows: dict[str, list[UsageRow]] = defaultdict(list)
+    for r in store.usage_rows():
+        rows[r.session].append(r)
+    turns = store.ledger_turns()
+    out: list[dict[str, Any]] = []
+    for info in store.sessions():
+        sid = info.session
+        cps = store.checkpoints_of(sid)
+        checkpoint = None
+        if cps:
+            cp = cps[-1]
+            try:
+                text = json.loads(cp.message).get("content")
+            except (ValueError, AttributeError):
+                text = None
+            checkpoint = {
+                "covered_messages": cp.covered_count,
+                "head_messages": cp.head_count,
+                "summary_tokens": count_tokens(text if isinstance(text, str) else cp.summary),
+                "updated": cp.updated,
+                "conversations": len(cps),
+            }
+        mine = rows.get(sid, [])
+        out.append(
+            {
+                "id": sid,
+                "last_seen": info.last_seen,
+                "checkpoint": checkpoint,
+                "usage": usage_split(mine),
+                "savings": savings(mine, turns.get(sid, LedgerTurns()), prices),
+            }
+        )
+    return out

@@ -1,0 +1,221 @@
+"""The addon's side of the usage ledger: what each provider flow's answers reported, booked.
+
+    request hook          `note`      what the request knew (dialect, session, the client's
+                                      body as indexed, whether what went upstream differs)
+    responseheaders hook  `stream`    a 2xx SSE answer gets a `UsageTap`: it streams on
+    response hook         `answered`  the usage of the answer (tapped, or read from the body),
+                                      or of every round of an expand continuation, to the ledger
+    error hook            `failed`    a cut stream: what it reported before the cut
+    SummarizerClient      `summarizer`  each summarizer answer's usage
+
+Every provider flow (routed and host-allowed, whatever the pipeline did with it) is metered.
+A missing or malformed usage is skipped and counted (`Stats.usage_reads`), never an error; no
+method here raises, so a metering bug can never touch an answer.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from mitmproxy import http
+
+from cg.billing.ledger import Ledger, Round, Turn
+from cg.billing.tap import UNDECODABLE, UsageTap, usage_of_json
+from cg.billing.usage import Usage, UsageError, from_provider
+from cg.body import BodyIndex, BodyRejected, index_body
+from cg.dialects import DIALECTS
+from cg.responses import Reply
+from cg.stats import UsageCounts
+
+log = logging.getLogger("context_guru")
+
+MAX_TURNS = 10_000  # flows in flight; a flow that never ended is forgotten past this
+SSE = "text/event-stream"
+
+
+def _ok(status: int) -> bool:
+    return 200 <= status < 300
+
+
+class Meter:
+    def __init__(self, counts: UsageCounts) -> None:
+        self.counts = counts
+        self.ledger: Ledger | None = None
+        self.turns: dict[str, Turn] = {}
+        self.readable: set[str] = set()  # flows whose body may be indexed after the fact
+
+    # -- hooks ------------------------------------------------------------------------------
+
+    def note(
+        self, flow: http.HTTPFlow, record: dict[str, Any], index: BodyIndex | None, max_body: int
+    ) -> None:
+        """The request hook's part: O(1), everything costly waits for the answer."""
+        raw = flow.request.raw_content
+        self.turns[flow.id] = Turn(
+            str(record.get("dialect")),
+            record.get("session") if isinstance(record.get("session"), str) else None,
+            index,
+            record.get("outcome") == "rewritten",
+            flow.request.timestamp_start,
+            feed="components" in record,
+        )
+        if index is None and raw is not None and len(raw) <= max_body:
+            self.readable.add(flow.id)
+        while len(self.turns) > MAX_TURNS:
+            self._forget(next(iter(self.turns)))
+
+    def stream(self, flow: http.HTTPFlow) -> UsageTap | bool:
+        """What `flow.response.stream` becomes for a streamed answer: a tap for a 2xx answer
+        of a metered flow, else plain streaming."""
+        turn = self.turns.get(flow.id)
+        if turn is None or flow.response is None or not _ok(flow.response.status_code):
+            return True
+        try:
+            tap = UsageTap(turn.dialect, flow.response.headers.get("content-encoding", ""))
+        except Exception:  # noqa: BLE001 - an unknown dialect: stream without reading
+            return True
+        if tap.state == UNDECODABLE:
+            self.counts.undecodable += 1
+        return tap
+
+    def answered(
+        self, flow: http.HTTPFlow, record: dict[str, Any], replies: list[Reply] | None = None
+    ) -> None:
+        """Book the answer. `replies`: every round of an expand continuation (the first answer
+        included), each booked once; else the answer in `flow.response` is read."""
+        turn = self._forget(flow.id)
+        if turn is None or self.ledger is None or flow.response is None:
+            return
+        try:
+            if replies is not None:
+                rounds = [r for r in (self._convert(turn.dialect, x.message.get("usage"),
+                          x.message.get("model")) for x in replies) if r is not None]  # fmt: skip
+            elif not _ok(flow.response.status_code):
+                return  # an error answer reports no usage, and is not billed
+            else:
+                one = self._read(flow, turn.dialect)
+                rounds = [one] if one is not None else []
+            if not rounds:
+                return
+            self._book(flow, record, turn, rounds)
+        except Exception as e:  # noqa: BLE001 - metering must never reach the answer
+            self.counts.tap_errors += 1
+            log.warning("context-guru: reading usage failed: %s", type(e).__name__)
+
+    def failed(self, flow: http.HTTPFlow, record: dict[str, Any]) -> None:
+        """The flow errored: a stream cut after it reported usage is booked (and counted
+        truncated); anything else is forgotten."""
+        turn = self._forget(flow.id)
+        resp = flow.response
+        tap = resp.stream if resp is not None else None
+        if turn is None or self.ledger is None or not isinstance(tap, UsageTap):
+            return
+        try:
+            tap.finish(cut=True)
+            self.counts.truncated += 1
+            one = self._convert(turn.dialect, tap.result(), tap.model, missing=False)
+            if one is not None:
+                self._book(flow, record, turn, [one])
+        except Exception as e:  # noqa: BLE001
+            self.counts.tap_errors += 1
+            log.warning("context-guru: reading usage failed: %s", type(e).__name__)
+
+    def summarizer(self, session: str, model: str, usage: Usage) -> None:
+        """SummarizerClient's `on_usage`: book one summarizer answer."""
+        if self.ledger is None:
+            return
+        try:
+            self.ledger.summarizer_call(session, model, usage)
+            self.counts.summarizer_read += 1
+        except Exception as e:  # noqa: BLE001
+            self.counts.store_errors += 1
+            log.warning("context-guru: the usage ledger could not be written: %s", e)
+
+    def report(self, session: str | None = None) -> dict[str, Any]:
+        """`usage` and `savings` for `/_cg/stats` (None, with the reason, when unreadable)."""
+        if self.ledger is None:
+            return {"usage": None, "savings": None}
+        try:
+            return self.ledger.report(session)
+        except Exception as e:  # noqa: BLE001 - an unreadable store must not break /_cg/stats
+            return {"usage": None, "savings": None, "ledger_error": str(e)}
+
+    # -- helpers ----------------------------------------------------------------------------
+
+    def _forget(self, flow_id: str) -> Turn | None:
+        self.readable.discard(flow_id)
+        return self.turns.pop(flow_id, None)
+
+    def _read(self, flow: http.HTTPFlow, dialect: str) -> Round | None:
+        """The usage of a 2xx answer: from its tap if it streamed, else from its body."""
+        assert flow.response is not None
+        tap = flow.response.stream
+        if tap is True:
+            # Streamed by mitmproxy itself (`stream_large_bodies`): nothing was read.
+            self.counts.missing += 1
+            return None
+        if isinstance(tap, UsageTap):
+            tap.finish()
+        elif flow.response.headers.get("content-type", "").startswith(SSE):
+            # Read whole (a buffered answer: the expand tool was offered), the same way.
+            tap = UsageTap(dialect)
+            tap(flow.response.get_content(strict=False) or b"")
+            tap.finish()
+        else:
+            try:
+                raw, model = usage_of_json(flow.response.get_content(strict=False) or b"")
+            except ValueError:
+                self.counts.malformed += 1
+                return None
+            return self._convert(dialect, raw, model)
+        if tap.state != "reading":
+            if tap.state != UNDECODABLE:
+                self.counts.tap_errors += 1
+            return None
+        self.counts.malformed += tap.malformed
+        if tap.truncated:
+            self.counts.truncated += 1
+        return self._convert(dialect, tap.result(), tap.model, missing=not tap.truncated)
+
+    def _convert(self, dialect: str, raw: Any, model: Any, missing: bool = True) -> Round | None:
+        if raw is None:
+            if missing:
+                self.counts.missing += 1
+            return None
+        try:
+            usage = from_provider(dialect, raw)
+        except UsageError:
+            self.counts.malformed += 1
+            return None
+        return Round(usage, model if isinstance(model, str) and model else None)
+
+    def _book(
+        self, flow: http.HTTPFlow, record: dict[str, Any], turn: Turn, rounds: list[Round]
+    ) -> None:
+        assert self.ledger is not None
+        if record.get("outcome") == "retried_original":
+            turn.rewritten = False  # the client's own bytes were what got billed
+        if turn.index is None and flow.id in self.readable:
+            turn.index = _index(flow, turn.dialect)
+        sent = flow.request.get_content(strict=False) if turn.rewritten else None
+        try:
+            session = self.ledger.agent_turn(turn, rounds, flow.request.headers, sent)
+        except Exception as e:  # noqa: BLE001
+            self.counts.store_errors += 1
+            log.warning("context-guru: the usage ledger could not be written: %s", e)
+            return
+        self.counts.read += len(rounds)
+        total = Usage()
+        for r in rounds:
+            total = total + r.usage
+        record["ledger"] = {"session": session, "rounds": len(rounds), "usage": total.to_json()}
+
+
+def _index(flow: http.HTTPFlow, dialect: str) -> BodyIndex | None:
+    """The client's body indexed after the fact (a bypassed flow); None if it cannot be."""
+    try:
+        raw = flow.request.get_content(strict=True)
+        return index_body(raw, DIALECTS[dialect]) if raw else None
+    except (ValueError, BodyRejected, KeyError):
+        return None
