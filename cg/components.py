@@ -10,6 +10,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from cg.facts import FactsCache
 from cg.pipeline import Component
 from cg.store import Store
 from cg.summarize.component import Summarize, Summarizer
@@ -19,13 +20,16 @@ from cg.tokens import TokenCounter
 
 @dataclass(slots=True)
 class Services:
-    """What components share: one store, one token counter, the user's window table."""
+    """What components share: one store, one token counter, the user's window table, and
+    (optionally) one `FactsCache`, so a reader beside the pipeline (the usage ledger, the
+    simulator's billing) counts each message's tokens once with it."""
 
     store: Store
     tokens: TokenCounter
     model_windows: Mapping[str, int] = field(default_factory=dict)
     env: Mapping[str, str] | None = None
     summarizers: Callable[[ModelConfig, str], Summarizer] | None = None
+    facts: FactsCache | None = None
 
 
 Builder = Callable[[Mapping[str, Any], Services], Component]
@@ -34,7 +38,9 @@ Builder = Callable[[Mapping[str, Any], Services], Component]
 def _summarize(raw: Mapping[str, Any], s: Services) -> Component:
     cfg = parse_summarize(raw, s.env)
     summarizer = s.summarizers(cfg.model, cfg.summary_level) if s.summarizers else None
-    return Summarize(cfg, s.store, s.tokens, s.model_windows, summarizer=summarizer)
+    return Summarize(
+        cfg, s.store, s.tokens, s.model_windows, summarizer=summarizer, facts=s.facts
+    )
 
 
 COMPONENTS: dict[str, Builder] = {"summarize": _summarize}

@@ -1,0 +1,234 @@
+"""`simulate()`: every preset over every recorded session, and the totals (SPEC §11).
+
+The figures are model estimates, not measurements: the real pipeline of each preset runs
+offline, but the summaries are a stand-in's (unless `model` names a real one), the agent's
+answers are read off the trace, and the bill is the prompt-cache model of `cg.billing.cache` at
+the list prices of `presets/tables/prices.yaml`. `off` is always run: it is what every ratio is
+taken against; `agent-compaction` (the agent compacting itself, `cg.simulate.compaction`) is the
+baseline that savings are also reported against.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TextIO
+
+from cg.billing.prices import PriceTable, price_table
+from cg.components import COMPONENTS
+from cg.facts import FactsCache
+from cg.settings import Config, load_config
+from cg.simulate import compaction
+from cg.simulate.proxy import Options, ProxyRun, SummarizerFactory
+from cg.simulate.tally import Tally
+from cg.simulate.trace import Session, Warn, load
+from cg.simulate.turns import Preparer, Turn, fill_outputs
+from cg.summarize.triggers import shipped_windows
+from cg.tokens import TokenCounter
+
+REFERENCE = "off"
+BASELINE = "agent-compaction"
+DEFAULT_PRESETS = ("off", "summarize", "summarizer1509", "claude-code", BASELINE)
+HOW = (
+    "Model estimates, not measurements: each preset's real pipeline replayed offline on a "
+    "throwaway store; summaries by {summarizer}; the agent's output per turn read off the "
+    "trace; every request billed under the prompt-cache model of SPEC §11 (5-minute/1-hour "
+    "TTL, reads 0.1x, writes 1.25x/2x) at the list prices of prices.yaml ({date})."
+)
+
+
+@dataclass(slots=True)
+class SessionResult:
+    id: str
+    model: str | None
+    window: int | None
+    turns: int
+    tallies: dict[str, Tally] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class Result:
+    presets: list[str]
+    sessions: list[SessionResult]
+    totals: dict[str, Tally]
+    how: str
+    warnings: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+    tokens_exact: bool = True
+
+    def to_json(self) -> dict[str, Any]:
+        def block(tallies: Mapping[str, Tally]) -> dict[str, Any]:
+            ref = tallies[REFERENCE].cost_usd if REFERENCE in tallies else None
+            base = tallies[BASELINE].cost_usd if BASELINE in tallies else None
+            return {name: tallies[name].to_json(ref, base) for name in self.presets}
+
+        return {
+            "estimate": self.how,
+            "tokens_exact": self.tokens_exact,
+            "presets": block(self.totals),
+            "sessions": [
+                {
+                    "id": s.id,
+                    "model": s.model,
+                    "window": s.window,
+                    "turns": s.turns,
+                    "presets": block(s.tallies),
+                }
+                for s in self.sessions
+            ],
+            "warnings": self.warnings,
+            "seconds": round(self.seconds, 2),
+        }
+
+
+class Progress:
+    """A progress bar on stderr for long runs (a line per 10% when stderr is not a terminal)."""
+
+    def __init__(self, total: int, stream: TextIO | None, label: str = "simulate") -> None:
+        self.total = max(total, 1)
+        self.stream = stream
+        self.label = label
+        self.done = 0
+        self.t0 = time.monotonic()
+        self._shown = -1.0
+        self.tty = bool(stream is not None and stream.isatty())
+
+    def tick(self) -> None:
+        self.done += 1
+        if self.stream is None:
+            return
+        frac = self.done / self.total
+        step = 0.01 if self.tty else 0.1
+        if frac - self._shown < step and self.done != self.total:
+            return
+        self._shown = frac
+        width = 30
+        bar = "#" * round(frac * width) + "." * (width - round(frac * width))
+        line = (
+            f"{self.label} [{bar}] {frac:4.0%} {self.done}/{self.total} turns "
+            f"{time.monotonic() - self.t0:.1f}s"
+        )
+        end = "\n" if not self.tty or self.done == self.total else ""
+        self.stream.write(("\r" if self.tty else "") + line + end)
+        self.stream.flush()
+
+
+LONG_INPUT = 300  # turn x preset steps from which the progress bar shows
+
+
+def _config(name: str, config_file: str | None, model: str | None) -> Config:
+    cfg = load_config(name, config_file, list(COMPONENTS))
+    if model and "summarize" in cfg.pipeline:
+        block = dict(cfg.components.get("summarize") or {})
+        m = dict(block.get("model") or {})
+        m.update(source="config", model=model)
+        if not os.environ.get("CHEAP_MODEL_PROVIDER"):
+            m.setdefault("provider", "anthropic" if model.startswith("claude") else "openai")
+        block["model"] = m
+        cfg.components = {**cfg.components, "summarize": block}
+    return cfg
+
+
+def simulate(
+    paths: Sequence[str | Path],
+    presets: Sequence[str] = DEFAULT_PRESETS,
+    *,
+    config_file: str | None = None,
+    options: Options | None = None,
+    model: str | None = None,
+    summarizers: SummarizerFactory | None = None,
+    warn: Warn | None = None,
+    progress: TextIO | None = None,
+    prices: PriceTable | None = None,
+) -> Result:
+    """Replay `paths` under each preset. Raises ValueError (a bad preset or config, or no
+    input at all); anything wrong with single lines or files goes to `warn` and is skipped.
+
+    `model` has summaries written by that model through the project's summarizer client
+    (`model.source: config`, `CHEAP_MODEL_*` for the endpoint and key): real calls, billed as
+    standalone prompts at that model's price. `summarizers` overrides the client (tests)."""
+    t0 = time.monotonic()
+    warnings: list[str] = []
+
+    def note(msg: str) -> None:
+        warnings.append(msg)
+        if warn is not None:
+            warn(msg)
+
+    options = options or Options()
+    names = list(dict.fromkeys([REFERENCE, *presets]))
+    configs = {n: _config(n, config_file, model) for n in names if n != BASELINE}
+    windows = load_config(REFERENCE, config_file, list(COMPONENTS)).model_windows
+    prices = prices or price_table()
+    facts = FactsCache(TokenCounter())
+    sessions: list[Session[Turn]] = load(paths, Preparer(facts, windows, shipped_windows()), note)
+    for s in sessions:
+        fill_outputs(s.turns)
+    results = [
+        SessionResult(s.id, s.turns[-1].model, s.turns[-1].window, len(s.turns)) for s in sessions
+    ]
+    steps = sum(len(s.turns) for s in sessions) * len(names)
+    bar = Progress(steps, progress if steps >= LONG_INPUT else None)
+    if model is not None and summarizers is None:
+        summarizers, closer = _live_summarizers()
+    else:
+        closer = None
+    loop = asyncio.new_event_loop()
+    try:
+        for name in names:
+            bar.label = name
+            if name == BASELINE:
+                for s, r in zip(sessions, results, strict=True):
+                    r.tallies[name] = compaction.run(
+                        s.turns, prices, options.summary_ratio, bar.tick
+                    )
+                continue
+            run = ProxyRun(configs[name], facts, prices, options, loop, summarizers)
+            try:
+                for s, r in zip(sessions, results, strict=True):
+                    r.tallies[name] = run.session(s.turns, bar.tick)
+            finally:
+                run.close()
+    finally:
+        if closer is not None:
+            loop.run_until_complete(closer())
+        loop.close()
+    totals = {n: Tally() for n in names}
+    for r in results:
+        for n in names:
+            totals[n].add(r.tallies[n])
+    summarizer = (
+        f"the model {model} (real calls)"
+        if model
+        else f"a deterministic stand-in ({options.summary_ratio:g} x the covered tokens)"
+    )
+    return Result(
+        presets=names,
+        sessions=results,
+        totals=totals,
+        how=HOW.format(summarizer=summarizer, date=prices.date),
+        warnings=warnings,
+        seconds=time.monotonic() - t0,
+        tokens_exact=facts.tokens.exact,
+    )
+
+
+def _live_summarizers() -> tuple[SummarizerFactory, Callable[[], Any]]:
+    from cg.summarizer import HttpPool, SummarizerClient, timeout_from_env
+
+    pool = HttpPool()
+    timeout = timeout_from_env()
+
+    def make(cfg: Any, level: str) -> Any:
+        return SummarizerClient(cfg, pool, level=level, timeout=timeout)
+
+    return make, pool.aclose
+
+
+def stderr_warn(msg: str) -> None:
+    print(f"context-guru simulate: {msg}", file=sys.stderr)
