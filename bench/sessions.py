@@ -38,7 +38,9 @@ from cg.jsonspan import walk_document
 from cg.simulate.trace import dumps_line
 from cg.tokens import TokenCounter
 
-HEADERS = FIXTURE.parent.parent.parent / "tests" / "fixtures" / "claude_code_2.1.197_turn16.headers.json"
+HEADERS = (
+    FIXTURE.parent.parent.parent / "tests" / "fixtures" / "claude_code_2.1.197_turn16.headers.json"
+)
 T0 = 1_764_500_000.0  # 2025-11-30, a Sunday morning
 BETA_1M = "context-1m-2025-08-07"
 DROPPED_HEADERS = {"content-length", "host", "x-api-key", "authorization"}
@@ -84,7 +86,9 @@ def _with_breakpoint(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
     out = [dict(m) for m in messages]
     for m in out:
         if isinstance(m["content"], list) and any("cache_control" in b for b in m["content"]):
-            m["content"] = [{k: v for k, v in b.items() if k != "cache_control"} for b in m["content"]]
+            m["content"] = [
+                {k: v for k, v in b.items() if k != "cache_control"} for b in m["content"]
+            ]
     for m in reversed(out):
         if isinstance(m["content"], list) and m["content"]:
             blocks = list(m["content"])
@@ -129,8 +133,10 @@ def requests(
     for n in turn_bounds(messages):
         prefix = _with_breakpoint(messages[:n])
         yield t, before + _dumps(prefix) + after
-        human = n < len(messages) and messages[n - 1]["role"] == "user" and all(
-            b.get("type") == "text" for b in messages[n - 1]["content"]
+        human = (
+            n < len(messages)
+            and messages[n - 1]["role"] == "user"
+            and all(b.get("type") == "text" for b in messages[n - 1]["content"])
         )
         t = round(t + _gap(rng, human, cold_p), 3)
 

@@ -38,9 +38,7 @@ Builder = Callable[[Mapping[str, Any], Services], Component]
 def _summarize(raw: Mapping[str, Any], s: Services) -> Component:
     cfg = parse_summarize(raw, s.env)
     summarizer = s.summarizers(cfg.model, cfg.summary_level) if s.summarizers else None
-    return Summarize(
-        cfg, s.store, s.tokens, s.model_windows, summarizer=summarizer, facts=s.facts
-    )
+    return Summarize(cfg, s.store, s.tokens, s.model_windows, summarizer=summarizer, facts=s.facts)
 
 
 COMPONENTS: dict[str, Builder] = {"summarize": _summarize}

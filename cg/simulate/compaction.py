@@ -89,7 +89,7 @@ def run(
             tally.agent_compaction_turns += 1
             cut = max((i for i, (_, role) in enumerate(msgs) if role == "assistant"), default=0)
             if cut > 0:
-                *before, (last, role) = msgs[:cut]
+                *before, (last, _role) = msgs[:cut]
                 asked = replace(
                     last,
                     digest=_digest(last.digest, b"compact"),
@@ -101,6 +101,7 @@ def run(
                 usage = cache.bill(request, now) + Usage(output_tokens=summary)
                 tally.charge(prices, "summarizer", turn.model, usage)
                 tally.summaries += 1
+                tally.marks.append(tally.turns)
                 conv.compactions += 1
                 shift += COMPACTION_START_S + summary / OUTPUT_TOKENS_PER_S
                 now = turn.t + shift

@@ -123,7 +123,9 @@ class ProxyRun:
         pending: list[_Job] = []
         context: dict[bytes, int] = {}  # per conversation: the last answer's context
         for i, turn in enumerate(turns):
-            for p in [p for p in pending if i > p.turn and turn.t >= p.t + self.options.summary_latency]:
+            for p in [
+                p for p in pending if i > p.turn and turn.t >= p.t + self.options.summary_latency
+            ]:
                 pending.remove(p)
                 self._complete(p, tally)
             self.clock.t = turn.t
@@ -155,6 +157,7 @@ class ProxyRun:
                 if not isinstance(comp, Summarize):
                     continue
                 tally.commissioned += 1
+                tally.marks.append(i)
                 pending.append(self._call(comp, job, turn, i, prompt, cache, at, tally))
             tally.close_turn()
             tick()

@@ -79,7 +79,7 @@ def text(result: Result) -> str:
     parts = []
     for s in result.sessions:
         window = f"{s.window:,}" if s.window else "unknown"
-        parts.append(f"session {s.id}  ({s.model}, window {window}, {s.turns} turns)")
+        parts.append(f"{s.label}  session {s.id}  ({s.model}, window {window}, {s.turns} turns)")
         parts.append(table(s.tallies, result.presets))
         parts.append("")
     parts.append(f"total  ({len(result.sessions)} sessions)")

@@ -48,6 +48,7 @@ class SessionResult:
     model: str | None
     window: int | None
     turns: int
+    label: str = ""  # the file it came from (and the id, when a file holds several)
     tallies: dict[str, Tally] = field(default_factory=dict)
 
 
@@ -74,6 +75,7 @@ class Result:
             "sessions": [
                 {
                     "id": s.id,
+                    "label": s.label,
                     "model": s.model,
                     "window": s.window,
                     "turns": s.turns,
@@ -170,8 +172,13 @@ def simulate(
     for s in sessions:
         fill_outputs(s.turns)
     results = [
-        SessionResult(s.id, s.turns[-1].model, s.turns[-1].window, len(s.turns)) for s in sessions
+        SessionResult(s.id, s.turns[-1].model, s.turns[-1].window, len(s.turns), _label(s))
+        for s in sessions
     ]
+    stems = [r.label for r in results]
+    for r in results:
+        if stems.count(r.label) > 1:
+            r.label = f"{r.label}:{r.id[:8]}"
     steps = sum(len(s.turns) for s in sessions) * len(names)
     bar = Progress(steps, progress if steps >= LONG_INPUT else None)
     if model is not None and summarizers is None:
@@ -216,6 +223,11 @@ def simulate(
         seconds=time.monotonic() - t0,
         tokens_exact=facts.tokens.exact,
     )
+
+
+def _label(s: Session[Turn]) -> str:
+    where = s.turns[0].request.where
+    return Path(where.rsplit("#", 1)[0].rsplit(":", 1)[0]).stem
 
 
 def _live_summarizers() -> tuple[SummarizerFactory, Callable[[], Any]]:

@@ -14,11 +14,54 @@ import random
 from cg.summarize.component import Commission
 
 # Each of these, with its leading space, is one cl100k token.
-WORDS = (
-    "the a file test code run check read fix build state goal next step done error value path "
-    "line call data list item name type case module config parser store cache result output "
-    "input change patch guard update commit review plan note task edit search branch"
-).split()
+WORDS = [
+    "the",
+    "a",
+    "file",
+    "test",
+    "code",
+    "run",
+    "check",
+    "read",
+    "fix",
+    "build",
+    "state",
+    "goal",
+    "next",
+    "step",
+    "done",
+    "error",
+    "value",
+    "path",
+    "line",
+    "call",
+    "data",
+    "list",
+    "item",
+    "name",
+    "type",
+    "case",
+    "module",
+    "config",
+    "parser",
+    "store",
+    "cache",
+    "result",
+    "output",
+    "input",
+    "change",
+    "patch",
+    "guard",
+    "update",
+    "commit",
+    "review",
+    "plan",
+    "note",
+    "task",
+    "edit",
+    "search",
+    "branch",
+]
 
 
 def filler(n: int, seed: str) -> str:

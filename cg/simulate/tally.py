@@ -35,6 +35,8 @@ class Tally:
     agent_compaction_turns: int = 0
     over_window: int = 0
     curve: list[float] = field(default_factory=list)  # cumulative USD after each turn
+    sizes: list[int] = field(default_factory=list)  # tokens of the agent request of each turn
+    marks: list[int] = field(default_factory=list)  # turns that commissioned / compacted
 
     def charge(
         self, prices: PriceTable, payer: Payer, model: str | None, usage: Usage
@@ -56,6 +58,7 @@ class Tally:
     def sent(self, tokens: int, window: int | None) -> None:
         """One agent request of `tokens` went upstream."""
         self.turns += 1
+        self.sizes.append(tokens)
         self.tokens_sent += tokens
         self.peak_tokens = max(self.peak_tokens, tokens)
         if window:
@@ -76,7 +79,7 @@ class Tally:
         return None if self.unpriced else self.summarizer_usd
 
     def add(self, other: Tally) -> None:
-        """Sum `other` in (curves are per session and are not summed)."""
+        """Sum `other` in (curves, sizes and marks are per session and are not summed)."""
         self.agent += other.agent
         self.summarizer += other.summarizer
         self.agent_usd += other.agent_usd

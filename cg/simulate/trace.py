@@ -118,7 +118,9 @@ def read_flows(path: Path, warn: Warn) -> list[Request]:
                 content = req.get_content(strict=False)
                 if d is None or not content:
                     continue
-                out.append(Request(req.timestamp_start, dict(req.headers), content, d, f"{path}#{n}"))
+                out.append(
+                    Request(req.timestamp_start, dict(req.headers), content, d, f"{path}#{n}")
+                )
         except exceptions.FlowReadException as e:
             warn(f"{path}: not a flow file or cut short ({e}); read {len(out)} requests")
     return out
