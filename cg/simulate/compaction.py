@@ -8,7 +8,7 @@ Code does (measured: ../shared/notes/claude-code-compaction.md).
 - **The compaction turn**: the request the agent would send now without its newest tool round,
   with a ~6.4k-character instruction appended to its last user message (so the prefix before
   that message is read from the cache) and `cache_control` on it; its answer is the summary
-  (`summary_ratio` x the compacted tokens).
+  (`summary_ratio` x the compacted tokens, at most the 20k tokens reserved for output).
 - **The restart**: `[summary message, the kept newest round]`, sent once the summary is written
   (every later request is as late); later requests are the trace's, transformed the same way:
   `[summary, kept round, what the trace adds after it]`. The agent may compact again.
@@ -97,7 +97,8 @@ def run(
                     breakpoint=True,
                 )
                 request = build(turn.prelude, [m for m, _ in before] + [asked], auto)
-                summary = max(1, round(summary_ratio * sum(m.tokens for m, _ in msgs[:cut])))
+                summary = round(summary_ratio * sum(m.tokens for m, _ in msgs[:cut]))
+                summary = min(max(summary, 1), OUTPUT_RESERVE)
                 usage = cache.bill(request, now) + Usage(output_tokens=summary)
                 tally.charge(prices, "summarizer", turn.model, usage)
                 tally.summaries += 1

@@ -6,7 +6,9 @@ addon uses (`auto`), and a throwaway SQLite `Store` whose clock is the trace's. 
 is what a trace cannot hold:
 
 - **the summarizer**: a commissioned job is completed by a stand-in (`StandIn`, a summary of
-  `summary_ratio` x the covered span's tokens) or, with `--model`, by the project's own
+  `summary_ratio` x the covered span's tokens, at most the `max_tokens` the summarizer client
+  asks for at the preset's `summary_level`: a rolled-forward summary does not grow with the
+  session) or, with `--model`, by the project's own
   summarizer client; as live, the commissioning turn forwards untouched and the summary is there
   from the next turn on (or the first turn `summary_latency` seconds later);
 - **the summarizer's bill**: its call is sent just after the commissioning turn's answer begins.
@@ -42,6 +44,7 @@ from cg.simulate.turns import Turn
 from cg.store import Store
 from cg.summarize.component import Commission, Summarize, Summarizer
 from cg.summarize.config import ModelConfig
+from cg.summarizer import MAX_TOKENS
 
 # The shared-cache call's appended instruction (span, level, framing, format): ~400-600 tokens.
 INSTRUCTION_TOKENS = 500
@@ -191,6 +194,7 @@ class ProxyRun:
             prompt = standalone(digest.digest(), tokens, auto=job.dialect != "anthropic")
         tally.charge(self.prices, "summarizer", model, cache.bill(prompt, at))
         size = max(1, round(covered * self.options.summary_ratio))
+        size = min(size, MAX_TOKENS.get(comp.cfg.summary_level, MAX_TOKENS["regular"]))
         return _Job(comp, job, i, turn.t, model, size)
 
     def _complete(self, p: _Job, tally: Tally) -> None:

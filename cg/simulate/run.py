@@ -154,6 +154,34 @@ def simulate(
     `model` has summaries written by that model through the project's summarizer client
     (`model.source: config`, `CHEAP_MODEL_*` for the endpoint and key): real calls, billed as
     standalone prompts at that model's price. `summarizers` overrides the client (tests)."""
+    names = list(dict.fromkeys([REFERENCE, *presets]))
+    configs = {n: None if n == BASELINE else _config(n, config_file, model) for n in names}
+    corpus = load_corpus(paths, config_file, warn)
+    return replay(
+        corpus,
+        configs,
+        options=options,
+        model=model,
+        summarizers=summarizers,
+        progress=progress,
+        prices=prices,
+    )
+
+
+@dataclass(slots=True)
+class Corpus:
+    """Sessions read and prepared once, to be replayed under any number of configs."""
+
+    sessions: list[Session[Turn]]
+    facts: FactsCache
+    warnings: list[str]
+    seconds: float
+
+
+def load_corpus(
+    paths: Sequence[str | Path], config_file: str | None = None, warn: Warn | None = None
+) -> Corpus:
+    """Read `paths` (the config's `model_windows` decide each turn's window)."""
     t0 = time.monotonic()
     warnings: list[str] = []
 
@@ -162,15 +190,30 @@ def simulate(
         if warn is not None:
             warn(msg)
 
-    options = options or Options()
-    names = list(dict.fromkeys([REFERENCE, *presets]))
-    configs = {n: _config(n, config_file, model) for n in names if n != BASELINE}
     windows = load_config(REFERENCE, config_file, list(COMPONENTS)).model_windows
-    prices = prices or price_table()
     facts = FactsCache(TokenCounter())
-    sessions: list[Session[Turn]] = load(paths, Preparer(facts, windows, shipped_windows()), note)
+    sessions = load(paths, Preparer(facts, windows, shipped_windows()), note)
     for s in sessions:
         fill_outputs(s.turns)
+    return Corpus(sessions, facts, warnings, time.monotonic() - t0)
+
+
+def replay(
+    corpus: Corpus,
+    configs: Mapping[str, Config | None],
+    *,
+    options: Options | None = None,
+    model: str | None = None,
+    summarizers: SummarizerFactory | None = None,
+    progress: TextIO | None = None,
+    prices: PriceTable | None = None,
+) -> Result:
+    """Each named config (None: the `agent-compaction` baseline) over every session."""
+    t0 = time.monotonic()
+    options = options or Options()
+    prices = prices or price_table()
+    names = list(configs)
+    sessions = corpus.sessions
     results = [
         SessionResult(s.id, s.turns[-1].model, s.turns[-1].window, len(s.turns), _label(s))
         for s in sessions
@@ -187,15 +230,15 @@ def simulate(
         closer = None
     loop = asyncio.new_event_loop()
     try:
-        for name in names:
+        for name, config in configs.items():
             bar.label = name
-            if name == BASELINE:
+            if config is None:
                 for s, r in zip(sessions, results, strict=True):
                     r.tallies[name] = compaction.run(
                         s.turns, prices, options.summary_ratio, bar.tick
                     )
                 continue
-            run = ProxyRun(configs[name], facts, prices, options, loop, summarizers)
+            run = ProxyRun(config, corpus.facts, prices, options, loop, summarizers)
             try:
                 for s, r in zip(sessions, results, strict=True):
                     r.tallies[name] = run.session(s.turns, bar.tick)
@@ -219,9 +262,9 @@ def simulate(
         sessions=results,
         totals=totals,
         how=HOW.format(summarizer=summarizer, date=prices.date),
-        warnings=warnings,
-        seconds=time.monotonic() - t0,
-        tokens_exact=facts.tokens.exact,
+        warnings=list(corpus.warnings),
+        seconds=corpus.seconds + time.monotonic() - t0,
+        tokens_exact=corpus.facts.tokens.exact,
     )
 
 
