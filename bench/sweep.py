@@ -48,6 +48,12 @@ def variants() -> dict[str, dict[str, Any]]:
                 "trigger": {"min_request_tokens": t},
                 "resummarize_tokens": r,
             }
+    for t in (40_000, 50_000, 60_000):
+        for r in (30_000, 40_000):
+            out[f"min={t // 1000}k resum={r // 1000}k"] = {
+                "trigger": {"min_request_tokens": t},
+                "resummarize_tokens": r,
+            }
     out["shared off (never)"] = {"model": {"share_cache": "never"}}
     return out
 
