@@ -126,10 +126,9 @@ class ProxyRun:
         pending: list[_Job] = []
         context: dict[bytes, int] = {}  # per conversation: the last answer's context
         for i, turn in enumerate(turns):
-            for p in [
-                p for p in pending if i > p.turn and turn.t >= p.t + self.options.summary_latency
-            ]:
-                pending.remove(p)
+            latency = self.options.summary_latency
+            for p in [p for p in pending if i > p.turn and turn.t >= p.t + latency]:
+                pending.remove(p)  # written by now: the store has it for this turn
                 self._complete(p, tally)
             self.clock.t = turn.t
             req = turn.request

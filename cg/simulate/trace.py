@@ -129,7 +129,8 @@ def read_flows(path: Path, warn: Warn) -> list[Request]:
 def read_file(path: Path, warn: Warn) -> list[Request]:
     """The provider requests in one file (JSONL or flows); a file with none is reported."""
     try:
-        head = path.read_bytes()[:4096]
+        with path.open("rb") as f:
+            head = f.read(4096)
     except OSError as e:
         warn(f"{path}: cannot read ({e.strerror})")
         return []
