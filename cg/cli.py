@@ -4,11 +4,17 @@
     context-guru expand KEY [--db PATH] [--json]
     context-guru sessions [--db PATH] [--config F] [--json]
     context-guru stats [--db PATH | --proxy URL] [--config F] [--json]
+    context-guru simulate FILE… [--preset P]… [--config F] [--json] [--summary-ratio R]
+                         [--summary-latency S] [--model NAME] [--plot OUT.png]
 
 `replay` runs a captured body (a raw request body, a `{"provider", "body"}` fixture, or a
 mitmproxy flow file) through a preset offline, against a throwaway store, and shows what would
 change. With `--summary`, a commissioned summary is completed with that text and the next turn is
 spliced, so the rewrite itself can be inspected without a model.
+
+`simulate` replays recorded sessions (mitmproxy flow files, JSONL traces) through each preset's
+real pipeline offline and bills every request under the prompt-cache model (SPEC §11): what each
+preset would have cost, as an estimate (`cg.simulate`).
 """
 
 from __future__ import annotations
@@ -346,6 +352,44 @@ def stats(args: argparse.Namespace) -> int:
     return code
 
 
+# -- simulate -------------------------------------------------------------------------------------
+
+
+def simulate(args: argparse.Namespace) -> int:
+    from cg.simulate.proxy import Options
+    from cg.simulate.report import text
+    from cg.simulate.run import DEFAULT_PRESETS, simulate, stderr_warn
+
+    if not 0 < args.summary_ratio <= 1:
+        print(f"--summary-ratio: must be in (0, 1] (got {args.summary_ratio})", file=sys.stderr)
+        return EXIT_USAGE
+    if args.summary_latency < 0:
+        print(f"--summary-latency: must be >= 0 (got {args.summary_latency})", file=sys.stderr)
+        return EXIT_USAGE
+    from cg.simulate import plot
+
+    missing = plot.missing() if args.plot else None
+    if missing:  # said at once; the tables are still worth the run
+        print(f"context-guru simulate: {missing}", file=sys.stderr)
+    result = simulate(
+        args.files,
+        args.preset or DEFAULT_PRESETS,
+        config_file=args.config,
+        options=Options(args.summary_ratio, args.summary_latency),
+        model=args.model,
+        warn=stderr_warn,
+        progress=None if args.no_progress else sys.stderr,
+    )
+    if args.json:
+        _out(result.to_json())
+    else:
+        print(text(result))
+    if args.plot and not missing:
+        plot.write(result, Path(args.plot))
+        print(f"plot written to {args.plot}", file=sys.stderr)
+    return EXIT_NOT_FOUND if missing else 0
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="context-guru", description=__doc__.split("\n\n")[0])
     sub = p.add_subparsers(dest="command", required=True)
@@ -376,6 +420,44 @@ def parser() -> argparse.ArgumentParser:
     t.add_argument("--config", default=None, help="a YAML config whose `prices` apply")
     t.add_argument("--json", action="store_true")
     t.set_defaults(func=stats)
+
+    m = sub.add_parser(
+        "simulate",
+        help="estimate what each preset would have cost on recorded sessions (offline)",
+        description="Replay recorded sessions (mitmproxy flow files; JSONL with one "
+        '{"t", "headers", "body"} per line) through each preset\'s real pipeline offline and '
+        "bill every request under the prompt-cache model. The figures are estimates.",
+    )
+    m.add_argument("files", nargs="+", metavar="FILE")
+    m.add_argument(
+        "--preset",
+        action="append",
+        help="a preset to run (repeatable; `agent-compaction` is the agent compacting itself); "
+        "default: off, summarize, summarizer1509, claude-code, agent-compaction",
+    )
+    m.add_argument("--config", default=None, help="a YAML config merged over every preset")
+    m.add_argument("--json", action="store_true")
+    m.add_argument(
+        "--summary-ratio",
+        type=float,
+        default=0.05,
+        help="the stand-in summary's size, as a share of the tokens it covers (default 0.05)",
+    )
+    m.add_argument(
+        "--summary-latency",
+        type=float,
+        default=0.0,
+        help="seconds a summary takes to write; 0 (default): ready from the next turn",
+    )
+    m.add_argument(
+        "--model",
+        default=None,
+        help="have summaries written by this model (real calls, as `model.source: config` with "
+        "CHEAP_MODEL_* for the endpoint and key), billed as standalone prompts at its price",
+    )
+    m.add_argument("--plot", default=None, metavar="OUT.png", help="cumulative cost per turn")
+    m.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+    m.set_defaults(func=simulate)
     return p
 
 

@@ -20,8 +20,9 @@ from cg.tokens import TokenCounter
 
 @dataclass(slots=True)
 class Services:
-    """What components share: one store, one token counter and its per-message facts, the
-    user's window table."""
+    """What components share: one store, one token counter, the user's window table, and
+    (optionally) one `FactsCache`, so a reader beside the pipeline (the usage ledger, the
+    simulator's billing) counts each message's tokens once with it."""
 
     store: Store
     tokens: TokenCounter

@@ -1,0 +1,128 @@
+"""The baseline `agent-compaction`: no proxy, the agent compacting its own transcript as Claude
+Code does (measured: ../shared/notes/claude-code-compaction.md).
+
+- **When**: before sending a turn, when the previous answer's context (input + cache + output,
+  as the provider reported it) is at or past the window less 33k tokens (20k output reserve +
+  13k buffer): 167k of a 200k window (83.5%), 967k of 1M (96.7%). The window is the request's
+  (`resolve_window`, the `anthropic-beta` context-1m header included); unknown: never.
+- **The compaction turn**: the request the agent would send now without its newest tool round,
+  with a ~6.4k-character instruction appended to its last user message (so the prefix before
+  that message is read from the cache) and `cache_control` on it; its answer is the summary
+  (`summary_ratio` x the compacted tokens, at most the 20k tokens reserved for output).
+- **The restart**: `[summary message, the kept newest round]`, sent once the summary is written
+  (every later request is as late); later requests are the trace's, transformed the same way:
+  `[summary, kept round, what the trace adds after it]`. The agent may compact again.
+
+Everything is built from message facts (digest, tokens, breakpoint), never from bytes: the
+baseline is a model of another program, not a run of this one.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+
+from cg.billing.cache import PromptCache, build
+from cg.billing.prices import PriceTable
+from cg.billing.usage import Usage
+from cg.facts import MessageFacts
+from cg.simulate.tally import Tally
+from cg.simulate.turns import Turn
+
+OUTPUT_RESERVE = 20_000
+BUFFER = 13_000
+# ~6.4k characters of "CRITICAL: Respond with TEXT ONLY…" at ~4 characters a token.
+INSTRUCTION_TOKENS = 1_600
+# "This session is being continued from a previous conversation that ran out of context…"
+PREAMBLE_TOKENS = 60
+# How long writing the summary holds the agent up: a fixed start plus output at this speed.
+COMPACTION_START_S = 10.0
+OUTPUT_TOKENS_PER_S = 60.0
+
+
+def agent_threshold(window: int | None) -> int | None:
+    """The previous answer's context at which Claude Code compacts, or None (window unknown)."""
+    if not window:
+        return None
+    return max(window - OUTPUT_RESERVE - BUFFER, 0)
+
+
+Message = tuple[MessageFacts, str]  # facts, role
+
+
+@dataclass(slots=True)
+class _Conversation:
+    prefix: tuple[Message, ...] = ()  # what stands for the trace's first `base` messages
+    base: Turn | None = None
+    context: int = 0
+    compactions: int = 0
+
+
+def _digest(*parts: bytes) -> bytes:
+    return hashlib.blake2b(b"".join(parts), digest_size=16).digest()
+
+
+def run(
+    turns: Sequence[Turn],
+    prices: PriceTable,
+    summary_ratio: float,
+    tick: Callable[[], None] = lambda: None,
+) -> Tally:
+    """One session as the agent alone would have sent and been billed for it."""
+    tally = Tally()
+    cache = PromptCache()
+    convs: dict[bytes, _Conversation] = {}
+    shift = 0.0
+    for turn in turns:
+        conv = convs.setdefault(turn.conversation, _Conversation())
+        own: tuple[Message, ...] = tuple(zip(turn.messages, turn.roles, strict=True))
+        if conv.base is not None and turn.extends(conv.base):
+            msgs = conv.prefix + own[len(conv.base.messages) :]
+        else:  # first turn, or a history that diverged from what was compacted: as recorded
+            conv.base, conv.prefix = None, ()
+            msgs = own
+        threshold = agent_threshold(turn.window)
+        now = turn.t + shift
+        auto = turn.prompt.auto
+        if threshold is not None and conv.context >= threshold:
+            tally.agent_compaction_turns += 1
+            cut = max((i for i, (_, role) in enumerate(msgs) if role == "assistant"), default=0)
+            if cut > 0:
+                *before, (last, _role) = msgs[:cut]
+                asked = replace(
+                    last,
+                    digest=_digest(last.digest, b"compact"),
+                    tokens=last.tokens + INSTRUCTION_TOKENS,
+                    breakpoint=True,
+                )
+                request = build(turn.prelude, [m for m, _ in before] + [asked], auto)
+                summary = round(summary_ratio * sum(m.tokens for m, _ in msgs[:cut]))
+                summary = min(max(summary, 1), OUTPUT_RESERVE)
+                usage = cache.bill(request, now) + Usage(output_tokens=summary)
+                tally.charge(prices, "summarizer", turn.model, usage)
+                tally.summaries += 1
+                tally.marks.append(tally.turns)
+                conv.compactions += 1
+                shift += COMPACTION_START_S + summary / OUTPUT_TOKENS_PER_S
+                now = turn.t + shift
+                note = MessageFacts(
+                    _digest(turn.conversation, conv.compactions.to_bytes(4, "big")),
+                    summary + PREAMBLE_TOKENS,
+                    (),
+                    False,
+                    False,
+                )
+                conv.prefix = ((note, "user"), *msgs[cut:])
+                conv.base = turn
+                msgs = conv.prefix
+        if msgs is not own:
+            tally.rewritten += 1
+        prompt = build(turn.prelude, [m for m, _ in msgs], auto)
+        usage = cache.bill(prompt, now) + Usage(output_tokens=turn.output)
+        tally.charge(prices, "agent", turn.model, usage)
+        tally.sent(prompt.tokens, turn.window)
+        conv.context = prompt.tokens + turn.output
+        tally.close_turn()
+        tick()
+    return tally
