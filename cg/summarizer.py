@@ -34,7 +34,13 @@ import httpx
 
 from cg.billing.usage import Usage, UsageError, from_provider
 from cg.responses import Reply, ResponseParseError, parse_json, parse_sse
-from cg.summarize.component import Commission, NoModel, SummarizerError, SummarizerTimeout
+from cg.summarize.component import (
+    Commission,
+    NoModel,
+    SummarizerError,
+    SummarizerRefused,
+    SummarizerTimeout,
+)
 from cg.summarize.config import ModelConfig
 from cg.summarize.prompt import MAX_TOKENS as MAX_TOKENS
 
@@ -42,6 +48,7 @@ HEADER = "x-context-guru"
 TIMEOUT_ENV = "CONTEXT_GURU_SUMMARIZE_TIMEOUT"
 DEFAULT_TIMEOUT = 90.0
 RETRY_STATUS = frozenset({408, 409, 429, 500, 502, 503, 504, 529})
+REFUSED_STATUS = frozenset({400, 413, 422})  # the request as sent: no retry helps
 MAX_ATTEMPTS = 3
 DEFAULT_BASE = {"anthropic": "https://api.anthropic.com", "openai": "https://api.openai.com"}
 KEY_ENV = {"anthropic": "ANTHROPIC_API_KEY", "openai": "OPENAI_API_KEY"}
@@ -270,6 +277,8 @@ class SummarizerClient:
                 if resp.status_code == 200:
                     return resp
                 last = f"HTTP {resp.status_code}"
+                if resp.status_code in REFUSED_STATUS:
+                    raise SummarizerRefused(last)
                 if resp.status_code not in RETRY_STATUS:
                     raise SummarizerError(last)
             backoff = min(0.25 * 2**attempt, 2.0) * (0.5 + random.random())

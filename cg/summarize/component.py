@@ -15,8 +15,9 @@ Which request writes the summary (`Commission.path`, counted by the caller):
     shared      the commissioning request as forwarded upstream plus one instruction, sent once
                 its answer has begun, so the provider reads the transcript from its prompt cache
                 (`cg.summarize.shared`; `model.share_cache` auto/always with `source: incoming`)
-    fallback    the shared answer held no `<summary>` (only tool calls, say) or was refused:
-                the standalone prompt, once
+    fallback    the shared answer held no `<summary>` (only tool calls, say), or the provider
+                refused the shared request (400/413/422): the standalone prompt, once. A 5xx,
+                429, timeout or transport error is the counted failure it is on any path.
     standalone  the standalone prompt (`share_cache: never`, `source: config`, or `auto` when
                 sharing would not pay: no cache was written, or a forced tool choice)
 """
@@ -68,6 +69,12 @@ class SummarizerTimeout(SummarizerError):
 
 class NoModel(SummarizerError):
     """No model or endpoint is available to summarize with: a no-op, with that reason."""
+
+
+class SummarizerRefused(SummarizerError):
+    """The provider refused the request as sent (400, 413, 422): a shape or size problem, e.g.
+    the shared request no longer fits the window once the instruction is appended. The
+    shared-cache call falls back to the standalone prompt on it; anything else is a failure."""
 
 
 class Summarizer(Protocol):
@@ -126,7 +133,7 @@ class Commission:
 
     async def wait_answer(self, timeout: float) -> bool:
         """Wait (bounded) for `answer_began`; False when it did not come in time."""
-        if self.began is None:
+        if self.began is None or self.began.is_set():
             return True
         try:
             await asyncio.wait_for(self.began.wait(), timeout)
@@ -414,10 +421,8 @@ class Summarize:
                 job.path = "shared"
                 try:
                     answer = await summarizer.shared(shared.body, job)
-                except (SummarizerTimeout, NoModel):
-                    raise  # the deadline is spent, or there is no endpoint: no second call
-                except SummarizerError as e:
-                    answer, job.note = None, f"shared call failed: {e}"
+                except SummarizerRefused as e:
+                    answer, job.note = None, f"the provider refused the shared request: {e}"
                 if has_summary(answer):
                     return extract_summary(answer)
                 job.path = "fallback"
