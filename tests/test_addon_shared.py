@@ -82,7 +82,7 @@ async def test_the_job_waits_for_responseheaders_then_sends_the_forwarded_body(a
     assert await addon.wait_for_summary(session) == "completed"
     assert fake.seen == [True]
     ((body, job),) = fake.shared_calls
-    split_shared(f.request.get_content(), body, "anthropic")  # built on what went upstream
+    split_shared(f.request.get_content() or b"", body, "anthropic")  # built on what went upstream
     assert job.forwarded is None and job.origin is None  # dropped with the job
     assert addon.awaiting == {}
     s = addon.stats.summaries
@@ -134,7 +134,7 @@ async def test_a_rewritten_turn_hands_over_the_rewritten_body(addon, fake):
     addon.responseheaders(f2)
     assert await addon.wait_for_summary(session) == "completed"
     body, _ = fake.shared_calls[-1]
-    ask, changed = split_shared(f2.request.get_content(), body, "anthropic")
+    ask, changed = split_shared(f2.request.get_content() or b"", body, "anthropic")
     assert changed == {}
     assert "includes an earlier summary" in ask["content"]
     assert addon.stats.summaries.shared == 2

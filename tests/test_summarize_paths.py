@@ -171,7 +171,7 @@ def test_the_shared_call_waits_for_the_commissioning_answer_to_begin(store):
         await _until_blocked(task)
         assert fake.shared_calls == [], "the shared call went before the answer began"
         job.answer_began(200)
-        return await task
+        return str(await task)
 
     assert asyncio.run(scenario()) == "completed"
     assert fake.seen == [True] and job.path == "shared"
@@ -187,7 +187,7 @@ def test_auto_takes_the_standalone_path_when_nothing_was_cached(store, status, w
     d.component.answer_wait = 0.0
     job.began = asyncio.Event()
     if status != "never":
-        job.answer_began(status)  # type: ignore[arg-type]
+        job.answer_began(status)
     assert run(d, job) == "completed"
     assert job.path == "standalone" and why in job.note
     assert fake.shared_calls == []
@@ -200,7 +200,7 @@ def test_always_shares_even_when_nothing_was_cached(store, status):
     d.component.answer_wait = 0.0
     job.began = asyncio.Event()
     if status != "never":
-        job.answer_began(status)  # type: ignore[arg-type]
+        job.answer_began(status)
     assert run(d, job) == "completed"
     assert job.path == "shared" and len(fake.shared_calls) == 1
 

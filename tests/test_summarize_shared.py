@@ -6,6 +6,7 @@ terms (roll-forwards included)."""
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -34,9 +35,9 @@ Json = Any
 
 
 @pytest.fixture
-def store(tmp_path: Path) -> Store:
+def store(tmp_path: Path) -> Iterator[Store]:
     s = Store(tmp_path / "cg.sqlite3")
-    yield s  # type: ignore[misc]
+    yield s
     s.close()
 
 
