@@ -89,7 +89,9 @@ class Reply:
     a hanging server. `answered` is set once the reply has been written (or the peer was gone).
     `frames`: an SSE answer written as is, one chunk per frame (flushed), with `status` and
     `headers` over the SSE defaults. `began`: the sequence number taken when the status line
-    was written (compare `Recorded.seq`).
+    was written (compare `Recorded.seq`). `after_headers`: called (on the handler thread) once
+    the status line and headers are out and before any of the body — a test's gate that lets
+    the proxy see the answer begin while its client still waits for it.
     """
 
     status: int = 200
@@ -104,6 +106,7 @@ class Reply:
     answered: threading.Event = field(default_factory=threading.Event)
     frames: list[bytes] | None = None
     began: int | None = None
+    after_headers: Callable[[], None] | None = None
 
     @classmethod
     def json(cls, status: int, payload: Any) -> Reply:
@@ -334,13 +337,21 @@ class _Handler(BaseHTTPRequestHandler):
 
     # -- response ----------------------------------------------------------------------------
 
-    def _send(self, status: int, headers: dict[str, str], body: bytes | str) -> None:
+    def _send(
+        self,
+        status: int,
+        headers: dict[str, str],
+        body: bytes | str,
+        after_headers: Callable[[], None] | None = None,
+    ) -> None:
         data = body.encode() if isinstance(body, str) else body
         self.send_response(status)
         for k, v in headers.items():
             self.send_header(k, v)
         self.send_header("content-length", str(len(data)))
         self.end_headers()
+        if after_headers is not None:
+            after_headers()
         if self.command != "HEAD":
             self.wfile.write(data)
 
@@ -360,7 +371,7 @@ class _Handler(BaseHTTPRequestHandler):
                 return
         reply.began = self.server.provider._next_seq()
         if reply.body is not None:
-            self._send(reply.status, reply.headers or _JSON, reply.body)
+            self._send(reply.status, reply.headers or _JSON, reply.body, reply.after_headers)
             return
         if reply.frames is not None:
             self.send_response(reply.status)
@@ -368,6 +379,8 @@ class _Handler(BaseHTTPRequestHandler):
                 self.send_header(k, v)
             self.send_header("transfer-encoding", "chunked")
             self.end_headers()
+            if reply.after_headers is not None:
+                reply.after_headers()
             for data in reply.frames:
                 self._chunk(data)
             self._chunk(b"")
@@ -385,6 +398,7 @@ class _Handler(BaseHTTPRequestHandler):
                 reply.status,
                 {**_JSON, **reply.headers},
                 _dumps(make(model, reply.text, bill)),
+                reply.after_headers,
             )
             return
         self.send_response(reply.status)
@@ -392,6 +406,8 @@ class _Handler(BaseHTTPRequestHandler):
             self.send_header(k, v)
         self.send_header("transfer-encoding", "chunked")
         self.end_headers()
+        if reply.after_headers is not None:
+            reply.after_headers()
         if dialect == "anthropic":
             frames = [
                 (f"event: {name}\ndata: {_dumps(data)}\n\n", name == "content_block_delta")

@@ -205,6 +205,19 @@ def test_always_shares_even_when_nothing_was_cached(store, status):
     assert job.path == "shared" and len(fake.shared_calls) == 1
 
 
+def test_an_anthropic_request_without_a_breakpoint_is_standalone_under_auto(store):
+    """Nothing was cached: the shared call would pay the whole transcript at full price."""
+    raw = RAW.replace(b',"cache_control":{"type":"ephemeral"}', b"")
+    assert b"cache_control" not in raw and b"cache_control" in RAW
+    fake = SharedFake()
+    d, job = job_for(store, fake, raw)
+    assert run(d, job) == "completed"
+    assert job.path == "standalone" and "no cache_control" in job.note
+    fake = SharedFake()
+    d, job = job_for(store, fake, raw, model={"share_cache": "always"})
+    assert run(d, job) == "completed" and job.path == "shared"
+
+
 def test_a_forced_tool_choice_is_standalone_under_auto_and_shared_under_always(store):
     body = grow(fixture_body(CC16), 3)[-1]
     body["tool_choice"] = {"type": "any"}

@@ -19,7 +19,7 @@ Which request writes the summary (`Commission.path`, counted by the caller):
                 refused the shared request (400/413/422): the standalone prompt, once. A 5xx,
                 429, timeout or transport error is the counted failure it is on any path.
     standalone  the standalone prompt (`share_cache: never`, `source: config`, or `auto` when
-                sharing would not pay: no cache was written, or a forced tool choice)
+                sharing would not pay: no breakpoint, no cache written, a forced tool choice)
 """
 
 from __future__ import annotations
@@ -436,8 +436,9 @@ class Summarize:
     async def _shared_request(self, job: Commission) -> SharedRequest | str:
         """The shared-cache request for `job`, or why it takes the standalone path.
 
-        `auto` shares only where it pays: once the commissioning answer has begun with a 2xx
-        (an error or a missing answer wrote no cache entry) and when no forced tool choice
+        `auto` shares only where it pays: an Anthropic request that sets a `cache_control`
+        breakpoint (OpenAI caches by itself), once the commissioning answer has begun with a
+        2xx (an error or a missing answer wrote no cache entry), and when no forced tool choice
         rules out a text answer. `always` shares whenever it can (the model then sees the tool
         outputs even without the discount); it still waits for the answer, bounded.
         """
@@ -451,6 +452,10 @@ class Summarize:
         if model.model and model.model != job.model:
             return "model.model names another model than the request's"
         auto = model.share_cache == "auto"
+        if auto and job.dialect == "anthropic" and b'"cache_control"' not in job.forwarded:
+            # Anthropic caches only up to a breakpoint: without one the transcript would be
+            # billed in full, dearer than the standalone prompt's masked copy.
+            return "the request sets no cache_control: nothing was cached"
         began = await job.wait_answer(self.answer_wait)
         if auto and not began:
             return f"the commissioning answer did not begin within {self.answer_wait:g}s"

@@ -180,7 +180,11 @@ class Agent:
             kw: dict[str, Any] = {
                 "model": self.model,
                 "max_tokens": 64,
-                "system": SYSTEM,
+                # A breakpoint, as agents that want the prompt cache set one: the shared-cache
+                # summarizer (`share_cache: auto`) shares only a cache that was written.
+                "system": [
+                    {"type": "text", "text": SYSTEM, "cache_control": {"type": "ephemeral"}}
+                ],
                 "messages": messages,
                 "extra_headers": extra,
             }
