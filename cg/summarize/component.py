@@ -335,8 +335,10 @@ class Summarize:
         # Where the span sits in the body that goes upstream: spliced (this turn re-emits the
         # old checkpoint) or, should the splice not go out, as the client sent it.
         layouts = [Layout(n, span.head, n - span.end)]
+        at = None
         if spliced is not None:
-            at = next(i for i, p in enumerate(spliced) if isinstance(p, Insert))
+            at = next((i for i, p in enumerate(spliced) if isinstance(p, Insert)), None)
+        if spliced is not None and at is not None:
             tail = sum(
                 1 for p in spliced[at + 1 :] if not isinstance(p, Insert) and p.index >= span.end
             )

@@ -108,6 +108,8 @@ def build(
     refuse_forced_tool: bool = True,
 ) -> SharedRequest | str:
     """The shared request for `forwarded`, or why there is none (a reason for the log)."""
+    if dialect not in DIALECTS:
+        return f"no shared-cache request for the {dialect} dialect"
     try:
         index = index_body(forwarded, DIALECTS[dialect])
     except BodyRejected as e:
