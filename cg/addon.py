@@ -69,6 +69,8 @@ class ContextGuru:
         self.pool = HttpPool()
         self.originals: dict[str, bytes | None] = {}
         self.meter = Meter(self.stats.usage_reads)
+        # Summary jobs waiting for their commissioning flow's answer to begin, by flow id.
+        self.awaiting: dict[str, list[Any]] = {}
         self.expand = ExpandPolicy("auto", None)
         self.view = RewriteView(lambda key: self.store.get_stash(key) if self.store else None)
 
@@ -224,6 +226,7 @@ class ContextGuru:
         for task in list(self.tasks.values()):
             task.cancel()
         self.tasks.clear()
+        self.awaiting.clear()
         with contextlib.suppress(RuntimeError):  # no running loop: nothing left to close
             asyncio.get_running_loop().create_task(self.pool.aclose())
         if self.store is not None:
@@ -290,8 +293,6 @@ class ContextGuru:
                 record["preset"] = preset
                 record["preset_reason"] = why
                 self._count_components(record)
-                if result.commissions:
-                    self._commission(result.commissions, Origin.of(req.url, req.headers))
                 if result.body is not None:
                     original = req.raw_content
                     try:
@@ -301,6 +302,11 @@ class ContextGuru:
                         req.content = raw
                         record["outcome"] = "failed_open"
                         record["reason"] = f"cannot re-encode body: {e}"
+                if result.commissions:
+                    # The body as it goes upstream: what the provider caches for this session.
+                    sent = result.body if record["outcome"] == "rewritten" else raw
+                    origin = Origin.of(req.url, req.headers)
+                    self._commission(result.commissions, origin, sent, flow.id)
         self.stats.count(record["outcome"])
         record.setdefault("timings_ms", {})["hook"] = round((time.perf_counter() - t0) * 1000, 3)
         flow.metadata[META] = record
@@ -322,33 +328,51 @@ class ContextGuru:
                 self.stats.tokens_before += int(rec.get("tokens", 0))
                 self.stats.tokens_after += int(rec.get("tokens_after", 0))
 
-    def _commission(self, commissions: list[tuple[Component, Any]], origin: Origin) -> None:
+    def _commission(
+        self,
+        commissions: list[tuple[Component, Any]],
+        origin: Origin,
+        forwarded: bytes | None = None,
+        flow_id: str | None = None,
+    ) -> None:
         """Start each commissioned summary as a background task; the turn is not held.
 
-        `origin` (the request's endpoint and credential, for an `incoming` summary) is handed to
-        the job in memory and dropped when the job ends.
+        `origin` (the request's endpoint and credential, for an `incoming` summary) and
+        `forwarded` (its body as sent upstream, for the shared-cache call) are handed to the job
+        in memory and dropped when the job ends. The job may wait for flow `flow_id`'s answer to
+        begin (`_answer_began`), when the provider's cache entry for that body exists.
         """
         for comp, job in commissions:
             job.origin = origin
+            if forwarded is not None and hasattr(job, "answer_began"):
+                job.forwarded = forwarded
+                if flow_id is not None:
+                    job.began = asyncio.Event()
+                    self.awaiting.setdefault(flow_id, []).append(job)
             self.stats.summaries.commissioned += 1
             if not isinstance(comp, Commissioner):
                 continue
             try:
                 loop = asyncio.get_running_loop()
             except RuntimeError:  # no event loop (an offline caller): the job cannot run
+                self._unawait(flow_id, job)
                 comp.abandon(job)
                 continue
-            task = loop.create_task(self._run(comp.complete, job))
+            task = loop.create_task(self._run(comp.complete, job, flow_id))
             self.tasks[job.session] = task
             task.add_done_callback(functools.partial(self._forget, job.session))
 
-    async def _run(self, complete: Callable[[Any], Awaitable[str]], job: Any) -> str:
+    async def _run(
+        self, complete: Callable[[Any], Awaitable[str]], job: Any, flow_id: str | None = None
+    ) -> str:
         try:
             outcome = await complete(job)
         except Exception as e:  # noqa: BLE001 - a job's bug is a failed summary, never a crash
             # The type only: a message could quote a header value, i.e. a credential.
             log.warning("context-guru: summary for %s failed: %s", job.session, type(e).__name__)
             outcome = "failed"
+        finally:
+            self._unawait(flow_id, job)
         counts = self.stats.summaries
         if outcome == "completed":
             counts.completed += 1
@@ -356,9 +380,38 @@ class ContextGuru:
             counts.timed_out += 1
         else:
             counts.failed += 1
-            if outcome != "failed":
-                log.info("context-guru: summary for %s: %s", job.session, outcome)
+        path = getattr(job, "path", None)
+        if path in ("shared", "fallback", "standalone"):
+            setattr(counts, path, getattr(counts, path) + 1)
+        # The job's decision line: its outcome, which request wrote it, and why that one.
+        note = getattr(job, "note", "")
+        log.info(
+            "context-guru: summary for %s: %s via %s%s",
+            job.session,
+            outcome,
+            path or "no request",
+            f" ({note})" if note else "",
+        )
         return outcome
+
+    def _answer_began(self, flow: http.HTTPFlow) -> None:
+        """The flow's answer began (or the flow failed): release the jobs it commissioned."""
+        jobs = self.awaiting.pop(flow.id, None)
+        if not jobs:
+            return
+        status = flow.response.status_code if flow.response is not None else None
+        for job in jobs:
+            job.answer_began(status)
+
+    def _unawait(self, flow_id: str | None, job: Any) -> None:
+        """Forget a job that ended (or never ran) before its flow's answer began."""
+        if flow_id is None or flow_id not in self.awaiting:
+            return
+        kept = [j for j in self.awaiting[flow_id] if j is not job]
+        if kept:
+            self.awaiting[flow_id] = kept
+        else:
+            del self.awaiting[flow_id]
 
     def _forget(self, session: str, task: asyncio.Task[str]) -> None:
         if self.tasks.get(session) is task:
@@ -465,6 +518,7 @@ class ContextGuru:
         return out.replies
 
     def error(self, flow: http.HTTPFlow) -> None:
+        self._answer_began(flow)
         self.originals.pop(flow.id, None)
         record = flow.metadata.get(META)
         if isinstance(record, dict):
@@ -477,6 +531,7 @@ class ContextGuru:
         Except when the expand tool was injected: the answer may call it, and the client must
         never see that call, so that answer is buffered and read whole.
         """
+        self._answer_began(flow)
         record = flow.metadata.get(META)
         if record is None or flow.response is None:
             return

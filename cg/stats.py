@@ -13,6 +13,11 @@ class SummaryCounts:
     failed: int = 0
     timed_out: int = 0
     reused: int = 0
+    # Which request wrote each job's summary (SPEC §5.5): the shared-cache call, the standalone
+    # prompt after a shared answer with no <summary>, or the standalone prompt alone.
+    shared: int = 0
+    fallback: int = 0
+    standalone: int = 0
 
 
 @dataclass(slots=True)

@@ -8,8 +8,14 @@ dialects. Errors form one small tree (in `cg.summarize.component`):
 `incoming` reuses the proxied request's own endpoint, credential and model: the `Origin` is taken
 from the intercepted request and lives in memory only, for the life of one job. `config` uses a
 dedicated (cheap) model from the `model:` block or `CHEAP_MODEL*`. Every request carries
-`x-context-guru: summarize`, is non-streaming, and is retried (transport errors, 408, 409, 429,
-5xx) under one deadline. The client never reads the process's proxy settings: it is the proxy.
+`x-context-guru: summarize` and is retried (transport errors, 408, 409, 429, 5xx) under one
+deadline. The client never reads the process's proxy settings: it is the proxy.
+
+Two requests: `__call__` sends the standalone prompt (non-streaming); `shared` sends the body
+`cg.summarize.shared` built from the commissioning request, to that request's own URL with its
+headers, and reads the answer as it comes (JSON, or SSE when the agent streamed). Every answer's
+`usage` goes to `on_usage(session, model, Usage)` — the summarizer's own cost, for the ledger; a
+missing or malformed usage is skipped, never an error.
 """
 
 from __future__ import annotations
@@ -27,21 +33,40 @@ from typing import Any
 import httpx
 
 from cg.billing.usage import Usage, UsageError, from_provider
-from cg.summarize.component import Commission, NoModel, SummarizerError, SummarizerTimeout
+from cg.responses import Reply, ResponseParseError, parse_json, parse_sse
+from cg.summarize.component import (
+    Commission,
+    NoModel,
+    SummarizerError,
+    SummarizerRefused,
+    SummarizerTimeout,
+)
 from cg.summarize.config import ModelConfig
+from cg.summarize.prompt import MAX_TOKENS as MAX_TOKENS
 
 HEADER = "x-context-guru"
 TIMEOUT_ENV = "CONTEXT_GURU_SUMMARIZE_TIMEOUT"
 DEFAULT_TIMEOUT = 90.0
 RETRY_STATUS = frozenset({408, 409, 429, 500, 502, 503, 504, 529})
+REFUSED_STATUS = frozenset({400, 413, 422})  # the request as sent: no retry helps
 MAX_ATTEMPTS = 3
 DEFAULT_BASE = {"anthropic": "https://api.anthropic.com", "openai": "https://api.openai.com"}
 KEY_ENV = {"anthropic": "ANTHROPIC_API_KEY", "openai": "OPENAI_API_KEY"}
 PATHS = {"anthropic": "/v1/messages", "openai": "/v1/chat/completions"}
 ANTHROPIC_VERSION = "2023-06-01"
-MAX_TOKENS = {"concise": 2048, "regular": 4096, "highly_detailed": 8192}
-# Headers of the intercepted request that an `incoming` summary may reuse.
-INCOMING_HEADERS = ("x-api-key", "authorization", "anthropic-version", "anthropic-beta")
+# Headers of the intercepted request that an `incoming` summary may reuse: the credential, the
+# API version and betas (a beta can change how the prompt is rendered, so the shared call needs
+# the agent's), and OpenAI's organisation and project (the prompt cache is per organisation, and
+# the summary is billed where the agent's turn is).
+INCOMING_HEADERS = (
+    "x-api-key",
+    "authorization",
+    "anthropic-version",
+    "anthropic-beta",
+    "openai-organization",
+    "openai-project",
+)
+UsageSink = Callable[[str, str, Usage], None]
 
 
 @dataclass(frozen=True, slots=True)
@@ -156,7 +181,11 @@ def answer_text(dialect: str, doc: Any) -> str | None:
 
 
 class SummarizerClient:
-    """One model config's summarizer; all instances share the addon's pooled httpx client."""
+    """One model config's summarizer; all instances share the addon's pooled httpx client.
+
+    `on_usage(session, model, usage)` is told the provider's usage of every answer (both
+    requests); an exception it raises is swallowed: accounting never fails a summary.
+    """
 
     def __init__(
         self,
@@ -166,9 +195,8 @@ class SummarizerClient:
         level: str = "regular",
         timeout: float = DEFAULT_TIMEOUT,
         env: Mapping[str, str] | None = None,
-        on_usage: Callable[[str, str, Usage], None] | None = None,
+        on_usage: UsageSink | None = None,
     ) -> None:
-        """`on_usage(session, model, usage)` is told each answer's usage (the usage ledger)."""
         self.cfg = cfg
         self.pool = client
         self.level = level
@@ -177,9 +205,56 @@ class SummarizerClient:
         self.on_usage = on_usage
 
     async def __call__(self, prompt: str, job: Commission) -> str | None:
+        """The standalone prompt, as one non-streaming user message."""
         ep = resolve_endpoint(self.cfg, job, self.env)
         body = json.dumps(request_body(ep, prompt, self.level)).encode()
-        headers = {**ep.headers, "content-type": "application/json", HEADER: "summarize"}
+        resp = await self._post(ep.url, body, ep.headers)
+        try:
+            doc = resp.json()
+        except ValueError:
+            raise SummarizerError("the answer is not JSON") from None
+        self._usage(job, ep.model, ep.dialect, doc.get("usage") if isinstance(doc, dict) else None)
+        return answer_text(ep.dialect, doc)
+
+    async def shared(self, body: bytes, job: Commission) -> str | None:
+        """The shared-cache request: `body` to the commissioning request's own URL, with its
+        credential and version headers. The answer's text (not its thinking, not its tool
+        calls); None when it has none."""
+        origin = job.origin
+        if not isinstance(origin, Origin):
+            raise NoModel("model.source incoming: no proxied request to reuse")
+        if job.dialect not in PATHS:
+            raise NoModel(f"no shared-cache summarizer for the {job.dialect} dialect")
+        headers = dict(origin.headers)
+        if job.dialect == "anthropic":
+            headers.setdefault("anthropic-version", ANTHROPIC_VERSION)
+        resp = await self._post(origin.url, body, headers)
+        ctype = resp.headers.get("content-type", "")
+        try:
+            if ctype.startswith("text/event-stream"):
+                reply = parse_sse(job.dialect, resp.content)
+            else:
+                reply = parse_json(job.dialect, resp.content)
+        except ResponseParseError as e:
+            raise SummarizerError(f"unreadable answer: {type(e).__name__}") from None
+        self._usage(job, job.model or "", job.dialect, reply.message.get("usage"))
+        return reply_text(reply)
+
+    def _usage(self, job: Commission, model: str, dialect: str, usage: Any) -> None:
+        if self.on_usage is None or usage is None:
+            return
+        try:
+            parsed = from_provider(dialect, usage)
+        except UsageError:
+            return
+        try:
+            self.on_usage(job.session, model, parsed)
+        except Exception:  # noqa: BLE001 - accounting must never fail a summary
+            return
+
+    async def _post(self, url: str, body: bytes, headers: Mapping[str, str]) -> httpx.Response:
+        """POST under one deadline with bounded retries; the 200 response, read whole."""
+        headers = {**headers, "content-type": "application/json", HEADER: "summarize"}
         deadline = time.monotonic() + self.timeout
         last = "no attempt made"
         attempts = 0
@@ -192,7 +267,7 @@ class SummarizerClient:
                 # httpx's timeout bounds each read, not the whole answer: the deadline does.
                 async with asyncio.timeout(left):
                     resp = await self.pool.client().post(
-                        ep.url, content=body, headers=headers, timeout=left
+                        url, content=body, headers=headers, timeout=left
                     )
             except (httpx.TimeoutException, TimeoutError):
                 raise SummarizerTimeout(f"no answer within {self.timeout:g}s") from None
@@ -200,13 +275,10 @@ class SummarizerClient:
                 last = f"{type(e).__name__}"
             else:
                 if resp.status_code == 200:
-                    try:
-                        doc = resp.json()
-                    except ValueError:
-                        raise SummarizerError("the answer is not JSON") from None
-                    self._report_usage(job.session, ep, doc)
-                    return answer_text(ep.dialect, doc)
+                    return resp
                 last = f"HTTP {resp.status_code}"
+                if resp.status_code in REFUSED_STATUS:
+                    raise SummarizerRefused(last)
                 if resp.status_code not in RETRY_STATUS:
                     raise SummarizerError(last)
             backoff = min(0.25 * 2**attempt, 2.0) * (0.5 + random.random())
@@ -217,21 +289,10 @@ class SummarizerClient:
             raise SummarizerTimeout(f"no answer within {self.timeout:g}s ({last})")
         raise SummarizerError(f"gave up after {attempts} attempts ({last})")
 
-    def _report_usage(self, session: str, ep: Endpoint, doc: Any) -> None:
-        """Hand the answer's usage to `on_usage`; a missing or malformed one is skipped, and
-        nothing here may fail the summary."""
-        raw = doc.get("usage") if isinstance(doc, dict) else None
-        if self.on_usage is None or raw is None:
-            return
-        try:
-            usage = from_provider(ep.dialect, raw)
-        except UsageError:
-            return
-        model = doc.get("model")
-        try:
-            self.on_usage(session, model if isinstance(model, str) and model else ep.model, usage)
-        except Exception:  # noqa: BLE001 - the ledger's trouble is not the summary's
-            return
+
+def reply_text(reply: Reply) -> str | None:
+    """The text of a parsed answer (either dialect, streamed or not); None when it has none."""
+    return answer_text(reply.dialect, reply.message)
 
 
 class HttpPool:

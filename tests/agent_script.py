@@ -37,6 +37,7 @@ reads as "no restrictions" (anything else it retries for seconds).
 from __future__ import annotations
 
 import base64
+import functools
 import hashlib
 import json
 import re
@@ -206,8 +207,10 @@ class AgentScript:
     steps: list[Step]
     final_text: str = "All scripted steps are done."
     expand: bool = False
-    # Called with the step number before that step's reply is made (a test's gate); it runs on
-    # the provider's handler thread, so it may wait on a condition.
+    # Called with the step number once that step's answer has begun (status and headers sent)
+    # and before its body (a test's gate): the proxy sees the answer begin — a shared-cache
+    # summary waits for that — while the agent still waits. It runs on the provider's handler
+    # thread, so it may wait on a condition.
     before: Callable[[int], None] | None = None
     answers: list[Answer] = field(default_factory=list)
     refusals: list[str] = field(default_factory=list)
@@ -241,12 +244,13 @@ class AgentScript:
                 return err(400, "invalid_request_error", "; ".join(problems))
             step, key = self._position(dialect, messages, body)
         stream = body.get("stream") is True
-        if key is None and self.before is not None:
-            self.before(step)
         with self._lock:
             self.answers.append(Answer(step, key))
             message = self._message(dialect, step, key, str(body.get("model", "fake-model")), rec)
-        return _reply(dialect, message, stream, body)
+        reply = _reply(dialect, message, stream, body)
+        if key is None and self.before is not None:
+            reply.after_headers = functools.partial(self.before, step)
+        return reply
 
     # -- reading the request -------------------------------------------------------------------
 

@@ -16,6 +16,15 @@ apart, with `FakeProvider.script_summarizer(...)`: agent replies and summarizer 
 consume each other's queue. An unscripted summarizer request gets a numbered summary
 (`summary_answer(n)`), so every summary a test provokes has distinct bytes. A second instance
 serves as a dedicated "cheap model" endpoint.
+
+The prompt cache is modelled as the providers bill it (tests/promptcache.py, on the injectable
+`clock`): every 200 answer to a JSON request is billed when its status line is written (the cache
+entry exists from then) and reports that usage (Anthropic `input_tokens`,
+`cache_creation_input_tokens`, `cache_read_input_tokens`, `cache_creation`; OpenAI
+`prompt_tokens_details.cached_tokens`). `FakeProvider.billed` is the fake's own accounting, one
+`Billed` per request it billed. The cache is scoped by the request's credential, like a
+provider's organisation. Every request and every answer's start takes a number from one sequence
+(`Recorded.seq`, `Reply.began`), so a test can tell which came first.
 """
 
 from __future__ import annotations
@@ -31,6 +40,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
+
+from tests.promptcache import Bill, PromptCache, TooManyBreakpoints
 
 DEFAULT_TEXT = "Hello from the fake provider, streamed in pieces."
 GATE_TIMEOUT = 5.0
@@ -51,6 +62,7 @@ class Recorded:
     headers: list[tuple[str, str]]
     body: bytes
     decoded: bytes | None = None  # the body with a gzip content-encoding undone, else None
+    seq: int = 0  # its place in the provider's one sequence of requests and answer starts
 
     def header(self, name: str) -> str | None:
         name = name.lower()
@@ -76,9 +88,13 @@ class Reply:
     status line) until the hold is set or `hold_timeout` passes (which sets `hold_timed_out`) —
     a hanging server. `answered` is set once the reply has been written (or the peer was gone).
     `frames`: an SSE answer written as is, one chunk per frame (flushed), with `status` and
-    `headers` over the SSE defaults. `usage`: the answer's `usage` object instead of the default
-    (JSON: as is; Anthropic SSE: `message_delta.usage`, with `message_start` carrying its input
-    side; OpenAI SSE: the usage chunk, sent only when the request asked `include_usage`).
+    `headers` over the SSE defaults. `usage`: the answer's `usage` object instead of the one the
+    prompt-cache model bills (JSON: as is; Anthropic SSE: `message_delta.usage`, with
+    `message_start` carrying its input side; OpenAI SSE: the usage chunk, sent only when the
+    request asked `include_usage`). `began`: the sequence number taken when the status line
+    was written (compare `Recorded.seq`). `after_headers`: called (on the handler thread) once
+    the status line and headers are out and before any of the body — a test's gate that lets
+    the proxy see the answer begin while its client still waits for it.
     """
 
     status: int = 200
@@ -93,6 +109,8 @@ class Reply:
     answered: threading.Event = field(default_factory=threading.Event)
     frames: list[bytes] | None = None
     usage: dict[str, Any] | None = None
+    began: int | None = None
+    after_headers: Callable[[], None] | None = None
 
     @classmethod
     def json(cls, status: int, payload: Any) -> Reply:
@@ -125,8 +143,13 @@ def _pieces(text: str) -> list[str]:
     return [w + (" " if i < len(words) - 1 else "") for i, w in enumerate(words)] or [""]
 
 
-def _anthropic_events(model: str, text: str, in_tokens: int) -> Iterator[tuple[str, Any]]:
-    out_tokens = max(1, len(text) // 4)
+def _out_tokens(text: str) -> int:
+    return max(1, len(text) // 4)
+
+
+def _anthropic_events(model: str, text: str, bill: Bill) -> Iterator[tuple[str, Any]]:
+    out_tokens = _out_tokens(text)
+    start = bill.anthropic_usage(1)
     yield (
         "message_start",
         {
@@ -139,7 +162,7 @@ def _anthropic_events(model: str, text: str, in_tokens: int) -> Iterator[tuple[s
                 "content": [],
                 "stop_reason": None,
                 "stop_sequence": None,
-                "usage": {"input_tokens": in_tokens, "output_tokens": 1},
+                "usage": start,
             },
         },
     )
@@ -163,13 +186,19 @@ def _anthropic_events(model: str, text: str, in_tokens: int) -> Iterator[tuple[s
         {
             "type": "message_delta",
             "delta": {"stop_reason": "end_turn", "stop_sequence": None},
-            "usage": {"output_tokens": out_tokens},
+            # Cumulative counts: the input side again, and the output so far.
+            "usage": {
+                "input_tokens": start["input_tokens"],
+                "cache_creation_input_tokens": start["cache_creation_input_tokens"],
+                "cache_read_input_tokens": start["cache_read_input_tokens"],
+                "output_tokens": out_tokens,
+            },
         },
     )
     yield "message_stop", {"type": "message_stop"}
 
 
-def _anthropic_message(model: str, text: str, in_tokens: int) -> dict[str, Any]:
+def _anthropic_message(model: str, text: str, bill: Bill) -> dict[str, Any]:
     return {
         "id": f"msg_fake{next(_ids):06d}",
         "type": "message",
@@ -178,16 +207,11 @@ def _anthropic_message(model: str, text: str, in_tokens: int) -> dict[str, Any]:
         "content": [{"type": "text", "text": text}],
         "stop_reason": "end_turn",
         "stop_sequence": None,
-        "usage": {"input_tokens": in_tokens, "output_tokens": max(1, len(text) // 4)},
+        "usage": bill.anthropic_usage(_out_tokens(text)),
     }
 
 
-def _openai_usage(text: str, in_tokens: int) -> dict[str, int]:
-    out = max(1, len(text) // 4)
-    return {"prompt_tokens": in_tokens, "completion_tokens": out, "total_tokens": in_tokens + out}
-
-
-def _openai_completion(model: str, text: str, in_tokens: int) -> dict[str, Any]:
+def _openai_completion(model: str, text: str, bill: Bill) -> dict[str, Any]:
     return {
         "id": f"chatcmpl-fake{next(_ids):06d}",
         "object": "chat.completion",
@@ -201,12 +225,12 @@ def _openai_completion(model: str, text: str, in_tokens: int) -> dict[str, Any]:
                 "finish_reason": "stop",
             }
         ],
-        "usage": _openai_usage(text, in_tokens),
+        "usage": bill.openai_usage(_out_tokens(text)),
         "system_fingerprint": "fp_fake",
     }
 
 
-def _openai_chunks(model: str, text: str, in_tokens: int, usage: bool) -> Iterator[Any]:
+def _openai_chunks(model: str, text: str, bill: Bill, usage: bool) -> Iterator[Any]:
     base = {
         "id": f"chatcmpl-fake{next(_ids):06d}",
         "object": "chat.completion.chunk",
@@ -225,7 +249,7 @@ def _openai_chunks(model: str, text: str, in_tokens: int, usage: bool) -> Iterat
         yield chunk({"content": piece}, None)
     yield chunk({}, "stop")
     if usage:
-        yield {**base, "choices": [], "usage": _openai_usage(text, in_tokens)}
+        yield {**base, "choices": [], "usage": bill.openai_usage(_out_tokens(text))}
     yield "[DONE]"
 
 
@@ -248,6 +272,14 @@ def _has_content(chunk: Any) -> bool:
     return isinstance(chunk, dict) and any(
         c.get("delta", {}).get("content") for c in chunk.get("choices", [])
     )
+
+
+@dataclass(frozen=True)
+class Billed:
+    """One request as the fake billed it: what it read from, wrote to and missed the cache."""
+
+    request: Recorded
+    bill: Bill
 
 
 class _Server(ThreadingHTTPServer):
@@ -295,8 +327,10 @@ class _Handler(BaseHTTPRequestHandler):
                 decoded = gzip.decompress(body)
             except (OSError, EOFError):
                 decoded = None
-        rec = Recorded(self.command, self.path, list(self.headers.items()), body, decoded)
         provider = self.server.provider
+        rec = Recorded(
+            self.command, self.path, list(self.headers.items()), body, decoded, provider._next_seq()
+        )
         provider._record(rec)
         bare = self.path.split("?", 1)[0].rstrip("/")
         if self.command == "POST" and bare.endswith(("/v1/messages", "/v1/chat/completions")):
@@ -322,19 +356,41 @@ class _Handler(BaseHTTPRequestHandler):
 
     # -- response ----------------------------------------------------------------------------
 
-    def _send(self, status: int, headers: dict[str, str], body: bytes | str) -> None:
+    def _send(
+        self,
+        status: int,
+        headers: dict[str, str],
+        body: bytes | str,
+        after_headers: Callable[[], None] | None = None,
+    ) -> None:
         data = body.encode() if isinstance(body, str) else body
         self.send_response(status)
         for k, v in headers.items():
             self.send_header(k, v)
         self.send_header("content-length", str(len(data)))
         self.end_headers()
+        if after_headers is not None:
+            after_headers()
         if self.command != "HEAD":
             self.wfile.write(data)
 
     def _provider(self, dialect: str, rec: Recorded, reply: Reply) -> None:
+        try:
+            req = rec.json()
+        except ValueError as e:
+            req = f"invalid JSON: {e}"
+        bill = Bill(dialect, 0, 0, 0, 0)
+        if reply.status == 200 and isinstance(req, dict):
+            try:
+                bill = self.server.provider._bill(dialect, rec, req)
+            except TooManyBreakpoints as e:
+                bad = anthropic_error(400, "invalid_request_error", str(e))
+                reply.began = self.server.provider._next_seq()
+                self._send(bad.status, bad.headers, bad.body or b"")
+                return
+        reply.began = self.server.provider._next_seq()
         if reply.body is not None:
-            self._send(reply.status, reply.headers or _JSON, reply.body)
+            self._send(reply.status, reply.headers or _JSON, reply.body, reply.after_headers)
             return
         if reply.frames is not None:
             self.send_response(reply.status)
@@ -342,14 +398,12 @@ class _Handler(BaseHTTPRequestHandler):
                 self.send_header(k, v)
             self.send_header("transfer-encoding", "chunked")
             self.end_headers()
+            if reply.after_headers is not None:
+                reply.after_headers()
             for data in reply.frames:
                 self._chunk(data)
             self._chunk(b"")
             return
-        try:
-            req = rec.json()
-        except ValueError as e:
-            req = f"invalid JSON: {e}"
         if not isinstance(req, dict):
             problem = req if isinstance(req, str) else "the body must be a JSON object"
             err = anthropic_error if dialect == "anthropic" else openai_error
@@ -357,13 +411,13 @@ class _Handler(BaseHTTPRequestHandler):
             self._send(bad.status, bad.headers, bad.body or b"")
             return
         model = str(req.get("model", "fake-model"))
-        in_tokens = len(rec.decoded or rec.body) // 4
         if req.get("stream") is not True:
             make = _anthropic_message if dialect == "anthropic" else _openai_completion
             self._send(
                 reply.status,
                 {**_JSON, **reply.headers},
-                _dumps(_with_usage(make(model, reply.text, in_tokens), reply.usage)),
+                _dumps(_with_usage(make(model, reply.text, bill), reply.usage)),
+                reply.after_headers,
             )
             return
         self.send_response(reply.status)
@@ -371,13 +425,15 @@ class _Handler(BaseHTTPRequestHandler):
             self.send_header(k, v)
         self.send_header("transfer-encoding", "chunked")
         self.end_headers()
+        if reply.after_headers is not None:
+            reply.after_headers()
         if dialect == "anthropic":
             frames = [
                 (
                     f"event: {name}\ndata: {_dumps(_with_usage(data, reply.usage))}\n\n",
                     name == "content_block_delta",
                 )
-                for name, data in _anthropic_events(model, reply.text, in_tokens)
+                for name, data in _anthropic_events(model, reply.text, bill)
             ]
         else:
             opts = req.get("stream_options")
@@ -387,7 +443,7 @@ class _Handler(BaseHTTPRequestHandler):
                     f"data: {_dumps(_with_usage(c, reply.usage)) if c != '[DONE]' else c}\n\n",
                     _has_content(c),
                 )
-                for c in _openai_chunks(model, reply.text, in_tokens, usage)
+                for c in _openai_chunks(model, reply.text, bill, usage)
             ]
         gated = reply.gate is not None
         for frame, is_delta in frames:
@@ -407,10 +463,13 @@ class FakeProvider:
 
     `tls`: serve HTTPS with this server context (`p.url` is then `https://…`). `responder`: asked
     for the reply to each agent request the script queue does not answer, and to each GET or
-    HEAD (a `Reply` with `body`); None means the default answer.
+    HEAD (a `Reply` with `body`); None means the default answer. `clock`: the prompt cache's
+    clock (default `time.monotonic`); pass a `tests.promptcache.Clock` to move time by hand.
     """
 
-    def __init__(self, tls: ssl.SSLContext | None = None) -> None:
+    def __init__(
+        self, tls: ssl.SSLContext | None = None, clock: Callable[[], float] | None = None
+    ) -> None:
         self._server = _Server(("127.0.0.1", 0), _Handler)
         self._server.provider = self
         self.scheme = "http"
@@ -425,6 +484,9 @@ class FakeProvider:
         self._replies: deque[Reply] = deque()
         self._summarizer_replies: deque[Reply] = deque()
         self._summaries = 0
+        self._seq = itertools.count(1)
+        self.cache = PromptCache(clock or time.monotonic)
+        self._billed: list[Billed] = []
         self._thread = threading.Thread(
             target=self._server.serve_forever, name="fake-provider", daemon=True
         )
@@ -484,6 +546,33 @@ class FakeProvider:
     def _side_reply(self, rec: Recorded) -> Reply | None:
         responder = self.responder
         return responder(rec) if responder is not None else None
+
+    # -- the prompt cache --------------------------------------------------------------------
+
+    def _next_seq(self) -> int:
+        with self._cond:
+            return next(self._seq)
+
+    def _bill(self, dialect: str, rec: Recorded, body: dict[str, Any]) -> Bill:
+        scope = rec.header("x-api-key") or rec.header("authorization") or ""
+        bill = self.cache.bill(dialect, body, scope)
+        with self._cond:
+            self._billed.append(Billed(rec, bill))
+            self._cond.notify_all()
+        return bill
+
+    @property
+    def billed(self) -> list[Billed]:
+        """Every request this provider billed (answered 200 to a JSON object), in order."""
+        with self._cond:
+            return list(self._billed)
+
+    def bill_of(self, rec: Recorded) -> Bill:
+        """What `rec` was billed; KeyError when it was not billed (yet)."""
+        for b in self.billed:
+            if b.request is rec:
+                return b.bill
+        raise KeyError(f"request #{rec.seq} was not billed")
 
     # -- recording ---------------------------------------------------------------------------
 

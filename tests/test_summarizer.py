@@ -17,7 +17,14 @@ import pytest
 from mitmproxy import http
 
 from cg import summarizer
-from cg.summarize.component import Commission, NoModel, SummarizerError, SummarizerTimeout
+from cg.billing.usage import Usage
+from cg.summarize.component import (
+    Commission,
+    NoModel,
+    SummarizerError,
+    SummarizerRefused,
+    SummarizerTimeout,
+)
 from cg.summarize.config import ModelConfig
 from cg.summarizer import (
     HEADER,
@@ -137,7 +144,9 @@ def _quick_backoff(monkeypatch: pytest.MonkeyPatch) -> None:
 # -- Origin and resolve_endpoint: incoming -----------------------------------------------------
 
 
-def test_origin_keeps_only_the_credential_and_version_headers():
+def test_origin_keeps_only_the_credential_version_and_billing_headers():
+    """Credential, API version and betas, and OpenAI's organisation (its prompt cache is per
+    organisation, and the summary is billed where the agent's turn is); nothing else."""
     origin = Origin.of(ORIGIN_URL, agent_headers())
     assert origin.url == ORIGIN_URL
     assert origin.headers == {
@@ -145,8 +154,9 @@ def test_origin_keeps_only_the_credential_and_version_headers():
         "authorization": f"Bearer {KEY}",
         "anthropic-version": "2023-06-01",
         "anthropic-beta": "context-1m-2025-08-07",
+        "openai-organization": "org-1",
     }
-    assert set(origin.headers) == set(INCOMING_HEADERS)
+    assert set(origin.headers) <= set(INCOMING_HEADERS)
 
 
 def test_incoming_reuses_origin_url_and_headers_and_the_jobs_model():
@@ -295,7 +305,9 @@ async def test_anthropic_request_is_non_streaming_with_the_summarize_header(wire
     assert req.headers["content-type"] == "application/json"
     assert req.headers["x-api-key"] == KEY
     assert req.headers["anthropic-beta"] == "context-1m-2025-08-07"
-    for private in ("cookie", "x-context-guru-session", "openai-organization", "x-e2e-id"):
+    # `openai-organization` goes back to the endpoint it came with (Origin keeps it); the
+    # agent's other headers do not.
+    for private in ("cookie", "x-context-guru-session", "x-e2e-id"):
         assert private not in req.headers
     assert req.headers["user-agent"] != "claude-cli/2.1"
     assert wire.body() == {
@@ -612,3 +624,283 @@ async def test_pool_never_reads_proxy_settings_and_closes(monkeypatch):
     assert client.is_closed
     assert pool.client() is not client
     await pool.aclose()
+
+
+# -- the shared-cache request --------------------------------------------------------------------
+
+SHARED_BODY = (
+    b'{"model":"claude-sonnet-4","max_tokens":4096,"messages":[{"role":"user","content":"x"}]}'
+)
+SSE = {"content-type": "text/event-stream; charset=utf-8"}
+
+
+def sse(*events: tuple[str, dict[str, Any]]) -> bytes:
+    return "".join(f"event: {n}\ndata: {json.dumps(d)}\n\n" for n, d in events).encode()
+
+
+def anthropic_stream(*blocks: dict[str, Any], usage: dict[str, Any] | None = None) -> bytes:
+    """A complete Anthropic message stream carrying `blocks` (text, thinking, tool_use)."""
+    start_usage = usage or {"input_tokens": 5, "output_tokens": 1}
+    events: list[tuple[str, dict[str, Any]]] = [
+        (
+            "message_start",
+            {
+                "type": "message_start",
+                "message": {
+                    "id": "msg_1",
+                    "type": "message",
+                    "role": "assistant",
+                    "model": "claude-sonnet-4",
+                    "content": [],
+                    "stop_reason": None,
+                    "usage": start_usage,
+                },
+            },
+        )
+    ]
+    for i, b in enumerate(blocks):
+        kind = b["type"]
+        empty = {"text": ""} if kind == "text" else {"thinking": ""} if kind == "thinking" else {}
+        start = {**b, **empty} if kind != "tool_use" else {**b, "input": {}}
+        events.append(
+            (
+                "content_block_start",
+                {"type": "content_block_start", "index": i, "content_block": start},
+            )
+        )
+        if kind == "text":
+            delta = {"type": "text_delta", "text": b["text"]}
+        elif kind == "thinking":
+            delta = {"type": "thinking_delta", "thinking": b["thinking"]}
+        else:
+            delta = {"type": "input_json_delta", "partial_json": json.dumps(b["input"])}
+        events.append(
+            ("content_block_delta", {"type": "content_block_delta", "index": i, "delta": delta})
+        )
+        events.append(("content_block_stop", {"type": "content_block_stop", "index": i}))
+    final = {"output_tokens": 42, **({"cache_read_input_tokens": 900} if usage else {})}
+    events.append(
+        (
+            "message_delta",
+            {"type": "message_delta", "delta": {"stop_reason": "end_turn"}, "usage": final},
+        )
+    )
+    events.append(("message_stop", {"type": "message_stop"}))
+    return sse(*events)
+
+
+THINKING = {
+    "type": "thinking",
+    "thinking": "Let me think <summary>not this</summary>",
+    "signature": "c2ln",
+}
+TOOL_USE = {"type": "tool_use", "id": "toolu_1", "name": "Bash", "input": {"command": "ls"}}
+
+
+async def test_shared_sends_the_body_as_is_to_the_agents_endpoint_with_its_headers():
+    wire = Wire(ok_anthropic())
+    origin = Origin.of(ORIGIN_URL, agent_headers())
+    text = await wire.client(incoming()).shared(SHARED_BODY, job(origin=origin))
+    assert text == "<summary>done</summary>"
+    (req,) = wire.sent
+    assert str(req.url) == ORIGIN_URL and req.method == "POST"
+    assert req.content == SHARED_BODY
+    assert req.headers[HEADER] == "summarize"
+    assert req.headers["content-type"] == "application/json"
+    assert (req.headers["x-api-key"], req.headers["anthropic-beta"]) == (
+        KEY,
+        "context-1m-2025-08-07",
+    )
+    for private in ("cookie", "x-context-guru-session", "x-e2e-id"):
+        assert private not in req.headers
+    bare = Origin.of(ORIGIN_URL, {"x-api-key": KEY})
+    await wire.client(incoming()).shared(SHARED_BODY, job(origin=bare))
+    assert wire.sent[-1].headers["anthropic-version"] == "2023-06-01"
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_shared_takes_the_text_not_the_thinking_nor_the_tool_calls(stream):
+    blocks = (THINKING, {"type": "text", "text": "<summary>S</summary>"}, TOOL_USE)
+    if stream:
+        wire = Wire(lambda r: httpx.Response(200, content=anthropic_stream(*blocks), headers=SSE))
+    else:
+        doc = {**anthropic_answer(*blocks), "id": "m", "model": "x", "stop_reason": "end_turn"}
+        wire = Wire(lambda r: httpx.Response(200, json=doc))
+    origin = Origin.of(ORIGIN_URL, agent_headers())
+    assert (
+        await wire.client(incoming()).shared(SHARED_BODY, job(origin=origin))
+        == "<summary>S</summary>"
+    )
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_shared_answer_with_only_tool_calls_has_no_text(stream):
+    if stream:
+        wire = Wire(lambda r: httpx.Response(200, content=anthropic_stream(TOOL_USE), headers=SSE))
+    else:
+        wire = Wire(lambda r: httpx.Response(200, json=anthropic_answer(TOOL_USE)))
+    origin = Origin.of(ORIGIN_URL, agent_headers())
+    assert await wire.client(incoming()).shared(SHARED_BODY, job(origin=origin)) is None
+
+
+def openai_stream(
+    content: str | None, calls: bool = False, usage: dict[str, Any] | None = None
+) -> bytes:
+    base = {"id": "c1", "object": "chat.completion.chunk", "created": 1, "model": "gpt-test"}
+    delta: dict[str, Any] = {"role": "assistant", "content": content}
+    if calls:
+        delta["tool_calls"] = [
+            {
+                "index": 0,
+                "id": "call_1",
+                "type": "function",
+                "function": {"name": "f", "arguments": "{}"},
+            }
+        ]
+    chunks = [
+        {**base, "choices": [{"index": 0, "delta": delta, "finish_reason": None}]},
+        {
+            **base,
+            "choices": [
+                {"index": 0, "delta": {}, "finish_reason": "tool_calls" if calls else "stop"}
+            ],
+        },
+    ]
+    if usage:
+        chunks.append({**base, "choices": [], "usage": usage})
+    return ("".join(f"data: {json.dumps(c)}\n\n" for c in chunks) + "data: [DONE]\n\n").encode()
+
+
+@pytest.mark.parametrize(
+    ("answer", "text"),
+    [
+        (openai_stream("<summary>O</summary>"), "<summary>O</summary>"),
+        (openai_stream(None, calls=True), None),
+    ],
+)
+async def test_shared_reads_an_openai_stream(answer, text):
+    wire = Wire(lambda r: httpx.Response(200, content=answer, headers=SSE))
+    j = job(
+        "openai",
+        "gpt-test",
+        Origin.of("https://api.example.test/v1/chat/completions", {"authorization": "Bearer k"}),
+    )
+    assert await wire.client(incoming()).shared(b"{}", j) == text
+    assert "anthropic-version" not in wire.sent[0].headers
+
+
+@pytest.mark.parametrize("status", [400, 413, 422])
+async def test_shared_refused_is_its_own_error(status):
+    wire = Wire(sequence(status))
+    origin = Origin.of(ORIGIN_URL, agent_headers())
+    with pytest.raises(SummarizerRefused, match=f"HTTP {status}"):
+        await wire.client(incoming()).shared(SHARED_BODY, job(origin=origin))
+    assert len(wire.sent) == 1  # not retried
+
+
+async def test_shared_server_errors_are_not_refusals():
+    wire = Wire(sequence(503, 503, 503))
+    origin = Origin.of(ORIGIN_URL, agent_headers())
+    with pytest.raises(SummarizerError) as e:
+        await wire.client(incoming(), timeout=5).shared(SHARED_BODY, job(origin=origin))
+    assert not isinstance(e.value, SummarizerRefused)
+    assert KEY not in "".join(traceback.format_exception(e.value))
+
+
+async def test_shared_unreadable_answers_and_no_origin():
+    wire = Wire(
+        lambda r: httpx.Response(200, content=b"event: message_start\ndata: {", headers=SSE)
+    )
+    origin = Origin.of(ORIGIN_URL, agent_headers())
+    with pytest.raises(SummarizerError, match="unreadable answer"):
+        await wire.client(incoming()).shared(SHARED_BODY, job(origin=origin))
+    with pytest.raises(NoModel):
+        await wire.client(incoming()).shared(SHARED_BODY, job(origin=None))
+
+
+# -- usage ---------------------------------------------------------------------------------------
+
+
+class Sink:
+    def __init__(self, fail: bool = False) -> None:
+        self.got: list[tuple[str, str, Usage]] = []
+        self.fail = fail
+
+    def __call__(self, session: str, model: str, usage: Usage) -> None:
+        self.got.append((session, model, usage))
+        if self.fail:
+            raise RuntimeError("ledger down")
+
+
+ANTHROPIC_USAGE = {
+    "input_tokens": 30,
+    "cache_creation_input_tokens": 0,
+    "cache_read_input_tokens": 900,
+    "output_tokens": 1,
+}
+
+
+async def test_usage_of_a_streamed_shared_answer_reaches_on_usage():
+    body = anthropic_stream({"type": "text", "text": "<summary>S</summary>"}, usage=ANTHROPIC_USAGE)
+    wire = Wire(lambda r: httpx.Response(200, content=body, headers=SSE))
+    sink = Sink()
+    origin = Origin.of(ORIGIN_URL, agent_headers())
+    await wire.client(incoming(), on_usage=sink).shared(SHARED_BODY, job(origin=origin))
+    # message_start's input side, message_delta's cumulative output
+    assert sink.got == [("s1", "claude-sonnet-4", Usage(30, 0, 0, 900, 42, 1))]
+
+
+async def test_usage_of_openai_answers_and_of_the_standalone_call_reaches_on_usage():
+    usage = {
+        "prompt_tokens": 1000,
+        "completion_tokens": 7,
+        "prompt_tokens_details": {"cached_tokens": 896},
+    }
+    wire = Wire(
+        lambda r: httpx.Response(
+            200, content=openai_stream("<summary>O</summary>", usage=usage), headers=SSE
+        )
+    )
+    sink = Sink()
+    j = job("openai", "gpt-test", Origin.of("https://api.example.test/v1/chat/completions", {}))
+    await wire.client(incoming(), on_usage=sink).shared(b"{}", j)
+    assert sink.got == [("s1", "gpt-test", Usage(104, 0, 0, 896, 7, 1))]
+    doc = {
+        **openai_answer("<summary>x</summary>"),
+        "usage": {"prompt_tokens": 50, "completion_tokens": 5},
+    }
+    wire = Wire(lambda r: httpx.Response(200, json=doc))
+    await wire.client(config(model="cheap", provider="openai", base_url="http://h"), on_usage=sink)(
+        PROMPT, j
+    )
+    assert sink.got[-1] == ("s1", "cheap", Usage(50, 0, 0, 0, 5, 1))
+
+
+@pytest.mark.parametrize("usage", [None, "many", {"input_tokens": -1}, {}])
+async def test_a_missing_or_malformed_usage_is_skipped(usage):
+    doc = anthropic_answer({"type": "text", "text": "<summary>d</summary>"})
+    if usage is not None:
+        doc["usage"] = usage
+    wire = Wire(lambda r: httpx.Response(200, json=doc))
+    sink = Sink()
+    origin = Origin.of(ORIGIN_URL, agent_headers())
+    assert (
+        await wire.client(incoming(), on_usage=sink)(PROMPT, job(origin=origin))
+        == "<summary>d</summary>"
+    )
+    assert sink.got == []
+
+
+async def test_a_failing_usage_sink_never_fails_the_summary():
+    doc = {
+        **anthropic_answer({"type": "text", "text": "<summary>d</summary>"}),
+        "usage": ANTHROPIC_USAGE,
+    }
+    wire = Wire(lambda r: httpx.Response(200, json=doc))
+    sink = Sink(fail=True)
+    origin = Origin.of(ORIGIN_URL, agent_headers())
+    assert (
+        await wire.client(incoming(), on_usage=sink)(PROMPT, job(origin=origin))
+        == "<summary>d</summary>"
+    )
+    assert len(sink.got) == 1

@@ -195,6 +195,26 @@ class FakeSummarizer:
         return a
 
 
+SHARED = "<summary>the shared summary</summary>"
+
+
+@dataclass
+class SharedFake(FakeSummarizer):
+    """The standalone fake plus `shared()`; `seen` records, per shared call, whether the
+    commissioning answer had begun when it was made."""
+
+    shared_answer: str | BaseException | None = SHARED
+    shared_calls: list[tuple[bytes, Commission]] = field(default_factory=list)
+    seen: list[bool] = field(default_factory=list)
+
+    async def shared(self, body: bytes, job: Commission) -> str | None:
+        self.shared_calls.append((body, job))
+        self.seen.append(job.began is None or job.began.is_set())
+        if isinstance(self.shared_answer, BaseException):
+            raise self.shared_answer
+        return self.shared_answer
+
+
 def summarizer_raising(kind: str) -> FakeSummarizer:
     if kind == "error":
         return FakeSummarizer(SummarizerError("502 from upstream"))

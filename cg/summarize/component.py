@@ -9,15 +9,27 @@ Per request the decision is one of
 
 and `complete()` turns the summarizer's answer into a checkpoint (and, in `full` marker mode, a
 stash of the replaced span) in the store, so it survives a restart.
+
+Which request writes the summary (`Commission.path`, counted by the caller):
+
+    shared      the commissioning request as forwarded upstream plus one instruction, sent once
+                its answer has begun, so the provider reads the transcript from its prompt cache
+                (`cg.summarize.shared`; `model.share_cache` auto/always with `source: incoming`)
+    fallback    the shared answer held no `<summary>` (only tool calls, say), or the provider
+                refused the shared request (400/413/422): the standalone prompt, once. A 5xx,
+                429, timeout or transport error is the counted failure it is on any path.
+    standalone  the standalone prompt (`share_cache: never`, `source: config`, or `auto` when
+                sharing would not pay: no breakpoint, no cache written, a forced tool choice)
 """
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any, Literal, Protocol
+from typing import Any, Literal, Protocol, runtime_checkable
 
 from cg.body import BodyIndex
 from cg.dialects import MessageView
@@ -26,7 +38,8 @@ from cg.pipeline import RequestContext, Step
 from cg.splice import Insert, Keep, Plan, is_identity
 from cg.store import Checkpoint, Store, owner, stash_key
 from cg.summarize.config import SummarizeConfig
-from cg.summarize.prompt import build_prompt, extract_summary, summary_text
+from cg.summarize.prompt import build_prompt, extract_summary, has_summary, summary_text
+from cg.summarize.shared import Layout, SharedRequest, build
 from cg.summarize.span import Span, repair_orphans, select_span
 from cg.summarize.triggers import (
     CACHE_TTL_DEFAULT,
@@ -40,6 +53,10 @@ from cg.summarize.triggers import (
 from cg.tokens import TokenCounter
 
 Outcome = Literal["completed", "blank", "failed", "timed_out", "no_model"]
+Path = Literal["shared", "fallback", "standalone"]
+# How long a shared-cache job waits for its commissioning turn's answer to begin (the provider
+# writes its cache entry then). Bounded, so a flow that never answers cannot hold a job.
+ANSWER_WAIT = 60.0
 
 
 class SummarizerError(Exception):
@@ -54,10 +71,27 @@ class NoModel(SummarizerError):
     """No model or endpoint is available to summarize with: a no-op, with that reason."""
 
 
+class SummarizerRefused(SummarizerError):
+    """The provider refused the request as sent (400, 413, 422): a shape or size problem, e.g.
+    the shared request no longer fits the window once the instruction is appended. The
+    shared-cache call falls back to the standalone prompt on it; anything else is a failure."""
+
+
 class Summarizer(Protocol):
     """Writes one summary. Raises `SummarizerError`/`SummarizerTimeout`; None means blank."""
 
     async def __call__(self, prompt: str, job: Commission) -> str | None: ...
+
+
+@runtime_checkable
+class SharedSummarizer(Protocol):
+    """A summarizer that can also send the shared-cache request: `body` as built by
+    `cg.summarize.shared.build`, to the commissioning request's own endpoint. Returns the
+    answer's text (None when it has none, e.g. only tool calls)."""
+
+    async def __call__(self, prompt: str, job: Commission) -> str | None: ...
+
+    async def shared(self, body: bytes, job: Commission) -> str | None: ...
 
 
 @dataclass(slots=True)
@@ -65,7 +99,11 @@ class Commission:
     """Everything `complete()` needs; built on the hot path, run off it.
 
     `origin` carries what an `incoming` summarizer needs to reach the proxied request's own
-    endpoint; it lives in memory only, for the life of the job, and is never stored.
+    endpoint, and `forwarded` the request's body as it went upstream (what the provider cached);
+    both live in memory only, for the life of the job, and are never stored or logged.
+    `layouts` say where the span sits in that body (with or without this turn's splice).
+    `began` is set by the caller when the commissioning turn's answer begins (`answer_began`);
+    None means nobody will signal, and the job does not wait.
     """
 
     session: str
@@ -80,6 +118,28 @@ class Commission:
     previous_summary: str | None
     origin: Any = field(default=None, repr=False)
     conversation: str = ""  # the checkpoint key; defaults to the session
+    forwarded: bytes | None = field(default=None, repr=False)
+    layouts: tuple[Layout, ...] = ()
+    began: asyncio.Event | None = field(default=None, repr=False)
+    answer_status: int | None = None  # the commissioning answer's HTTP status, once it began
+    path: Path | None = None  # which request wrote (or tried to write) the summary
+    note: str = ""  # why that path, for the log line
+
+    def answer_began(self, status: int | None) -> None:
+        """The commissioning turn's answer began with `status` (None: the flow failed first)."""
+        self.answer_status = status
+        if self.began is not None:
+            self.began.set()
+
+    async def wait_answer(self, timeout: float) -> bool:
+        """Wait (bounded) for `answer_began`; False when it did not come in time."""
+        if self.began is None or self.began.is_set():
+            return True
+        try:
+            await asyncio.wait_for(self.began.wait(), timeout)
+        except TimeoutError:
+            return False
+        return True
 
     def __post_init__(self) -> None:
         self.conversation = self.conversation or self.session
@@ -134,6 +194,7 @@ class Summarize:
         self.table = table or shipped_windows()
         self.inflight: set[str] = set()
         self.facts = facts or FactsCache(tokens)
+        self.answer_wait = ANSWER_WAIT
 
     @property
     def marker_mode(self) -> str:
@@ -240,7 +301,7 @@ class Summarize:
         elif conv in self.inflight:
             detail["commission"] = "a summary for this session is already in flight"
         else:
-            step.commission = self._commission(req, conv, span, digests, cp)
+            step.commission = self._commission(req, conv, span, digests, cp, step.plan)
             detail["commission"] = why
             if step.plan is None:
                 step.reason = "commissioned a summary; this turn forwards untouched"
@@ -277,9 +338,22 @@ class Summarize:
         span: Span,
         digests: list[bytes],
         cp: Checkpoint | None,
+        spliced: Plan | None = None,
     ) -> Commission:
         index = req.index
         views = index.views
+        n = len(views)
+        # Where the span sits in the body that goes upstream: spliced (this turn re-emits the
+        # old checkpoint) or, should the splice not go out, as the client sent it.
+        layouts = [Layout(n, span.head, n - span.end)]
+        at = None
+        if spliced is not None:
+            at = next((i for i, p in enumerate(spliced) if isinstance(p, Insert)), None)
+        if spliced is not None and at is not None:
+            tail = sum(
+                1 for p in spliced[at + 1 :] if not isinstance(p, Insert) and p.index >= span.end
+            )
+            layouts.insert(0, Layout(len(spliced), min(span.head, at), tail, summary_at=at))
         rolling = cp is not None and self.cfg.resummarize_tokens > 0
         start = cp.head_count + cp.covered_count if cp is not None and rolling else span.head
         model = index.members["model"].value if "model" in index.members else None
@@ -296,6 +370,7 @@ class Summarize:
             span=views[start : span.end],
             transcript=views,
             previous_summary=cp.summary if cp is not None and rolling else None,
+            layouts=tuple(layouts),
         )
 
     # -- off the hot path ----------------------------------------------------------------------
@@ -313,14 +388,13 @@ class Summarize:
             if summarizer is None:
                 return "no_model"
             try:
-                answer = await summarizer(job.prompt(self.cfg), job)
+                summary = await self._summarize(summarizer, job)
             except SummarizerTimeout:
                 return "timed_out"
             except NoModel:
                 return "no_model"
             except SummarizerError:
                 return "failed"
-            summary = extract_summary(answer)
             if summary is None:
                 return "blank"
             mode = self.marker_mode
@@ -349,3 +423,63 @@ class Summarize:
         finally:
             self.inflight.discard(job.conversation)
             job.origin = None
+            job.forwarded = None
+
+    async def _summarize(self, summarizer: Summarizer, job: Commission) -> str | None:
+        """The summary text: from the shared-cache request when it can be made, else (or when
+        its answer holds no `<summary>`) from the standalone prompt. Sets `job.path`."""
+        if isinstance(summarizer, SharedSummarizer):
+            shared = await self._shared_request(job)
+            if isinstance(shared, SharedRequest):
+                job.path = "shared"
+                try:
+                    answer = await summarizer.shared(shared.body, job)
+                except SummarizerRefused as e:
+                    answer, job.note = None, f"the provider refused the shared request: {e}"
+                if has_summary(answer):
+                    return extract_summary(answer)
+                job.path = "fallback"
+                job.note = job.note or "the shared answer held no <summary>"
+            else:
+                job.note = shared
+        if job.path is None:
+            job.path = "standalone"
+        return extract_summary(await summarizer(job.prompt(self.cfg), job))
+
+    async def _shared_request(self, job: Commission) -> SharedRequest | str:
+        """The shared-cache request for `job`, or why it takes the standalone path.
+
+        `auto` shares only where it pays: an Anthropic request that sets a `cache_control`
+        breakpoint (OpenAI caches by itself), once the commissioning answer has begun with a
+        2xx (an error or a missing answer wrote no cache entry), and when no forced tool choice
+        rules out a text answer. `always` shares whenever it can (the model then sees the tool
+        outputs even without the discount); it still waits for the answer, bounded.
+        """
+        model = self.cfg.model
+        if model.share_cache == "never":
+            return "model.share_cache: never"
+        if model.source != "incoming":
+            return "model.source: config (another model cannot read this one's cache)"
+        if job.forwarded is None:
+            return "no forwarded request to share"
+        if model.model and model.model != job.model:
+            return "model.model names another model than the request's"
+        auto = model.share_cache == "auto"
+        if auto and job.dialect == "anthropic" and b'"cache_control"' not in job.forwarded:
+            # Anthropic caches only up to a breakpoint: without one the transcript would be
+            # billed in full, dearer than the standalone prompt's masked copy.
+            return "the request sets no cache_control: nothing was cached"
+        began = await job.wait_answer(self.answer_wait)
+        if auto and not began:
+            return f"the commissioning answer did not begin within {self.answer_wait:g}s"
+        status = job.answer_status
+        if auto and began and job.began is not None and not (status and 200 <= status < 300):
+            return f"the commissioning answer was {status or 'an error'}: nothing was cached"
+        return build(
+            job.forwarded,
+            job.dialect,
+            job.layouts,
+            level=self.cfg.summary_level,
+            custom_prompt=self.cfg.custom_prompt,
+            refuse_forced_tool=auto,
+        )

@@ -7,7 +7,16 @@ import os
 from collections.abc import Mapping
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SecretStr,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from cg.settings import describe
 
@@ -40,8 +49,26 @@ class ModelConfig(BaseModel):
     api_key: SecretStr | None = None
     auth: Literal["x-api-key", "bearer"] | None = None
     # auto: with source incoming, the summarizer call is the commissioning request plus one
-    # instruction, so the provider reads the transcript from its prompt cache (SPEC §5.5).
+    # instruction, so the provider reads the transcript from its prompt cache (SPEC §5.5), where
+    # that pays (the commissioning answer began, no forced tool choice); always: whenever it
+    # can; never: the standalone prompt only.
     share_cache: Literal["auto", "always", "never"] = "auto"
+
+    @field_validator("share_cache")
+    @classmethod
+    def _always_shares_the_agents_model(cls, v: str, info: ValidationInfo) -> str:
+        # `always` promises the shared call; refuse what makes it impossible rather than
+        # silently falling back (only the agent's own model can read its cache).
+        if v == "always" and info.data.get("source") == "config":
+            raise ValueError(
+                "always needs model.source: incoming (a dedicated model cannot read the "
+                "agent's prompt cache); use auto or never with source: config"
+            )
+        if v == "always" and info.data.get("model"):
+            raise ValueError(
+                "always sends the agent's own model, so model.model cannot be set with it"
+            )
+        return v
 
 
 class SummarizeConfig(BaseModel):

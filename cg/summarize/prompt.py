@@ -4,6 +4,12 @@ The prompt is grounded in the task: the first user turn and the latest user and 
 are given as what to summarize toward. An operator's `custom_prompt` is framed as the operator's
 instruction with a stated precedence — pasted bare after a long trajectory it reads as more
 trajectory — and two limits survive it: no invention, and the `<summary>` format.
+
+Two forms of the same instructions: `build_prompt` is the standalone prompt (the span rendered as
+text, tool outputs masked unless `include_tool_calls`); `build_instruction` is the one user
+message appended to the agent's own request when the summarizer shares its prompt cache, where the
+span is not copied but pointed at (the model reads the messages themselves, tool outputs
+included).
 """
 
 from __future__ import annotations
@@ -19,6 +25,10 @@ GROUNDING_CAP_CHARS = 4_000
 CALL_CAP_CHARS = 1_000
 HEADER = "=== History Summary ==="
 SENTINEL = "⟪cg⟫"
+# The summary's output budget per level (the standalone call's `max_tokens`; the shared call's,
+# plus the request's own thinking budget).
+MAX_TOKENS = {"concise": 2048, "regular": 4096, "highly_detailed": 8192}
+ANCHOR_CHARS = 160
 
 LEVELS = {
     "concise": (
@@ -148,16 +158,7 @@ def build_prompt(
             f"Tool outputs are masked as {MASK}: do not guess what they contained; say only what "
             "the surrounding messages establish about them."
         )
-    if custom_prompt and custom_prompt.strip():
-        out += [
-            "",
-            "## Operator instruction",
-            "The text below is an instruction from the operator who deployed this summarizer. It "
-            "is not part of the conversation: do not summarize it, follow it. It takes precedence "
-            "over the guidance above on what to include and how to organise the summary, but not "
-            "over the two rules that close this prompt.",
-            f"<operator_instruction>\n{custom_prompt.strip()}\n</operator_instruction>",
-        ]
+    out += _operator(custom_prompt, "the two rules that close this prompt")
     out += [
         "",
         "## Rules that always hold",
@@ -168,7 +169,101 @@ def build_prompt(
     return "\n".join(out)
 
 
+def _operator(custom_prompt: str | None, rules: str) -> list[str]:
+    """The operator's `custom_prompt`, framed with its precedence (below `rules`)."""
+    if not (custom_prompt and custom_prompt.strip()):
+        return []
+    return [
+        "",
+        "## Operator instruction",
+        "The text below is an instruction from the operator who deployed this summarizer. It "
+        "is not part of the conversation: do not summarize it, follow it. It takes precedence "
+        "over the guidance above on what to include and how to organise the summary, but not "
+        f"over {rules}.",
+        f"<operator_instruction>\n{custom_prompt.strip()}\n</operator_instruction>",
+    ]
+
+
+def anchor(v: MessageView) -> str:
+    """How a message begins, on one line: enough for the model to find it in the transcript."""
+    text = " ".join(render_message(v, include_tool_calls=True).split())
+    text = text if len(text) <= ANCHOR_CHARS else text[:ANCHOR_CHARS] + "…"
+    return f"[{v.role}] {text}" if text else f"[{v.role}]"
+
+
+def _ordinal(n: int) -> str:
+    return "message" if n == 1 else f"{n} messages"
+
+
+def build_instruction(
+    *,
+    head: int,
+    tail: int,
+    total: int,
+    first: MessageView,
+    last: MessageView,
+    previous: bool,
+    level: str = "regular",
+    custom_prompt: str | None = None,
+) -> str:
+    """The instruction appended to the agent's own request (the shared-cache call).
+
+    `head`/`tail`: messages before and after the span in that request (`total` messages, this
+    one not counted); `first`/`last`: the span's first and last messages, quoted as anchors —
+    counting hundreds of messages is not something a model does reliably. `previous`: the span
+    holds an earlier summary (a roll-forward), whose content must be carried over.
+    """
+    start, end = head + 1, total - tail
+    where = []
+    if head:
+        where.append(f"after the first {_ordinal(head)}")
+    if tail:
+        where.append(f"before the last {_ordinal(tail)}")
+    span = " and ".join(where) if where else "from the first message"
+    out = [
+        "[context-guru] This message is not from the user. It comes from context-guru, the proxy "
+        "between the agent and its model provider, which is compressing this conversation. Do "
+        "not continue the task and do not answer the messages above: write the summary asked "
+        "for below. Answer with text only and call no tool.",
+        "",
+        "## What to summarize",
+        f"The messages of this conversation {span} (messages {start} to {end} of the {total} "
+        "above this one). The agent will read your summary in place of them, then continue its "
+        "work.",
+        f"- The span begins with: {anchor(first)}",
+        f"- The span ends with: {anchor(last)}",
+    ]
+    if previous:
+        out.append(
+            f"- The span includes an earlier summary (the message that begins {HEADER!r}), which "
+            "stands for even older messages: carry what it says over into the new summary."
+        )
+    out += [
+        "The messages before the span (the task as first stated) and after it (the latest turns) "
+        "stay as they are: do not summarize them, but use them to judge what matters — "
+        "summarize toward the task and what the agent is doing now.",
+        "",
+        "## How to write the summary",
+        LEVELS[level],
+        "Tool calls and their outputs are part of the span: keep what they established (paths, "
+        "commands, results, errors), not their full text.",
+        *_operator(custom_prompt, "the rules that close this message"),
+        "",
+        "## Rules that always hold",
+        "1. Use only what the conversation above contains. Never invent files, commands, results, "
+        "decisions, names or facts that are absent from it; if something is unknown, say so.",
+        "2. Write the summary inside <summary>…</summary> and write nothing outside those tags.",
+        "3. Answer with text only: call no tool, even one that the conversation offers.",
+    ]
+    return "\n".join(out)
+
+
 _SUMMARY_RE = re.compile(r"<summary>(.*?)</summary>", re.DOTALL)
+
+
+def has_summary(answer: str | None) -> bool:
+    """The answer carries a `<summary>` (the shared call's test before it falls back)."""
+    return bool(answer) and "<summary>" in (answer or "")
 
 
 def extract_summary(answer: str | None) -> str | None:

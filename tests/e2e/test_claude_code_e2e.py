@@ -28,6 +28,7 @@ from tests.e2e.agents import (
 from tests.e2e.claude_code import VERSION
 from tests.e2e.harness import message_sources
 from tests.fakeprovider import FakeProvider
+from tests.shared_request import split_shared
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -123,8 +124,18 @@ def test_claude_code_session_is_summarized_reused_and_expanded_without_claude_co
     )
     assert_summarized(s.turns, proxy, head=1)
     assert_expanded_once(s.turns, s.script, proxy)
-    assert len(fake.summarizer_requests) == 1
+    (call,) = fake.summarizer_requests
     never_saw_expand(s)
+    # The summary was written by the shared-cache call: Claude Code's own request as the
+    # provider got it, plus one instruction (its max_tokens, thinking, breakpoints all kept).
+    (turn,) = [
+        t
+        for t in s.turns
+        if any(c.get("commission") == "trigger fired" for c in t.cg["components"])
+    ]
+    ask, changed = split_shared(turn.got.body, call.body, "anthropic")
+    assert changed == {} and "<summary>" in ask["content"]
+    assert proxy.stats()["summaries"]["shared"] == 1
 
 
 # -- summarizer1509: keep_first 2 and Claude Code's system message at [1] ---------------------------

@@ -46,6 +46,7 @@ from tests.fakeprovider import (
     anthropic_error,
     openai_error,
 )
+from tests.shared_request import split_shared
 
 pytestmark = pytest.mark.e2e
 
@@ -61,6 +62,7 @@ LOW = {
     "resummarize_tokens": 200,
     "trigger": {"min_request_frac": 0, "min_messages": 4},
 }
+NEVER = {**LOW, "model": {"share_cache": "never"}}
 BIG = " ".join(f"detail-{i}" for i in range(300))  # a message worth far more than 200 tokens
 SYSTEM = 'You are a coding agent. Ünïcödé, "quotes", </script> and 🚀 survive byte-for-byte.'
 
@@ -178,7 +180,11 @@ class Agent:
             kw: dict[str, Any] = {
                 "model": self.model,
                 "max_tokens": 64,
-                "system": SYSTEM,
+                # A breakpoint, as agents that want the prompt cache set one: the shared-cache
+                # summarizer (`share_cache: auto`) shares only a cache that was written.
+                "system": [
+                    {"type": "text", "text": SYSTEM, "cache_control": {"type": "ephemeral"}}
+                ],
                 "messages": messages,
                 "extra_headers": extra,
             }
@@ -253,6 +259,17 @@ def sproxy(provider: FakeProvider, tmp_path_factory: pytest.TempPathFactory) -> 
 
 
 @pytest.fixture(scope="module")
+def nproxy(provider: FakeProvider, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Proxy]:
+    """As `sproxy`, with `model.share_cache: never`: the standalone prompt only."""
+    p = start(provider.url, tmp_path_factory.mktemp("proxy-never"), NEVER)
+    try:
+        yield p
+    finally:
+        p.stop()
+    assert not p.addon_errors(), p.log_text()
+
+
+@pytest.fixture(scope="module")
 def cheap() -> Iterator[FakeProvider]:
     """A second fake provider: the dedicated cheap model of `model.source: config`."""
     with FakeProvider() as p:
@@ -269,8 +286,9 @@ def closed_port() -> int:
 
 
 def about(tag: str) -> Callable[[Recorded], bool]:
-    """A summarizer request whose prompt is about the conversation tagged `tag`."""
-    return lambda r: r.is_summarizer and f"Task {tag}:" in r.json()["messages"][0]["content"]
+    """A summarizer request about the conversation tagged `tag`: its standalone prompt quotes
+    the task, and a shared-cache request carries the task message itself."""
+    return lambda r: r.is_summarizer and f"Task {tag}:".encode() in r.body
 
 
 def summaries_of(fake: FakeProvider, tag: str) -> list[Recorded]:
@@ -345,7 +363,11 @@ def component(cg: dict[str, Any]) -> dict[str, Any]:
 # -- the life of a session: commission, splice, reuse, roll forward ---------------------------------
 
 
-def test_commission_splice_reuse_and_roll_forward(sproxy, provider):
+@pytest.mark.parametrize("path", ["shared", "standalone"])
+def test_commission_splice_reuse_and_roll_forward(path, sproxy, nproxy, provider):
+    """The default (`share_cache: auto`) summarizes with the shared-cache request; `never` with
+    the standalone prompt. Everything else about the session's life is the same."""
+    sproxy = sproxy if path == "shared" else nproxy
     with Agent(sproxy, "anthropic") as agent:
         tag = agent.session
         c0 = counts(sproxy)
@@ -364,6 +386,7 @@ def test_commission_splice_reuse_and_roll_forward(sproxy, provider):
         c1 = wait_count(sproxy, c0, "completed")
         assert c1["commissioned"] == c0["commissioned"] + 1
         assert (c1["failed"], c1["timed_out"]) == (c0["failed"], c0["timed_out"])
+        assert c1[path] == c0[path] + 1
 
         # The summarizer call: the client's model, endpoint and key; nothing else of its headers.
         (job,) = summaries_of(provider, tag)
@@ -376,9 +399,19 @@ def test_commission_splice_reuse_and_roll_forward(sproxy, provider):
         body = job.json()
         assert body["model"] == "claude-test"
         assert "stream" not in body
-        prompt = body["messages"][0]["content"]
-        assert "Step 3: I read parser.py" in prompt  # the span
-        assert "Note 4" not in prompt.split("<conversation>")[1]  # the tail is not summarized
+        if path == "shared":
+            # The forwarded request byte for byte, one instruction appended, a summary's
+            # output budget instead of the agent's 64 tokens.
+            ask, changed = split_shared(got1.body, job.body, "anthropic")
+            assert changed == {"max_tokens": 4096}
+            prompt = ask["content"]
+            assert "after the first message and before the last 3 messages" in prompt
+            assert "messages 2 to 4 of the 7" in prompt
+            assert "ends with: [assistant] Step 3: I read parser.py" in prompt  # the span
+        else:
+            prompt = body["messages"][0]["content"]
+            assert "Step 3: I read parser.py" in prompt  # the span
+            assert "Note 4" not in prompt.split("<conversation>")[1]  # the tail is not summarized
 
         # Turn 2 splices: [m0, summary, m4 …] with every retained byte as the client sent it.
         t2 = agent.send(anthropic_messages(tag, 9))
@@ -417,12 +450,25 @@ def test_commission_splice_reuse_and_roll_forward(sproxy, provider):
         c4 = wait_count(sproxy, c2, "completed")
         roll = summaries_of(provider, tag)
         assert len(roll) == 2
-        roll_prompt = roll[1].json()["messages"][0]["content"]
-        assert "<previous_summary>" in roll_prompt
-        assert text.split("<summary>\n")[1].split("\n</summary>")[0] in roll_prompt
-        conversation = roll_prompt.split("<conversation>")[1]
-        assert "Step 9" in conversation
-        assert "Step 3: I read" not in conversation  # only what the old summary did not cover
+        old = text.split("<summary>\n")[1].split("\n</summary>")[0]
+        if path == "shared":
+            # Built on turn 4 as forwarded: [m0, the old summary, m4 … m12]; the span runs from
+            # the old summary to m9, before the last 3 messages.
+            ask, changed = split_shared(got4.body, roll[1].body, "anthropic")
+            assert changed == {"max_tokens": 4096}
+            roll_prompt = ask["content"]
+            assert "messages 2 to 8 of the 11" in roll_prompt
+            assert "begins with: [user] === History Summary ===" in roll_prompt
+            assert "ends with: [assistant] Step 9" in roll_prompt
+            assert "includes an earlier summary" in roll_prompt
+            assert old.encode() in roll[1].body  # in the cached prefix, not in the instruction
+        else:
+            roll_prompt = roll[1].json()["messages"][0]["content"]
+            assert "<previous_summary>" in roll_prompt
+            assert old in roll_prompt
+            conversation = roll_prompt.split("<conversation>")[1]
+            assert "Step 9" in conversation
+            assert "Step 3: I read" not in conversation  # only what the old summary did not cover
 
         # Turn 5 splices the new summary, now covering [1, 10).
         t5 = agent.send(anthropic_messages(tag, 15, big_at=9))
@@ -540,7 +586,8 @@ def test_summarizer_500s_are_retried_then_counted_failed(sproxy, provider):
 
 
 def test_a_blank_summary_is_counted_failed_and_never_spliced(sproxy, provider):
-    provider.script_summarizer(Reply(text="  "))
+    # The shared answer holds no <summary>: one fallback to the standalone prompt, blank too.
+    provider.script_summarizer(Reply(text="  "), Reply(text="  "))
     with Agent(sproxy, "anthropic") as agent:
         tag = agent.session
         c0 = counts(sproxy)
@@ -548,6 +595,8 @@ def test_a_blank_summary_is_counted_failed_and_never_spliced(sproxy, provider):
         assert t1.text == DEFAULT_TEXT
         c1 = wait_count(sproxy, c0, "failed")
         assert c1["completed"] == c0["completed"]
+        assert c1["fallback"] == c0["fallback"] + 1
+        assert len(summaries_of(provider, tag)) == 2  # once shared, once standalone: no more
         t2 = agent.send(anthropic_messages(tag, 9))
         assert_forwarded_unchanged(t2.sent, received(provider, t2.eid))
         assert record(sproxy, t2)["outcome"] == "passed_through"
