@@ -79,14 +79,14 @@ def test_a_request_with_no_breakpoint_reads_but_writes_nothing() -> None:
     assert cache.bill(shared, now=5) == Usage(input_tokens=400, cache_read_tokens=2500, requests=1)
 
 
-def test_openai_caches_every_prefix_automatically_from_1024_tokens_without_a_premium() -> None:
+def test_openai_caches_every_prefix_from_1024_tokens_automatically() -> None:
     cache = PromptCache()
     first = cache.bill(prompt([800, 600, 400], auto=True), now=0)
-    assert first == Usage(input_tokens=1800, requests=1)
+    assert first == Usage(cache_write_tokens=1800, requests=1)  # priced as the model says
     second = cache.bill(prompt([800, 600, 999], auto=True), now=10)  # shares 1400 tokens
-    assert second == Usage(input_tokens=999, cache_read_tokens=1400, requests=1)
+    assert second == Usage(cache_write_tokens=999, cache_read_tokens=1400, requests=1)
     short = PromptCache()
-    short.bill(prompt([800, 100], auto=True), now=0)
+    assert short.bill(prompt([800, 100], auto=True), now=0) == Usage(input_tokens=900, requests=1)
     assert short.bill(prompt([800, 100, 5], auto=True), now=1).cache_read_tokens == 0
 
 

@@ -15,7 +15,9 @@ session's cache at the provider:
   (1.25× input, 2× for 1 h) and bills what follows at the full input price; a prefix under
   `min_tokens` is never cached;
 - OpenAI (`auto=True`): every prefix of `min_tokens` (1,024) tokens or more is cached
-  automatically, with no write premium; the cached part is billed at the cache-read price.
+  automatically, so the part of such a request not read from the cache is written to it; the
+  price table says what a write costs (GPT-6 and later: 1.25x input; a model with no write
+  premium is priced with `cache_write` equal to `input`, so the bill is the same either way).
 
 Simplifications, on purpose: units are whole messages (a provider caches at block or token
 granularity), Anthropic's 20-block lookback window is not modelled (a hit may be anywhere in the
@@ -133,7 +135,10 @@ class PromptCache:
             for key, cum in zip(prompt.keys, prompt.cum, strict=True):
                 if cum >= self.min_tokens:
                     self.entries[key] = (now + prompt.ttl, prompt.ttl)
-            return Usage(input_tokens=prompt.tokens - read, cache_read_tokens=read, requests=1)
+            rest = prompt.tokens - read
+            if prompt.tokens < self.min_tokens:
+                return Usage(input_tokens=rest, requests=1)
+            return Usage(cache_write_tokens=rest, cache_read_tokens=read, requests=1)
         write = 0
         for b in prompt.breakpoints:
             if prompt.cum[b] < self.min_tokens:
