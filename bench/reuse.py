@@ -79,7 +79,10 @@ from cg.summarize.triggers import RequestFacts, cache_ttl, evaluate, resolve_win
 from cg.tokens import TokenCounter
 
 BUDGET_MS = 10.0
-CONFIG: dict[str, Any] = {"cache_state": "any", "trigger": {"min_request_frac": 0}}
+CONFIG: dict[str, Any] = {
+    "cache_state": "any",
+    "trigger": {"min_request_frac": 0, "min_request_tokens": 0},
+}
 RECORD_KEYS = ("index", "pipeline", "splice", "validate", "total")
 SUMMARY = (
     "The user asked the agent to make `Config.load` in src/app/config.py tolerate an empty or "

@@ -37,7 +37,7 @@ components:
   summarize:
     cache_state: any
     min_tokens: 10
-    trigger: {min_request_frac: 0, min_messages: 4}
+    trigger: {min_request_frac: 0, min_request_tokens: 0, min_messages: 4}
 """
 
 

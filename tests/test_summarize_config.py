@@ -19,23 +19,26 @@ def refused(raw: dict[str, Any], env: dict[str, str] | None = None) -> str:
     return str(e.value)
 
 
-def test_defaults_are_the_spec_table() -> None:
+def test_defaults_are_the_spec_table_but_the_triggers_the_simulator_chose() -> None:
+    """SPEC §5.1's table, except four values docs/savings.md chose with the cost simulator
+    (SPEC: resummarize_tokens 6000, cache_state cold, min_request_frac 0.9, no token gate)."""
     cfg = parse_summarize({}, env={})
     assert cfg.summary_level == "regular"
     assert (cfg.keep_first, cfg.keep_last) == (1, 3)
     assert cfg.min_tokens == 500
     assert cfg.include_tool_calls is False
-    assert cfg.resummarize_tokens == 6000
+    assert cfg.resummarize_tokens == 40_000
     assert cfg.start_from_message == 6
     assert cfg.custom_prompt is None
     assert cfg.marker_mode == "full"
-    assert cfg.cache_state == "cold"
+    assert cfg.cache_state == "any"
     m = cfg.model
     assert m.source == "incoming"
     assert (m.model, m.provider, m.base_url, m.api_key, m.auth) == (None, None, None, None, None)
     t = cfg.trigger
-    assert t.min_request_frac == 0.9
-    assert (t.min_request_tokens, t.min_output_tokens) == (0, 0)
+    assert t.min_request_frac == 0.0
+    assert (t.min_request_tokens, t.min_output_tokens) == (60_000, 0)
+    assert t.ceiling_frac == 0.95
     assert (t.min_output_frac, t.huge_output_frac) == (0.0, 0.0)
     # start_from_message (6) is folded into the unset trigger.min_messages
     assert t.min_messages == 6 and cfg.min_messages == 6

@@ -17,7 +17,7 @@ components:
   summarize:
     cache_state: any
     min_tokens: 10
-    trigger: {min_request_frac: 0}
+    trigger: {min_request_frac: 0, min_request_tokens: 0}
 """
 
 

@@ -41,7 +41,7 @@ TOKENS = TokenCounter()
 ACTING: dict[str, Any] = {
     "min_tokens": 0,
     "cache_state": "any",
-    "trigger": {"min_request_frac": 0, "min_messages": 0},
+    "trigger": {"min_request_frac": 0, "min_request_tokens": 0, "min_messages": 0},
 }
 
 Json = Any

@@ -27,10 +27,13 @@ class TriggerConfig(BaseModel):
     """Request-level gates, ANDed; a zero or unset gate imposes nothing."""
 
     model_config = ConfigDict(extra="forbid", strict=True)
-    min_request_tokens: int = Field(0, ge=0)
+    # Defaults chosen with the cost simulator (docs/savings.md), where SPEC §5.1's (no token
+    # gate, 90% of the window, a cold cache, a roll-forward every 6,000 tokens) barely paid: a
+    # first summary at an absolute size, in any cache state, rolled forward rarely.
+    min_request_tokens: int = Field(60_000, ge=0)
     min_messages: int | None = Field(None, ge=0)
     min_output_tokens: int = Field(0, ge=0)
-    min_request_frac: float = Field(0.9, ge=0, le=1)
+    min_request_frac: float = Field(0.0, ge=0, le=1)
     min_output_frac: float = Field(0.0, ge=0, le=1)
     huge_output_frac: float = Field(0.0, ge=0, le=1)
     # A request at this fraction of the window fires regardless of every gate and of the cache
@@ -78,11 +81,11 @@ class SummarizeConfig(BaseModel):
     keep_last: int = Field(3, ge=0)
     min_tokens: int = Field(500, ge=0)
     include_tool_calls: bool = False
-    resummarize_tokens: int = Field(6000, ge=0)
+    resummarize_tokens: int = Field(40_000, ge=0)
     start_from_message: int = Field(6, ge=0)
     custom_prompt: str | None = None
     marker_mode: Literal["full", "summary", "off"] = "full"
-    cache_state: Literal["cold", "any"] = "cold"
+    cache_state: Literal["cold", "any"] = "any"
     model: ModelConfig = Field(default_factory=ModelConfig)
     trigger: TriggerConfig = Field(default_factory=TriggerConfig)
 

@@ -50,7 +50,7 @@ LOW: dict[str, Any] = {
     "keep_first": 2,
     "min_tokens": 10,
     "resummarize_tokens": 1_000_000,
-    "trigger": {"min_request_frac": 0, "min_messages": 6},
+    "trigger": {"min_request_frac": 0, "min_request_tokens": 0, "min_messages": 6},
 }
 HEADER = "=== History Summary ==="
 MARKER = re.compile(r"<<cg:([0-9a-f]+)>>")

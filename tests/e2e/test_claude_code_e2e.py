@@ -41,7 +41,7 @@ LOW: dict[str, Any] = {
     "cache_state": "any",
     "min_tokens": 10,
     "resummarize_tokens": 1_000_000,
-    "trigger": {"min_request_frac": 0, "min_messages": 6},
+    "trigger": {"min_request_frac": 0, "min_request_tokens": 0, "min_messages": 6},
 }
 
 
@@ -144,7 +144,10 @@ def test_claude_code_session_is_summarized_reused_and_expanded_without_claude_co
 def test_claude_code_summarizer1509_never_leaves_the_summary_after_its_system_message(
     claude_code, fake, tmp_path, proxies
 ):
-    low = {"min_tokens": 10, "trigger": {"min_request_frac": 0, "min_messages": 6}}
+    low = {
+        "min_tokens": 10,
+        "trigger": {"min_request_frac": 0, "min_request_tokens": 0, "min_messages": 6},
+    }
     proxy = start_proxy(fake.url, tmp_path, "summarizer1509", low)
     proxies(proxy)
     s = drive_claude(

@@ -55,7 +55,7 @@ MARKER = re.compile(r"<<cg:([0-9a-f]{24})>>")
 LOW = {
     "cache_state": "any",
     "min_tokens": 10,
-    "trigger": {"min_request_frac": 0, "min_messages": 4},
+    "trigger": {"min_request_frac": 0, "min_request_tokens": 0, "min_messages": 4},
 }
 SYSTEM = "You are a coding agent. Ünïcödé ✓"
 FINAL = "Final answer: the failing test was test_nested ✓"

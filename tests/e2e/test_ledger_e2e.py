@@ -238,7 +238,7 @@ LOW = {
     "cache_state": "any",
     "min_tokens": 10,
     "resummarize_tokens": 100_000,
-    "trigger": {"min_request_frac": 0, "min_messages": 4},
+    "trigger": {"min_request_frac": 0, "min_request_tokens": 0, "min_messages": 4},
 }
 S_USAGE = {"input_tokens": 3000, "cache_read_input_tokens": 0, "output_tokens": 150}
 

@@ -44,7 +44,7 @@ LOW: dict[str, Any] = {
     "cache_state": "any",
     "min_tokens": 10,
     "resummarize_tokens": 1_000_000,
-    "trigger": {"min_request_frac": 0, "min_messages": 4},
+    "trigger": {"min_request_frac": 0, "min_request_tokens": 0, "min_messages": 4},
 }
 
 

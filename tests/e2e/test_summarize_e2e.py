@@ -60,7 +60,7 @@ LOW = {
     "cache_state": "any",
     "min_tokens": 10,
     "resummarize_tokens": 200,
-    "trigger": {"min_request_frac": 0, "min_messages": 4},
+    "trigger": {"min_request_frac": 0, "min_request_tokens": 0, "min_messages": 4},
 }
 NEVER = {**LOW, "model": {"share_cache": "never"}}
 BIG = " ".join(f"detail-{i}" for i in range(300))  # a message worth far more than 200 tokens
@@ -811,7 +811,10 @@ def test_a_bad_summarize_timeout_refuses_to_start_naming_the_variable(provider, 
 def test_summarizer1509_on_openai_summarizes_every_turn_and_keeps_system_and_task(
     provider, tmp_path, running
 ):
-    low = {"min_tokens": 10, "trigger": {"min_request_frac": 0, "min_messages": 4}}
+    low = {
+        "min_tokens": 10,
+        "trigger": {"min_request_frac": 0, "min_request_tokens": 0, "min_messages": 4},
+    }
     proxy = running(start(provider.url, tmp_path, low, preset="summarizer1509"))
     with Agent(proxy, "openai") as agent:
         tag = agent.session
