@@ -84,6 +84,19 @@ def test_claude_code_preset_splices_before_80_percent_of_a_200k_window(store: St
     assert rows[first]["rec"]["trigger"]["cache"] in ("warm", "unknown")  # whatever the cache
 
 
+def test_on_claude_codes_1m_window_the_preset_acts_at_its_token_trigger(store: Store) -> None:
+    """Claude Code asks for claude-opus-4-8 with the context-1m beta: a 1M window, which a
+    fraction trigger would leave untouched until 800k tokens. The token trigger acts at 60k."""
+    headers = fixture_headers(CC16)
+    assert "context-1m" in headers["anthropic-beta"]
+    d = preset_driver("claude-code", store, headers=headers)
+    rows = run(d, tool_heavy(fixture_body(CC16)), 150_000)
+    assert rows[0]["rec"]["window"] == 1_000_000
+    first = next(i for i, r in enumerate(rows) if r["outcome"] == "rewritten")
+    assert rows[first]["tokens"] < 0.1 * 1_000_000
+    assert max(r["sent"] for r in rows) < 0.1 * 1_000_000 < rows[-1]["tokens"]
+
+
 def test_the_spec_defaults_would_not_have_acted_before_claude_code_compacts(store: Store) -> None:
     """Why the preset exists, and why the defaults moved: SPEC §5.1's `summarize` waits for 90%
     of the window and a cold cache, and Claude Code compacts at 83.5%."""

@@ -21,6 +21,7 @@ from typing import Any
 
 from cg.body import index_body
 from cg.dialects import DIALECTS, Dialect
+from cg.facts import strip_cache_control
 from cg.rewrite import Rewrite, rewrite_body
 from cg.store import Store
 from cg.summarize.component import Commission, Summarize, SummarizerError, SummarizerTimeout
@@ -81,18 +82,10 @@ def config(**over: Any) -> SummarizeConfig:
 # --------------------------------------------------------------------------------------------
 
 
-def _strip_cache_control(v: Json) -> Json:
-    if isinstance(v, dict):
-        return {k: _strip_cache_control(x) for k, x in v.items() if k != "cache_control"}
-    if isinstance(v, list):
-        return [_strip_cache_control(x) for x in v]
-    return v
-
-
 def move_cache_control(messages: list[Json]) -> list[Json]:
     """What Claude Code does every turn: the breakpoint leaves every message and lands on the
     last block of the last message."""
-    out = [_strip_cache_control(m) for m in messages]
+    out = [strip_cache_control(m) for m in messages]
     last = out[-1]
     if isinstance(last["content"], str):
         last["content"] = [{"type": "text", "text": last["content"]}]
@@ -131,7 +124,7 @@ def grow(base: dict[str, Json], turns: int, output_words: int = 120) -> list[dic
     """The bodies of `turns` further Claude Code requests after `base`, one tool exchange each,
     the `cache_control` breakpoint moved to the last message each time. Every earlier message
     keeps its exact content (only the breakpoint moves), as in a real session."""
-    msgs = [_strip_cache_control(m) for m in base["messages"]]
+    msgs = [strip_cache_control(m) for m in base["messages"]]
     out: list[dict[str, Json]] = []
     for n in range(turns):
         msgs = msgs + tool_turn(n, output_words)
