@@ -1,5 +1,5 @@
 """mitmproxy entry point: `mitmdump -s cg_addon.py`."""
 
-from cg.addon import ContextGuru
+from cg.proxy.addon import ContextGuru
 
 addons = [ContextGuru()]

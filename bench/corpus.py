@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from cg.jsonspan import walk_document
+from cg.wire.jsonspan import walk_document
 
 FIXTURE = Path(__file__).resolve().parent / "fixtures" / "claude_code_2.1.197_turn16.json"
 
@@ -500,8 +500,8 @@ def corpus() -> Corpus:
 
 
 if __name__ == "__main__":
-    from cg.body import index_body
-    from cg.dialects import ANTHROPIC, OPENAI
+    from cg.wire.body import index_body
+    from cg.wire.dialects import ANTHROPIC, OPENAI
 
     c = corpus()
     for name, raw, d in (("anthropic", c.anthropic, ANTHROPIC), ("openai", c.openai, OPENAI)):

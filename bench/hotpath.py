@@ -52,13 +52,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from bench.corpus import TARGET_MESSAGES, anthropic_body, openai_body
-from cg.body import BodyIndex, MessageCache, index_body
-from cg.dialects import ANTHROPIC, OPENAI, Dialect
-from cg.jsonspan import walk_document
-from cg.pipeline import RequestContext, Step
-from cg.rewrite import rewrite_body
-from cg.shape import check_wire_roles, introduced, validate_shape
-from cg.splice import Insert, Keep, Plan, identity, plan_sources, plan_views, splice
+from cg.pipeline.rewrite import rewrite_body
+from cg.pipeline.runner import RequestContext, Step
+from cg.wire.body import BodyIndex, MessageCache, index_body
+from cg.wire.dialects import ANTHROPIC, OPENAI, Dialect
+from cg.wire.jsonspan import walk_document
+from cg.wire.shape import check_wire_roles, introduced, validate_shape
+from cg.wire.splice import Insert, Keep, Plan, identity, plan_sources, plan_views, splice
 
 BUDGET_MS = 5.0
 BUDGET_STEP = "index+splice+validate"

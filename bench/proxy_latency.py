@@ -54,10 +54,10 @@ from typing import Any
 import httpx
 
 from bench.corpus import TARGET_BYTES, TARGET_MESSAGES, anthropic_body, openai_body
-from cg.body import BodyIndex, index_body
-from cg.dialects import ANTHROPIC, OPENAI
-from cg.shape import validate_shape
-from cg.splice import identity, splice
+from cg.wire.body import BodyIndex, index_body
+from cg.wire.dialects import ANTHROPIC, OPENAI
+from cg.wire.shape import validate_shape
+from cg.wire.splice import identity, splice
 
 ROOT = Path(__file__).resolve().parent.parent
 HOST = "127.0.0.1"

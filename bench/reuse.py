@@ -63,20 +63,20 @@ from typing import Any
 
 from bench.corpus import TARGET_MESSAGES, anthropic_body, openai_body
 from bench.hotpath import machine, p90, previous_turn, primed
-from cg.body import BodyIndex, MessageCache, index_body
-from cg.dialects import ANTHROPIC, OPENAI, Dialect
-from cg.expand import TOOL_JSON, markers
-from cg.rewrite import ExpandPolicy, Rewrite, _inject, rewrite_body
-from cg.session import session_of
-from cg.shape import check_wire_roles, introduced, validate_shape
-from cg.splice import plan_sources, plan_views, splice_text
-from cg.store import Checkpoint, Store
+from cg.expand.tool import TOOL_JSON, markers
+from cg.pipeline.rewrite import ExpandPolicy, Rewrite, _inject, rewrite_body
+from cg.state.session import session_of
+from cg.state.store import Checkpoint, Store
+from cg.state.tokens import TokenCounter
 from cg.summarize.component import Commission, Summarize, conversation_key, prefix_hash
 from cg.summarize.config import SummarizeConfig, parse_summarize
 from cg.summarize.prompt import HEADER
 from cg.summarize.span import Span, select_span
 from cg.summarize.triggers import RequestFacts, cache_ttl, evaluate, resolve_window
-from cg.tokens import TokenCounter
+from cg.wire.body import BodyIndex, MessageCache, index_body
+from cg.wire.dialects import ANTHROPIC, OPENAI, Dialect
+from cg.wire.shape import check_wire_roles, introduced, validate_shape
+from cg.wire.splice import plan_sources, plan_views, splice_text
 
 BUDGET_MS = 10.0
 CONFIG: dict[str, Any] = {

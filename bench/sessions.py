@@ -31,12 +31,12 @@ from pathlib import Path
 from typing import Any
 
 from bench.corpus import FIXTURE, _dumps, _head, _render_anthropic, transcript
-from cg.body import index_body
-from cg.dialects import ANTHROPIC
-from cg.facts import FactsCache
-from cg.jsonspan import walk_document
 from cg.simulate.trace import dumps_line
-from cg.tokens import TokenCounter
+from cg.state.facts import FactsCache
+from cg.state.tokens import TokenCounter
+from cg.wire.body import index_body
+from cg.wire.dialects import ANTHROPIC
+from cg.wire.jsonspan import walk_document
 
 HEADERS = (
     FIXTURE.parent.parent.parent / "tests" / "fixtures" / "claude_code_2.1.197_turn16.headers.json"

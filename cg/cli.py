@@ -29,8 +29,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from cg.dialects import DIALECTS, Dialect, route
 from cg.settings import StoreConfig
+from cg.wire.dialects import DIALECTS, Dialect, route
 
 EXIT_USAGE = 2
 EXIT_NOT_FOUND = 1
@@ -38,7 +38,7 @@ EXIT_NOT_FOUND = 1
 
 def _store(db: str | None) -> Any:
     """The store, opened to read: the CLI never evicts (the proxy's config sets the TTL)."""
-    from cg.store import Store
+    from cg.state.store import Store
 
     path = Path(db or StoreConfig().path).expanduser()
     if not path.is_file():
@@ -88,10 +88,10 @@ def _load_flows(path: Path) -> list[tuple[bytes, Dialect, dict[str, str]]]:
 
 def replay(args: argparse.Namespace) -> int:
     from cg.components import Services, build_pipeline
-    from cg.rewrite import rewrite_body
+    from cg.pipeline.rewrite import rewrite_body
     from cg.settings import load_config
-    from cg.store import Store
-    from cg.tokens import TokenCounter
+    from cg.state.store import Store
+    from cg.state.tokens import TokenCounter
 
     config = load_config(args.preset, args.config, ["summarize"])
     captures = load_capture(Path(args.file))
@@ -166,7 +166,7 @@ def _brief(m: Any, width: int = 100) -> str:
 
 
 def expand(args: argparse.Namespace) -> int:
-    from cg.store import valid_key
+    from cg.state.store import valid_key
 
     if not valid_key(args.key):
         print(f"not a context-guru id: {args.key!r}", file=sys.stderr)
@@ -270,7 +270,7 @@ def _savings_lines(s: Any, indent: str = "  ") -> list[str]:
 
 def sessions(args: argparse.Namespace) -> int:
     from cg.billing.savings import sessions_report
-    from cg.tokens import TokenCounter
+    from cg.state.tokens import TokenCounter
 
     prices = _prices(args.config)
     store = _store(args.db)

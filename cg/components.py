@@ -10,12 +10,12 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from cg.facts import FactsCache
-from cg.pipeline import Component
-from cg.store import Store
+from cg.pipeline.runner import Component
+from cg.state.facts import FactsCache
+from cg.state.store import Store
+from cg.state.tokens import TokenCounter
 from cg.summarize.component import Summarize, Summarizer
 from cg.summarize.config import ModelConfig, parse_summarize
-from cg.tokens import TokenCounter
 
 
 @dataclass(slots=True)

@@ -149,7 +149,7 @@ def _results(dialect: str, m: dict[str, Any]) -> list[str]:
 
 def shape_problems(dialect: str, messages: list[Any]) -> list[str]:
     """What a provider would refuse in this message list, in its own kind of words. Written
-    apart from cg.shape, as the provider's side of the wire."""
+    apart from cg.wire.shape, as the provider's side of the wire."""
     roles = {"user", "assistant", "system"} | (
         {"tool", "developer"} if dialect == "openai" else set()
     )

@@ -11,8 +11,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from cg.body import BodyIndex, index_body
-from cg.dialects import DIALECTS
+from cg.wire.body import BodyIndex, index_body
+from cg.wire.dialects import DIALECTS
 
 
 def _skeleton(index: BodyIndex, blank: set[str]) -> str:

@@ -1,4 +1,4 @@
-"""cg.addon: the mitmproxy face — routing, pass-through, control endpoints, options."""
+"""cg.proxy.addon: the mitmproxy face — routing, pass-through, control endpoints, options."""
 
 from __future__ import annotations
 
@@ -18,9 +18,9 @@ with warnings.catch_warnings():
     from mitmproxy.test import taddons, tflow, tutils
 
 from cg import components as components_mod
-from cg.addon import BYPASS_HEADER, META, ContextGuru
-from cg.pipeline import RequestContext, Step
-from cg.splice import Insert, Keep, Plan
+from cg.pipeline.runner import RequestContext, Step
+from cg.proxy.addon import BYPASS_HEADER, META, ContextGuru
+from cg.wire.splice import Insert, Keep, Plan
 
 MSGS = [
     {"role": "user", "content": "task"},

@@ -1,4 +1,4 @@
-"""cg.addon: the shared-cache summarizer gets the body as forwarded upstream and waits for its
+"""cg.proxy.addon: the shared-cache summarizer gets the body as forwarded upstream and waits for its
 commissioning flow's answer to begin (`responseheaders`), or for the flow's `error`, bounded.
 
 The addon runs in mitmproxy's test context with the real `summarize` component; only the
@@ -21,7 +21,7 @@ with warnings.catch_warnings():
     warnings.simplefilter("ignore", DeprecationWarning)
     from mitmproxy.test import taddons, tflow, tutils
 
-from cg.addon import META, ContextGuru
+from cg.proxy.addon import META, ContextGuru
 from cg.summarize.component import Summarize
 from tests.shared_request import split_shared
 from tests.transcripts import ACTING, CC16, SharedFake, cc_dumps, fixture_body, grow
@@ -32,7 +32,7 @@ RAW = cc_dumps(grow(fixture_body(CC16), 3)[-1])
 @pytest.fixture
 def fake(monkeypatch: pytest.MonkeyPatch) -> SharedFake:
     f = SharedFake()
-    monkeypatch.setattr("cg.addon.SummarizerClient", lambda *a, **k: f)
+    monkeypatch.setattr("cg.proxy.addon.SummarizerClient", lambda *a, **k: f)
     return f
 
 

@@ -6,8 +6,8 @@ import itertools
 import json
 
 from bench.sessions import Spec, capture_messages, generated, requests, turn_bounds
-from cg.facts import FactsCache
-from cg.tokens import TokenCounter
+from cg.state.facts import FactsCache
+from cg.state.tokens import TokenCounter
 
 SMALL = Spec("t", "claude-sonnet-4-5", False, 12, 800, 5, cold_gap_p=0.5)
 

@@ -18,11 +18,11 @@ from cg.billing.ledger import UNIDENTIFIED, Ledger, Round, Turn
 from cg.billing.prices import PriceTable, parse_prices
 from cg.billing.savings import sessions_report
 from cg.billing.usage import Usage
-from cg.body import index_body
-from cg.dialects import ANTHROPIC, OPENAI
-from cg.facts import FactsCache
-from cg.store import _SCHEMA, LEDGER_TTL_DAYS, Checkpoint, LedgerTurns, Store
-from cg.tokens import TokenCounter
+from cg.state.facts import FactsCache
+from cg.state.store import _SCHEMA, LEDGER_TTL_DAYS, Checkpoint, LedgerTurns, Store
+from cg.state.tokens import TokenCounter
+from cg.wire.body import index_body
+from cg.wire.dialects import ANTHROPIC, OPENAI
 
 M = 1_000_000
 # Round prices, USD per million tokens, so every expected figure below is arithmetic by hand.

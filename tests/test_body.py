@@ -1,4 +1,4 @@
-"""cg.body: one decode of the body, the exact span and view of every message, or a reason."""
+"""cg.wire.body: one decode of the body, the exact span and view of every message, or a reason."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from cg.body import BodyIndex, BodyRejected, MessageCache, index_body
-from cg.dialects import ANTHROPIC, DIALECTS, OPENAI, Dialect
+from cg.wire.body import BodyIndex, BodyRejected, MessageCache, index_body
+from cg.wire.dialects import ANTHROPIC, DIALECTS, OPENAI, Dialect
 from tests.strategies import SETTINGS, Sample, bodies, dumps, styles
 
 FIXTURE = Path(__file__).parent / "fixtures" / "claude_code_2.1.197_turn16.json"

@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 from cg.settings import AUTO, load_config, load_presets
-from cg.store import Store
+from cg.state.store import Store
 from cg.summarize.config import parse_summarize
 from tests.transcripts import CC16, Driver, fixture_body, fixture_headers, grow, make
 
@@ -27,7 +27,7 @@ with warnings.catch_warnings():
     warnings.simplefilter("ignore", DeprecationWarning)
     from mitmproxy.test import taddons, tflow, tutils
 
-from cg.addon import META, ContextGuru
+from cg.proxy.addon import META, ContextGuru
 
 WINDOW_200K = 200_000
 CLAUDE_CODE_THRESHOLD = 0.835

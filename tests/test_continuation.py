@@ -1,4 +1,4 @@
-"""cg.continuation: the expand loop against an `httpx.MockTransport` upstream.
+"""cg.expand.continuation: the expand loop against an `httpx.MockTransport` upstream.
 
 The upstream is scripted per request; every request it receives is kept (URL, headers, exact body
 bytes, the timeout httpx was told to use). Replies are built as provider messages and sent in the
@@ -15,9 +15,10 @@ from typing import Any
 import httpx
 import pytest
 
-from cg import continuation
-from cg.expand import TOOL_NAME, resolve
-from cg.responses import (
+from cg.expand import continuation
+from cg.expand.tool import TOOL_NAME, resolve
+from cg.state.store import Store, StoreError, stash_key
+from cg.wire.answers import (
     DialectName,
     Reply,
     parse_json,
@@ -26,7 +27,6 @@ from cg.responses import (
     render_sse,
     tool_calls,
 )
-from cg.store import Store, StoreError, stash_key
 from tests.e2e.harness import message_sources
 
 URL = "https://api.example.test/v1/messages"

@@ -1,4 +1,4 @@
-"""cg.dialects: read-only message views for each wire format, and routing requests to them."""
+"""cg.wire.dialects: read-only message views for each wire format, and routing requests to them."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 from hypothesis import given
 
-from cg.dialects import ANTHROPIC, DIALECTS, OPENAI, BlockView, MessageShapeError, route
+from cg.wire.dialects import ANTHROPIC, DIALECTS, OPENAI, BlockView, MessageShapeError, route
 from tests.strategies import SETTINGS, Sample, bodies
 
 # -- anthropic -------------------------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""cg.expand: markers, the injection decision, appending the tool byte-preservingly, resolving ids.
+"""cg.expand.tool: markers, the injection decision, appending the tool byte-preservingly, resolving ids.
 
 Stores are real SQLite files under tmp_path (a `:memory:` store does not persist, and `auto`
 injection must refuse it).
@@ -16,9 +16,7 @@ from typing import Any
 
 import pytest
 
-from cg.body import index_body
-from cg.dialects import DIALECTS
-from cg.expand import (
+from cg.expand.tool import (
     MAX_EXPANSION_CHARS,
     TOOL_JSON,
     TOOL_NAME,
@@ -30,10 +28,12 @@ from cg.expand import (
     render_stash,
     resolve,
 )
-from cg.pipeline import RequestContext, Step
-from cg.rewrite import ExpandPolicy, rewrite_body
-from cg.splice import Insert, Keep, Plan
-from cg.store import Store, stash_key
+from cg.pipeline.rewrite import ExpandPolicy, rewrite_body
+from cg.pipeline.runner import RequestContext, Step
+from cg.state.store import Store, stash_key
+from cg.wire.body import index_body
+from cg.wire.dialects import DIALECTS
+from cg.wire.splice import Insert, Keep, Plan
 from tests.e2e.harness import message_sources
 
 KEY = "0123456789abcdef01234567"
@@ -389,7 +389,7 @@ def test_tool_json_bytes_are_constant() -> None:
         == (json.loads(TOOL_JSON["anthropic"])["input_schema"])
     )
     # The same bytes in another process with another hash seed.
-    code = "import json, cg.expand as e; print(json.dumps(e.TOOL_JSON))"
+    code = "import json, cg.expand.tool as e; print(json.dumps(e.TOOL_JSON))"
     out = subprocess.run(
         [sys.executable, "-c", code],
         capture_output=True,

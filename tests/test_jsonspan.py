@@ -1,4 +1,4 @@
-"""cg.jsonspan: exact spans of JSON values in raw text, and rebuilding an array from pieces."""
+"""cg.wire.jsonspan: exact spans of JSON values in raw text, and rebuilding an array from pieces."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from cg.jsonspan import (
+from cg.wire.jsonspan import (
     ArraySpan,
     JsonSpanError,
     rebuild_array,

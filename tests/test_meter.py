@@ -1,4 +1,4 @@
-"""cg.meter through the addon's hooks (mitmproxy's taddons): a streamed answer tapped and booked
+"""cg.proxy.meter through the addon's hooks (mitmproxy's taddons): a streamed answer tapped and booked
 without a byte changed, a JSON answer, error answers, malformed and missing usage counted, a cut
 stream, a rewritten turn's estimate, /_cg/stats and /_cg/sessions, the cg.* commands, prices
 from the config, and the summarizer's own usage."""
@@ -19,12 +19,12 @@ with warnings.catch_warnings():
     from mitmproxy.test import taddons
 
 from cg import components as components_mod
-from cg.addon import META, ContextGuru
 from cg.billing.tap import UsageTap
 from cg.billing.usage import Usage
+from cg.proxy.addon import META, ContextGuru
+from cg.summarize.client import HttpPool, Origin, SummarizerClient
 from cg.summarize.component import Commission
 from cg.summarize.config import ModelConfig
-from cg.summarizer import HttpPool, Origin, SummarizerClient
 from tests.test_addon import Toy, make_flow
 
 SSE_HEADERS = {"content-type": "text/event-stream; charset=utf-8"}

@@ -1,4 +1,4 @@
-"""cg.responses: provider responses parsed from the real wire formats, edited, and rendered back.
+"""cg.wire.answers: provider responses parsed from the real wire formats, edited, and rendered back.
 
 Ground truth comes from three places: the fake provider's SSE and JSON (served over HTTP),
 hand-written streams in the shapes the providers document (thinking, tool_use with
@@ -21,7 +21,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from openai.lib.streaming.chat import ChatCompletionStreamState
 
-from cg.responses import (
+from cg.wire.answers import (
     Call,
     ProviderError,
     Reply,
@@ -37,7 +37,7 @@ from cg.responses import (
     tool_results,
     with_usage,
 )
-from cg.shape import validate_shape
+from cg.wire.shape import validate_shape
 from tests.fakeprovider import DEFAULT_TEXT, FakeProvider
 from tests.strategies import SETTINGS
 

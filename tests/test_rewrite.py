@@ -1,4 +1,4 @@
-"""cg.rewrite: index -> pipeline -> splice -> validate, failing open on anything at all."""
+"""cg.pipeline.rewrite: index -> pipeline -> splice -> validate, failing open on anything at all."""
 
 from __future__ import annotations
 
@@ -10,12 +10,12 @@ from typing import Any
 import pytest
 from hypothesis import given
 
-from cg.body import BodyIndex, index_body
-from cg.dialects import ANTHROPIC, DIALECTS, OPENAI, Dialect
-from cg.pipeline import RequestContext, Step, run_pipeline
-from cg.rewrite import rewrite_body
-from cg.shape import validate_shape
-from cg.splice import Insert, Keep, Plan
+from cg.pipeline.rewrite import rewrite_body
+from cg.pipeline.runner import RequestContext, Step, run_pipeline
+from cg.wire.body import BodyIndex, index_body
+from cg.wire.dialects import ANTHROPIC, DIALECTS, OPENAI, Dialect
+from cg.wire.shape import validate_shape
+from cg.wire.splice import Insert, Keep, Plan
 from tests.strategies import SETTINGS, Sample, bodies
 
 

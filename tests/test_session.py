@@ -1,4 +1,4 @@
-"""cg.session: the first usable source wins, explicit ids are allow-listed, and the fallback hash
+"""cg.state.session: the first usable source wins, explicit ids are allow-listed, and the fallback hash
 is stable across a conversation's turns."""
 
 from __future__ import annotations
@@ -10,9 +10,7 @@ from typing import Any
 import pytest
 from mitmproxy.http import Headers
 
-from cg.body import index_body
-from cg.dialects import ANTHROPIC, OPENAI
-from cg.session import (
+from cg.state.session import (
     HEADER_CG,
     HEADER_CLAUDE_CODE,
     SOURCE_HEAD,
@@ -24,6 +22,8 @@ from cg.session import (
     session_of,
     valid_session_id,
 )
+from cg.wire.body import index_body
+from cg.wire.dialects import ANTHROPIC, OPENAI
 
 TURN16 = next(
     (

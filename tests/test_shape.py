@@ -1,4 +1,4 @@
-"""cg.shape: the four list rules of SPEC §4, the role check on the bytes, and `introduced`."""
+"""cg.wire.shape: the four list rules of SPEC §4, the role check on the bytes, and `introduced`."""
 
 from __future__ import annotations
 
@@ -10,10 +10,10 @@ import pytest
 from hypothesis import Phase, find, given, settings
 from hypothesis import strategies as st
 
-from cg.body import index_body
-from cg.dialects import ANTHROPIC, DIALECTS, OPENAI
-from cg.shape import Violation, check_wire_roles, introduced, validate_shape
-from cg.splice import Insert, Keep, Piece, plan_sources, plan_views, splice
+from cg.wire.body import index_body
+from cg.wire.dialects import ANTHROPIC, DIALECTS, OPENAI
+from cg.wire.shape import Violation, check_wire_roles, introduced, validate_shape
+from cg.wire.splice import Insert, Keep, Piece, plan_sources, plan_views, splice
 from tests.strategies import DIALECT_NAMES, SETTINGS, messages, mutated_messages
 
 Msgs = list[dict[str, Any]]

@@ -13,14 +13,14 @@ import pytest
 from bench.sessions import Spec, fixture_headers, generated, requests
 from cg import cli
 from cg.billing.prices import PriceTable, price_table
-from cg.facts import FactsCache
 from cg.simulate import compaction
 from cg.simulate.proxy import INSTRUCTION_TOKENS, Options
 from cg.simulate.run import BASELINE, DEFAULT_PRESETS, simulate
 from cg.simulate.trace import dumps_line, load
 from cg.simulate.turns import Preparer, fill_outputs
+from cg.state.facts import FactsCache
+from cg.state.tokens import TokenCounter
 from cg.summarize.triggers import shipped_windows
-from cg.tokens import TokenCounter
 
 PNG = b"\x89PNG\r\n\x1a\n"
 
@@ -263,7 +263,7 @@ def test_bad_options_are_refused(capture: Path, capsys: pytest.CaptureFixture[st
 
 
 def test_model_has_a_real_client_write_the_summaries(cold: Path, tmp_path: Path) -> None:
-    from cg.summarizer import HttpPool, SummarizerClient
+    from cg.summarize.client import HttpPool, SummarizerClient
 
     seen: list[dict[str, object]] = []
     text = "<summary>" + " the state" * 150 + "</summary>"

@@ -1,4 +1,4 @@
-"""cg.splice: a plan of Keep/Cut/Insert pieces -> a new body, every untouched byte identical."""
+"""cg.wire.splice: a plan of Keep/Cut/Insert pieces -> a new body, every untouched byte identical."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ import pytest
 from hypothesis import assume, given
 from hypothesis import strategies as st
 
-from cg.body import BodyIndex, index_body
-from cg.dialects import ANTHROPIC, DIALECTS, OPENAI
-from cg.splice import (
+from cg.wire.body import BodyIndex, index_body
+from cg.wire.dialects import ANTHROPIC, DIALECTS, OPENAI
+from cg.wire.splice import (
     Cut,
     Insert,
     Keep,

@@ -1,4 +1,4 @@
-"""cg.store on real SQLite files: byte-exact stashes, per-session scoping, checkpoints that survive
+"""cg.state.store on real SQLite files: byte-exact stashes, per-session scoping, checkpoints that survive
 a restart, TTL and size-bounded LRU eviction, concurrent writers and a killed writer."""
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from cg.settings import StoreConfig
-from cg.store import (
+from cg.state.store import (
     KEY_PATTERN,
     KEY_RE,
     SCHEMA_VERSION,
@@ -472,7 +472,7 @@ def test_two_stores_on_one_file_written_from_two_threads(db: Path):
 KILLED_WRITER = textwrap.dedent(
     """
     import sys
-    from cg.store import Store, stash_key
+    from cg.state.store import Store, stash_key
     st = Store(sys.argv[1])
     i = 0
     while True:

@@ -20,14 +20,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cg.body import index_body
-from cg.dialects import DIALECTS, OPENAI
-from cg.rewrite import Rewrite
-from cg.shape import introduced, validate_shape
-from cg.store import Store
+from cg.pipeline.rewrite import Rewrite
+from cg.state.store import Store
 from cg.summarize.component import NoModel
 from cg.summarize.prompt import HEADER, SENTINEL
 from cg.summarize.span import select_span
+from cg.wire.body import index_body
+from cg.wire.dialects import DIALECTS, OPENAI
+from cg.wire.shape import introduced, validate_shape
 from tests.strategies import (
     DIALECT_NAMES,
     SETTINGS,

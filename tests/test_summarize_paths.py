@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from cg.store import Store
+from cg.state.store import Store
 from cg.summarize.component import (
     Commission,
     SharedSummarizer,

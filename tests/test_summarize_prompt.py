@@ -8,8 +8,7 @@ from typing import Any
 
 import pytest
 
-from cg.dialects import ANTHROPIC, OPENAI
-from cg.store import Store
+from cg.state.store import Store
 from cg.summarize.prompt import (
     HEADER,
     LEVELS,
@@ -21,6 +20,7 @@ from cg.summarize.prompt import (
     render_trajectory,
     summary_text,
 )
+from cg.wire.dialects import ANTHROPIC, OPENAI
 from tests.transcripts import CC16, config, fixture_body, grow, make
 
 Json = Any

@@ -12,12 +12,12 @@ from typing import Any
 
 import pytest
 
-from cg.body import index_body
-from cg.dialects import DIALECTS
-from cg.store import Store
+from cg.state.store import Store
 from cg.summarize.component import Commission
 from cg.summarize.prompt import HEADER, MAX_TOKENS, build_instruction
 from cg.summarize.shared import Layout, SharedRequest, build, forces_a_tool, output_limits
+from cg.wire.body import index_body
+from cg.wire.dialects import DIALECTS
 from tests.shared_request import split_shared
 from tests.transcripts import (
     CC16,

@@ -16,12 +16,12 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from cg.body import index_body
-from cg.dialects import ANTHROPIC, DIALECTS, OPENAI
-from cg.shape import validate_shape
-from cg.splice import Cut, Insert, Keep, Plan, splice
-from cg.store import Store
+from cg.state.store import Store
 from cg.summarize.span import Span, repair_orphans, select_span
+from cg.wire.body import index_body
+from cg.wire.dialects import ANTHROPIC, DIALECTS, OPENAI
+from cg.wire.shape import validate_shape
+from cg.wire.splice import Cut, Insert, Keep, Plan, splice
 from tests.strategies import DIALECT_NAMES, SETTINGS, messages
 from tests.transcripts import (
     CC16,

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from cg.store import Store
+from cg.state.store import Store
 from cg.summarize.triggers import (
     CACHE_TTL_1H,
     CACHE_TTL_DEFAULT,

@@ -1,4 +1,4 @@
-"""cg.summarizer: endpoint resolution, request bodies, answer parsing, retries under one deadline.
+"""cg.summarize.client: endpoint resolution, request bodies, answer parsing, retries under one deadline.
 
 The network is an `httpx.MockTransport` injected into the `HttpPool`; nothing leaves the process.
 """
@@ -16,17 +16,9 @@ import httpx
 import pytest
 from mitmproxy import http
 
-from cg import summarizer
 from cg.billing.usage import Usage
-from cg.summarize.component import (
-    Commission,
-    NoModel,
-    SummarizerError,
-    SummarizerRefused,
-    SummarizerTimeout,
-)
-from cg.summarize.config import ModelConfig
-from cg.summarizer import (
+from cg.summarize import client as summarizer
+from cg.summarize.client import (
     HEADER,
     INCOMING_HEADERS,
     MAX_ATTEMPTS,
@@ -40,6 +32,14 @@ from cg.summarizer import (
     resolve_endpoint,
     timeout_from_env,
 )
+from cg.summarize.component import (
+    Commission,
+    NoModel,
+    SummarizerError,
+    SummarizerRefused,
+    SummarizerTimeout,
+)
+from cg.summarize.config import ModelConfig
 
 KEY = "sk-ant-SECRET-0123456789"
 ORIGIN_URL = "https://api.example.test/v1/messages?beta=true"
@@ -138,7 +138,7 @@ def wire() -> Wire:
 @pytest.fixture(autouse=True)
 def _quick_backoff(monkeypatch: pytest.MonkeyPatch) -> None:
     """Jitter at its minimum: the backoffs are 0.125 s, 0.25 s, … — short and deterministic."""
-    monkeypatch.setattr("cg.summarizer.random.random", lambda: 0.0)
+    monkeypatch.setattr("cg.summarize.client.random.random", lambda: 0.0)
 
 
 # -- Origin and resolve_endpoint: incoming -----------------------------------------------------

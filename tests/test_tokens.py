@@ -1,12 +1,12 @@
-"""cg.tokens: exact cl100k counts from the bundled encoding, a cache that skips re-encoding, and a
+"""cg.state.tokens: exact cl100k counts from the bundled encoding, a cache that skips re-encoding, and a
 fallback estimate when no encoding can be loaded."""
 
 from __future__ import annotations
 
 import pytest
 
-import cg.tokens
-from cg.tokens import ENCODING, TokenCounter, digest, estimate
+import cg.state.tokens
+from cg.state.tokens import ENCODING, TokenCounter, digest, estimate
 
 
 def test_counts_are_exact_cl100k_from_the_offline_encoding():
@@ -51,7 +51,7 @@ class CountingEncoder:
 
 def test_cache_hits_do_not_re_encode(monkeypatch: pytest.MonkeyPatch):
     enc = CountingEncoder()
-    monkeypatch.setattr(cg.tokens, "load_encoding", lambda name: enc)
+    monkeypatch.setattr(cg.state.tokens, "load_encoding", lambda name: enc)
     c = TokenCounter()
     msgs = ["one two three", "four five", "six"]
     first = [c.count_cached(digest(m), m) for m in msgs]
@@ -67,7 +67,7 @@ def test_cache_hits_do_not_re_encode(monkeypatch: pytest.MonkeyPatch):
 
 def test_cache_is_bounded_and_evicts_least_recently_used(monkeypatch: pytest.MonkeyPatch):
     enc = CountingEncoder()
-    monkeypatch.setattr(cg.tokens, "load_encoding", lambda name: enc)
+    monkeypatch.setattr(cg.state.tokens, "load_encoding", lambda name: enc)
     c = TokenCounter(cache_size=2)
     c.count_cached("a", "a")
     c.count_cached("b", "b b")
@@ -90,7 +90,7 @@ def test_encoding_is_loaded_once_lazily(monkeypatch: pytest.MonkeyPatch):
         loads.append(name)
         return CountingEncoder()
 
-    monkeypatch.setattr(cg.tokens, "load_encoding", load)
+    monkeypatch.setattr(cg.state.tokens, "load_encoding", load)
     c = TokenCounter()
     assert loads == []
     c.count("a b")
@@ -105,7 +105,7 @@ def test_falls_back_to_a_byte_estimate_when_the_encoding_is_unavailable(
     def unavailable(name: str) -> CountingEncoder:
         raise ValueError(f"Unknown encoding {name}")
 
-    monkeypatch.setattr(cg.tokens, "load_encoding", unavailable)
+    monkeypatch.setattr(cg.state.tokens, "load_encoding", unavailable)
     c = TokenCounter()
     assert not c.exact
     assert c.fallback_reason is not None and "unavailable" in c.fallback_reason
@@ -121,7 +121,7 @@ def test_a_missing_tiktoken_falls_back_too(monkeypatch: pytest.MonkeyPatch):
     def no_tiktoken(name: str) -> CountingEncoder:
         raise ImportError("No module named 'tiktoken'")
 
-    monkeypatch.setattr(cg.tokens, "load_encoding", no_tiktoken)
+    monkeypatch.setattr(cg.state.tokens, "load_encoding", no_tiktoken)
     c = TokenCounter()
     assert c.count("x" * 9) == 3
     assert not c.exact

@@ -1,4 +1,4 @@
-"""cg.upstream: reading a provider's error, and re-sending an original request ourselves.
+"""cg.wire.upstream: reading a provider's error, and re-sending an original request ourselves.
 
 `resend` runs against a real HTTP server on 127.0.0.1 (the fake provider), so the bytes and
 headers checked are the ones that crossed a socket.
@@ -18,7 +18,7 @@ import pytest
 from mitmproxy import http
 from mitmproxy.options import Options
 
-from cg.upstream import provider_message, resend, upstream_verify
+from cg.wire.upstream import provider_message, resend, upstream_verify
 from tests.fakeprovider import DEFAULT_TEXT, FakeProvider, Reply, anthropic_error, openai_error
 
 ORIGINAL = (

@@ -1,4 +1,4 @@
-"""cg.view: the mitmweb contentview of a rewritten request, through the real addon."""
+"""cg.proxy.view: the mitmweb contentview of a rewritten request, through the real addon."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ from pathlib import Path
 from mitmproxy import contentviews, http
 from mitmproxy.test import taddons, tflow, tutils
 
-from cg.addon import META, ContextGuru
+from cg.proxy.addon import META, ContextGuru
+from cg.proxy.view import ORIGINAL, RewriteView, comment
 from cg.summarize.component import Summarize
-from cg.view import ORIGINAL, RewriteView, comment
 from tests.transcripts import CC16, FakeSummarizer, cc_dumps, fixture_body
 
 CONFIG = """

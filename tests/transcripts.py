@@ -19,14 +19,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from cg.body import index_body
-from cg.dialects import DIALECTS, Dialect
-from cg.facts import strip_cache_control
-from cg.rewrite import Rewrite, rewrite_body
-from cg.store import Store
+from cg.pipeline.rewrite import Rewrite, rewrite_body
+from cg.state.facts import strip_cache_control
+from cg.state.store import Store
+from cg.state.tokens import TokenCounter
 from cg.summarize.component import Commission, Summarize, SummarizerError, SummarizerTimeout
 from cg.summarize.config import SummarizeConfig, parse_summarize
-from cg.tokens import TokenCounter
+from cg.wire.body import index_body
+from cg.wire.dialects import DIALECTS, Dialect
 
 FIXTURES = Path(__file__).parent / "fixtures"
 CC16 = "claude_code_2.1.197_turn16.json"

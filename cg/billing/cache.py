@@ -32,8 +32,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from cg.billing.usage import Usage
-from cg.body import BodyIndex
-from cg.facts import FactsCache, MessageFacts, Prelude
+from cg.state.facts import FactsCache, MessageFacts, Prelude
+from cg.wire.body import BodyIndex
 
 TTL_5M = 300.0
 TTL_1H = 3600.0

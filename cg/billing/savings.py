@@ -18,7 +18,7 @@ from typing import Any
 
 from cg.billing.prices import PriceTable
 from cg.billing.usage import Usage
-from cg.store import LedgerTurns, Store, UsageRow
+from cg.state.store import LedgerTurns, Store, UsageRow
 
 ESTIMATED = ("without_rewrite_usd", "saved_usd")
 NOTE = (

@@ -1,6 +1,6 @@
 """One preset's real pipeline, replayed offline over recorded sessions and billed.
 
-Nothing here re-implements the proxy: every turn goes through `cg.rewrite.rewrite_body` with the
+Nothing here re-implements the proxy: every turn goes through `cg.pipeline.rewrite.rewrite_body` with the
 components `cg.components.build_pipeline` builds from the preset, the expand-tool policy the
 addon uses (`auto`), and a throwaway SQLite `Store` whose clock is the trace's. What is modelled
 is what a trace cannot hold:
@@ -31,20 +31,20 @@ from pathlib import Path
 from cg.billing.cache import Prompt, PromptCache, prompt_of, standalone
 from cg.billing.prices import PriceTable
 from cg.billing.usage import Usage
-from cg.body import MessageCache, index_body
 from cg.components import Services, build_pipeline
-from cg.facts import FactsCache
-from cg.pipeline import Component
-from cg.rewrite import ExpandPolicy, rewrite_body
+from cg.pipeline.rewrite import ExpandPolicy, rewrite_body
+from cg.pipeline.runner import Component
 from cg.settings import Config
 from cg.simulate.compaction import agent_threshold
 from cg.simulate.standin import StandIn
 from cg.simulate.tally import Tally
 from cg.simulate.turns import Turn
-from cg.store import Store
+from cg.state.facts import FactsCache
+from cg.state.store import Store
+from cg.summarize.client import MAX_TOKENS
 from cg.summarize.component import Commission, Summarize, Summarizer
 from cg.summarize.config import ModelConfig
-from cg.summarizer import MAX_TOKENS
+from cg.wire.body import MessageCache, index_body
 
 # The shared-cache call's appended instruction (span, level, framing, format): ~400-600 tokens.
 INSTRUCTION_TOKENS = 500

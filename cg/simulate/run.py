@@ -21,15 +21,15 @@ from typing import Any, TextIO
 
 from cg.billing.prices import PriceTable, price_table
 from cg.components import COMPONENTS
-from cg.facts import FactsCache
 from cg.settings import Config, load_config
 from cg.simulate import compaction
 from cg.simulate.proxy import Options, ProxyRun, SummarizerFactory
 from cg.simulate.tally import Tally
 from cg.simulate.trace import Session, Warn, load
 from cg.simulate.turns import Preparer, Turn, fill_outputs
+from cg.state.facts import FactsCache
+from cg.state.tokens import TokenCounter
 from cg.summarize.triggers import shipped_windows
-from cg.tokens import TokenCounter
 
 REFERENCE = "off"
 BASELINE = "agent-compaction"
@@ -274,7 +274,7 @@ def _label(s: Session[Turn]) -> str:
 
 
 def _live_summarizers() -> tuple[SummarizerFactory, Callable[[], Any]]:
-    from cg.summarizer import HttpPool, SummarizerClient, timeout_from_env
+    from cg.summarize.client import HttpPool, SummarizerClient, timeout_from_env
 
     pool = HttpPool()
     timeout = timeout_from_env()

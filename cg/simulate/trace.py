@@ -10,7 +10,7 @@ Bad input never stops a run and never loses anything else: a line that is not JS
 request, is skipped and reported with its line number; a file with no requests is reported by
 name; a body the pipeline cannot read is reported and left out. Each report goes to `warn`.
 
-Sessions are told apart exactly as the addon does (`cg.session.session_of`): the same headers
+Sessions are told apart exactly as the addon does (`cg.state.session.session_of`): the same headers
 and body give the same session id here as on the wire.
 """
 
@@ -22,10 +22,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Generic, TypeVar
 
-from cg.body import BodyIndex, BodyRejected, MessageCache, index_body
-from cg.dialects import ANTHROPIC, OPENAI, Dialect, route
-from cg.jsonspan import JsonSpanError, walk_document
-from cg.session import session_of
+from cg.state.session import session_of
+from cg.wire.body import BodyIndex, BodyRejected, MessageCache, index_body
+from cg.wire.dialects import ANTHROPIC, OPENAI, Dialect, route
+from cg.wire.jsonspan import JsonSpanError, walk_document
 
 Warn = Callable[[str], None]
 T = TypeVar("T")

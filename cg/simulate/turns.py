@@ -15,10 +15,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from cg.billing.cache import Prompt, build
-from cg.body import BodyIndex
-from cg.facts import FactsCache, MessageFacts, Prelude
 from cg.simulate.trace import Request
+from cg.state.facts import FactsCache, MessageFacts, Prelude
 from cg.summarize.triggers import WindowTable, resolve_window
+from cg.wire.body import BodyIndex
 
 
 @dataclass(slots=True)

@@ -31,12 +31,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal, Protocol, runtime_checkable
 
-from cg.body import BodyIndex
-from cg.dialects import MessageView
-from cg.facts import FactsCache, canonical_digest
-from cg.pipeline import RequestContext, Step
-from cg.splice import Insert, Keep, Plan, is_identity
-from cg.store import Checkpoint, Store, owner, stash_key
+from cg.pipeline.runner import RequestContext, Step
+from cg.state.facts import FactsCache, canonical_digest
+from cg.state.store import Checkpoint, Store, owner, stash_key
+from cg.state.tokens import TokenCounter
 from cg.summarize.config import SummarizeConfig
 from cg.summarize.prompt import build_prompt, extract_summary, has_summary, summary_text
 from cg.summarize.shared import Layout, SharedRequest, build
@@ -50,7 +48,9 @@ from cg.summarize.triggers import (
     resolve_window,
     shipped_windows,
 )
-from cg.tokens import TokenCounter
+from cg.wire.body import BodyIndex
+from cg.wire.dialects import MessageView
+from cg.wire.splice import Insert, Keep, Plan, is_identity
 
 Outcome = Literal["completed", "blank", "failed", "timed_out", "no_model"]
 Path = Literal["shared", "fallback", "standalone"]
@@ -157,7 +157,7 @@ class Commission:
 
 def message_digest(index: BodyIndex, i: int) -> bytes:
     """What message i says, blind to where the client moved `cache_control` (see
-    `cg.facts.canonical_digest`); `Summarize` reads it memoised from a `FactsCache`."""
+    `cg.state.facts.canonical_digest`); `Summarize` reads it memoised from a `FactsCache`."""
     return canonical_digest(index.messages[i].value)
 
 
@@ -402,7 +402,7 @@ class Summarize:
             if mode == "full":
                 key = stash_key(job.sources)
                 self.store.put_stash(key, job.session, job.sources, job.dialect)
-            from cg.dialects import DIALECTS
+            from cg.wire.dialects import DIALECTS
 
             text = summary_text(summary, mode, key, len(job.sources))
             message = Insert.message({"role": "user", "content": text}, DIALECTS[job.dialect])

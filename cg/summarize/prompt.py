@@ -17,7 +17,7 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 
-from cg.dialects import MessageView
+from cg.wire.dialects import MessageView
 
 MASK = "<masked_tool_output>"
 TRAJECTORY_CAP_CHARS = 120_000

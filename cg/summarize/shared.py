@@ -6,7 +6,7 @@ repeats those bytes — `model`, `system`, `tools`, `tool_choice`, `thinking`, e
 `cache_control` — and appends one message reads the whole transcript back at the cache-read
 price (0.1x the input price on Anthropic) instead of paying full price for a masked copy, and
 the summarizer sees the tool outputs too. So nothing of the forwarded body is re-serialised: the
-instruction is spliced in after the last message (as `cg.continuation.append_messages` does),
+instruction is spliced in after the last message (as `cg.expand.continuation.append_messages` does),
 and at most one other member's value changes, never one that is part of the cached prompt:
 
     max_tokens (anthropic)   the level's budget (`MAX_TOKENS`); with thinking on, the agent's own
@@ -32,10 +32,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from cg.body import BodyRejected, index_body
-from cg.dialects import DIALECTS
-from cg.jsonspan import Member
 from cg.summarize.prompt import HEADER, MAX_TOKENS, build_instruction
+from cg.wire.body import BodyRejected, index_body
+from cg.wire.dialects import DIALECTS
+from cg.wire.jsonspan import Member
 
 
 @dataclass(frozen=True, slots=True)

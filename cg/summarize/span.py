@@ -11,9 +11,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from cg.body import BodyIndex
-from cg.dialects import MessageView
-from cg.splice import Cut, Keep, Piece, Plan, plan_views
+from cg.wire.body import BodyIndex
+from cg.wire.dialects import MessageView
+from cg.wire.splice import Cut, Keep, Piece, Plan, plan_views
 
 
 @dataclass(frozen=True, slots=True)

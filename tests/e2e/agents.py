@@ -15,7 +15,7 @@ received under that id and the proxy's decision, and checks:
                      as sent, the bytes around `messages` as sent (but the appended expand tool),
                      the summary a user message `=== History Summary ===`…`<<cg:KEY>>`, no
                      system message right before it, and no shape or wire-role problem (by the
-                     script's provider-side rules and by cg.shape)
+                     script's provider-side rules and by cg.wire.shape)
     continued        a second request under the same id is the addon's expand round: the first
                      body's messages, then the model's `context_guru_expand` call and its result
 
@@ -34,7 +34,7 @@ from typing import Any
 
 import yaml
 
-from cg.shape import check_wire_roles, validate_shape
+from cg.wire.shape import check_wire_roles, validate_shape
 from tests.agent_script import EXPAND_TOOL, AgentScript, session, shape_problems
 from tests.e2e.claude_code import Run, run_claude
 from tests.e2e.harness import Proxy, by_id, message_sources, poll

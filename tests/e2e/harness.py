@@ -300,7 +300,7 @@ def _ws(s: str, i: int) -> int:
 def message_sources(body: bytes) -> tuple[bytes, list[bytes], bytes]:
     """(bytes before the top-level `messages` array, each element's bytes, bytes after it).
 
-    Written apart from `cg.jsonspan` with `json.JSONDecoder.raw_decode`, so a test can compare
+    Written apart from `cg.wire.jsonspan` with `json.JSONDecoder.raw_decode`, so a test can compare
     the bytes a client sent with the bytes a provider received without trusting the code under
     test to find them.
     """

@@ -31,9 +31,9 @@ import pytest
 import yaml
 from openai.lib.streaming.chat import ChatCompletionStreamState
 
-from cg.expand import TOOL_JSON, TOOL_NAME
-from cg.responses import Reply as Message
-from cg.responses import render_json, render_sse
+from cg.expand.tool import TOOL_JSON, TOOL_NAME
+from cg.wire.answers import Reply as Message
+from cg.wire.answers import render_json, render_sse
 from tests.e2e.harness import (
     Capture,
     Proxy,
@@ -704,8 +704,8 @@ def test_the_expand_endpoint(xproxy, provider):
 async def test_the_expand_endpoint_refuses_a_non_loopback_client(tmp_path):
     """Simulated in process (the e2e proxy listens on 127.0.0.1 only): a peer address that is
     not loopback gets 403 before the id is even read."""
-    from cg.addon import ContextGuru
-    from cg.store import Store, stash_key
+    from cg.proxy.addon import ContextGuru
+    from cg.state.store import Store, stash_key
 
     db = tmp_path / "cg.sqlite3"
     sources = ['{"role":"user","content":"x"}']

@@ -11,14 +11,14 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from cg.body import BodyIndex, BodyRejected, MessageCache, index_body
-from cg.dialects import Dialect
-from cg.expand import InjectMode, append_tool, inject_reason
-from cg.pipeline import Component, PipelineResult, RequestContext, run_pipeline
-from cg.session import session_of
-from cg.shape import check_wire_roles, introduced, validate_shape
-from cg.splice import is_identity, plan_sources, plan_views, splice_text
-from cg.store import Store
+from cg.expand.tool import InjectMode, append_tool, inject_reason
+from cg.pipeline.runner import Component, PipelineResult, RequestContext, run_pipeline
+from cg.state.session import session_of
+from cg.state.store import Store
+from cg.wire.body import BodyIndex, BodyRejected, MessageCache, index_body
+from cg.wire.dialects import Dialect
+from cg.wire.shape import check_wire_roles, introduced, validate_shape
+from cg.wire.splice import is_identity, plan_sources, plan_views, splice_text
 
 Outcome = Literal["passed_through", "rewritten", "failed_open"]
 

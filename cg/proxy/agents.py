@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from cg.session import header
+from cg.state.session import header
 
 CLAUDE_CODE = "claude-code"
 

@@ -6,15 +6,15 @@ Dialect ─┬─ Anthropic   POST …/v1/messages
 
 from __future__ import annotations
 
-from cg.dialects.anthropic import Anthropic
-from cg.dialects.base import (
+from cg.wire.dialects.anthropic import Anthropic
+from cg.wire.dialects.base import (
     SYSTEM_ROLES,
     BlockView,
     Dialect,
     MessageShapeError,
     MessageView,
 )
-from cg.dialects.openai import OpenAI
+from cg.wire.dialects.openai import OpenAI
 
 ANTHROPIC = Anthropic()
 OPENAI = OpenAI()

@@ -28,9 +28,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from cg.body import BodyIndex
-from cg.dialects import SYSTEM_ROLES
-from cg.facts import strip_cache_control
+from cg.state.facts import strip_cache_control
+from cg.wire.body import BodyIndex
+from cg.wire.dialects import SYSTEM_ROLES
 
 HEADER_CG = "x-context-guru-session"
 HEADER_CLAUDE_CODE = "x-claude-code-session-id"

@@ -17,8 +17,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
-from cg.body import BodyIndex
-from cg.splice import Insert, Plan, identity
+from cg.wire.body import BodyIndex
+from cg.wire.splice import Insert, Plan, identity
 
 
 @dataclass(slots=True)

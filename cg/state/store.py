@@ -25,7 +25,7 @@ the same TTL, and a checkpoint with its session (reading a checkpoint marks its 
 Ledger rows are a few hundred bytes per session and what `/_cg/sessions` reports, so they live
 `LEDGER_TTL_DAYS` (30) days after their session's last answer, or the store TTL if that is longer.
 
-Credentials never reach this module: its API takes only session ids (allow-listed, `cg.session`),
+Credentials never reach this module: its API takes only session ids (allow-listed, `cg.state.session`),
 message text, summaries and times, never headers, API keys or model settings.
 
 Errors: every failure is a `StoreError` (a `RuntimeError`) saying what failed and on which file.
@@ -47,8 +47,8 @@ from pathlib import Path
 from typing import Any
 
 from cg.billing.usage import Usage
-from cg.jsonspan import JsonSpanError, walk_array
 from cg.settings import StoreConfig
+from cg.wire.jsonspan import JsonSpanError, walk_array
 
 SCHEMA_VERSION = 2
 LEDGER_TTL_DAYS = 30.0

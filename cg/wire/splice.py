@@ -18,9 +18,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from cg.body import BodyIndex
-from cg.dialects import Dialect, MessageView
-from cg.jsonspan import rebuild_array
+from cg.wire.body import BodyIndex
+from cg.wire.dialects import Dialect, MessageView
+from cg.wire.jsonspan import rebuild_array
 
 
 @dataclass(frozen=True, slots=True)

@@ -23,10 +23,10 @@ from mitmproxy import http
 from cg.billing.ledger import Ledger, Round, Turn
 from cg.billing.tap import UNDECODABLE, UsageTap, usage_of_json
 from cg.billing.usage import Usage, UsageError, from_provider
-from cg.body import BodyIndex, BodyRejected, index_body
-from cg.dialects import DIALECTS
-from cg.responses import Reply
-from cg.stats import UsageCounts
+from cg.proxy.stats import UsageCounts
+from cg.wire.answers import Reply
+from cg.wire.body import BodyIndex, BodyRejected, index_body
+from cg.wire.dialects import DIALECTS
 
 log = logging.getLogger("context_guru")
 

@@ -16,7 +16,7 @@ import re
 from collections.abc import Iterator
 from typing import Any, Literal
 
-from cg.store import KEY_PATTERN, Stash, Store
+from cg.state.store import KEY_PATTERN, Stash, Store
 
 TOOL_NAME = "context_guru_expand"
 InjectMode = Literal["auto", "always", "never"]

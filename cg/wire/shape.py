@@ -21,7 +21,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from cg.dialects import DIALECTS, Dialect, MessageView
+from cg.wire.dialects import DIALECTS, Dialect, MessageView
 
 
 @dataclass(frozen=True, slots=True)

@@ -16,9 +16,9 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
 
-from cg.body import BodyIndex
-from cg.dialects import MessageView
-from cg.tokens import TokenCounter
+from cg.state.tokens import TokenCounter
+from cg.wire.body import BodyIndex
+from cg.wire.dialects import MessageView
 
 MEMO_SIZE = 50_000
 PRELUDE_MEMO_SIZE = 256

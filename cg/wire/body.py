@@ -12,8 +12,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from cg.dialects import Dialect, MessageShapeError, MessageView
-from cg.jsonspan import ArraySpan, Element, JsonSpanError, Member, walk_document, walk_object
+from cg.wire.dialects import Dialect, MessageShapeError, MessageView
+from cg.wire.jsonspan import ArraySpan, Element, JsonSpanError, Member, walk_document, walk_object
 
 
 class BodyRejected(ValueError):

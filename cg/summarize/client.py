@@ -33,7 +33,6 @@ from typing import Any
 import httpx
 
 from cg.billing.usage import Usage, UsageError, from_provider
-from cg.responses import Reply, ResponseParseError, parse_json, parse_sse
 from cg.summarize.component import (
     Commission,
     NoModel,
@@ -43,6 +42,7 @@ from cg.summarize.component import (
 )
 from cg.summarize.config import ModelConfig
 from cg.summarize.prompt import MAX_TOKENS as MAX_TOKENS
+from cg.wire.answers import Reply, ResponseParseError, parse_json, parse_sse
 
 HEADER = "x-context-guru"
 TIMEOUT_ENV = "CONTEXT_GURU_SUMMARIZE_TIMEOUT"

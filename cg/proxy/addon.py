@@ -20,29 +20,31 @@ from typing import Any
 
 from mitmproxy import command, contentviews, ctx, exceptions, http
 
-from cg import __version__, continuation, control
-from cg import expand as expand_mod
-from cg.agents import CLAUDE_CODE, claude_code
+from cg import __version__
 from cg.billing.ledger import Ledger
 from cg.billing.prices import price_table
 from cg.billing.savings import sessions_report
-from cg.body import BodyIndex, MessageCache
 from cg.components import COMPONENTS, Services, build_pipeline
-from cg.dialects import route
-from cg.expand import TOOL_NAME
-from cg.facts import FactsCache
-from cg.meter import Meter
-from cg.pipeline import Commissioner, Component
-from cg.responses import Reply, ResponseParseError, tool_calls
-from cg.rewrite import ExpandPolicy, rewrite_body
+from cg.expand import continuation
+from cg.expand import tool as expand_mod
+from cg.expand.tool import TOOL_NAME
+from cg.pipeline.rewrite import ExpandPolicy, rewrite_body
+from cg.pipeline.runner import Commissioner, Component
+from cg.proxy import control
+from cg.proxy.agents import CLAUDE_CODE, claude_code
+from cg.proxy.meter import Meter
+from cg.proxy.stats import Stats
+from cg.proxy.view import ORIGINAL, RewriteView
+from cg.proxy.view import comment as view_comment
 from cg.settings import AUTO, Config, host_allowed, load_presets
-from cg.stats import Stats
-from cg.store import Store, StoreError, valid_key
-from cg.summarizer import HttpPool, Origin, SummarizerClient, timeout_from_env
-from cg.tokens import TokenCounter
-from cg.upstream import provider_message, resend, upstream_verify
-from cg.view import ORIGINAL, RewriteView
-from cg.view import comment as view_comment
+from cg.state.facts import FactsCache
+from cg.state.store import Store, StoreError, valid_key
+from cg.state.tokens import TokenCounter
+from cg.summarize.client import HttpPool, Origin, SummarizerClient, timeout_from_env
+from cg.wire.answers import Reply, ResponseParseError, tool_calls
+from cg.wire.body import BodyIndex, MessageCache
+from cg.wire.dialects import route
+from cg.wire.upstream import provider_message, resend, upstream_verify
 
 log = logging.getLogger("context_guru")
 

@@ -24,11 +24,9 @@ from typing import Any
 
 import httpx
 
-from cg.body import index_body
-from cg.dialects import DIALECTS
-from cg.expand import TOOL_NAME
-from cg.jsonspan import rebuild_array
-from cg.responses import (
+from cg.expand.tool import TOOL_NAME
+from cg.state.store import valid_key
+from cg.wire.answers import (
     Reply,
     assistant_message,
     client_usage,
@@ -41,8 +39,10 @@ from cg.responses import (
     tool_results,
     with_usage,
 )
-from cg.store import valid_key
-from cg.upstream import HOP_BY_HOP, agent_request
+from cg.wire.body import index_body
+from cg.wire.dialects import DIALECTS
+from cg.wire.jsonspan import rebuild_array
+from cg.wire.upstream import HOP_BY_HOP, agent_request
 
 MAX_ROUNDS = 3
 # The re-sent body is the decoded one: its content-encoding no longer applies.

@@ -64,7 +64,7 @@ def is_blank_text(s: object) -> bool:
 
 
 class Dialect:
-    """One wire format. Subclasses are stateless singletons kept in `cg.dialects.DIALECTS`."""
+    """One wire format. Subclasses are stateless singletons kept in `cg.wire.dialects.DIALECTS`."""
 
     name: ClassVar[str]
     path_suffix: ClassVar[str]

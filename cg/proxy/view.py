@@ -20,8 +20,8 @@ from typing import Any
 from mitmproxy import contentviews, http
 from mitmproxy import flow as mflow
 
-from cg.expand import markers
-from cg.store import Stash
+from cg.expand.tool import markers
+from cg.state.store import Stash
 
 META = "context_guru"
 ORIGINAL = "context_guru_original"

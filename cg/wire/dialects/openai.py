@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from typing import Any, ClassVar
 
-from cg.dialects.base import (
+from cg.wire.dialects.base import (
     BlockView,
     Dialect,
     MessageShapeError,
