@@ -52,8 +52,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from bench.corpus import TARGET_MESSAGES, anthropic_body, openai_body
+from cg.pipeline.contract import RequestContext, Step
 from cg.pipeline.rewrite import rewrite_body
-from cg.pipeline.runner import RequestContext, Step
 from cg.wire.body import BodyIndex, MessageCache, index_body
 from cg.wire.dialects import ANTHROPIC, OPENAI, Dialect
 from cg.wire.jsonspan import walk_document

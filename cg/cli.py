@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from cg.settings import StoreConfig
-from cg.wire.dialects import DIALECTS, Dialect, route
+from cg.wire.dialects import DIALECTS, Dialect
 
 EXIT_USAGE = 2
 EXIT_NOT_FOUND = 1
@@ -72,18 +72,12 @@ def load_capture(path: Path) -> list[tuple[bytes, Dialect, dict[str, str]]]:
 
 
 def _load_flows(path: Path) -> list[tuple[bytes, Dialect, dict[str, str]]]:
-    from mitmproxy import http, io
+    from cg.proxy.flows import provider_requests
 
-    out: list[tuple[bytes, Dialect, dict[str, str]]] = []
-    with path.open("rb") as f:
-        for flow in io.FlowReader(f).stream():
-            if not isinstance(flow, http.HTTPFlow):
-                continue
-            d = route(flow.request.method, flow.request.path)
-            content = flow.request.get_content(strict=False)
-            if d is not None and content:
-                out.append((content, d, dict(flow.request.headers)))
-    return out
+    found, fault = provider_requests(path)
+    if fault is not None and not found:
+        raise ValueError(f"{path}: not a flow file ({fault})")
+    return [(r.body, r.dialect, r.headers) for r in found]
 
 
 def replay(args: argparse.Namespace) -> int:

@@ -10,7 +10,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from cg.pipeline.runner import Component
+from cg.pipeline.contract import Component
 from cg.state.facts import FactsCache
 from cg.state.store import Store
 from cg.state.tokens import TokenCounter

@@ -7,7 +7,7 @@ and bad values are refused with a message naming the key and the value.
 from __future__ import annotations
 
 import fnmatch
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +22,38 @@ class StoreConfig(BaseModel):
     path: str = "~/.context-guru/cg.sqlite3"
     ttl_hours: float = Field(72, gt=0)
     max_mb: float = Field(512, gt=0)
+
+
+class Rates(BaseModel):
+    """List prices of one model, USD per million tokens (`presets/tables/prices.yaml`)."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+    input: float = Field(ge=0)
+    cache_write_5m: float = Field(ge=0)
+    cache_write_1h: float = Field(ge=0)
+    cache_read: float = Field(ge=0)
+    output: float = Field(ge=0)
+
+
+class LongPrompt(Rates):
+    threshold_tokens: int = Field(gt=0)
+
+
+class Price(Rates):
+    long_prompt: LongPrompt | None = None
+
+
+def parse_prices(raw: Mapping[str, Any], source: str) -> dict[str, Price]:
+    """A `{model: {input, cache_write_5m, cache_write_1h, cache_read, output}}` map, validated.
+
+    Raises ValueError naming the model and the key."""
+    out: dict[str, Price] = {}
+    for model, rates in raw.items():
+        try:
+            out[str(model)] = Price.model_validate(rates)
+        except ValidationError as e:
+            raise ValueError(describe(e, f"{source}.{model}")) from None
+    return out
 
 
 class Config(BaseModel):
@@ -104,8 +136,6 @@ def load_config(preset: str, config_file: str | None, known_components: Sequence
         cfg = Config.model_validate(data)
     except ValidationError as e:
         raise ValueError(describe(e, "config")) from None
-    from cg.billing.prices import parse_prices  # prices.py reads this module's PRESETS_DIR
-
     parse_prices(cfg.prices, "config: prices")
     for name in cfg.pipeline:
         if name not in known_components:

@@ -18,7 +18,7 @@ with warnings.catch_warnings():
     from mitmproxy.test import taddons, tflow, tutils
 
 from cg import components as components_mod
-from cg.pipeline.runner import RequestContext, Step
+from cg.pipeline.contract import RequestContext, Step
 from cg.proxy.addon import BYPASS_HEADER, META, ContextGuru
 from cg.wire.splice import Insert, Keep, Plan
 

@@ -7,11 +7,11 @@ import json
 from pathlib import Path
 
 from cg.billing.cache import TTL_1H, TTL_5M, Prompt, PromptCache, chain, prompt_of, standalone
-from cg.billing.usage import Usage
 from cg.state.facts import FactsCache
 from cg.state.tokens import TokenCounter
 from cg.wire.body import index_body
 from cg.wire.dialects import ANTHROPIC
+from cg.wire.usage import Usage
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 

@@ -15,14 +15,15 @@ import pytest
 
 from cg.billing.cache import prompt_of
 from cg.billing.ledger import UNIDENTIFIED, Ledger, Round, Turn
-from cg.billing.prices import PriceTable, parse_prices
+from cg.billing.prices import PriceTable
 from cg.billing.savings import sessions_report
-from cg.billing.usage import Usage
+from cg.settings import parse_prices
 from cg.state.facts import FactsCache
 from cg.state.store import _SCHEMA, LEDGER_TTL_DAYS, Checkpoint, LedgerTurns, Store
 from cg.state.tokens import TokenCounter
 from cg.wire.body import index_body
 from cg.wire.dialects import ANTHROPIC, OPENAI
+from cg.wire.usage import Usage
 
 M = 1_000_000
 # Round prices, USD per million tokens, so every expected figure below is arithmetic by hand.

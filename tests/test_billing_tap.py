@@ -45,7 +45,7 @@ from cg.billing.tap import (
     mentions_usage,
     usage_of_json,
 )
-from cg.billing.usage import Usage, UsageError, from_provider
+from cg.wire.usage import Usage, UsageError, from_provider
 
 TEXT = ["Hello", ", world", ' — with "usage" in the text', "\nand a CR\r in it", " ☃"]
 

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from cg.billing.usage import Usage
 from cg.cli import main
 from cg.state.store import Checkpoint, LedgerTurns, Store, stash_key
+from cg.wire.usage import Usage
 
 REPO = Path(__file__).resolve().parents[1]
 FIXTURE = REPO / "tests" / "fixtures" / "claude_code_2.1.197_turn16.json"

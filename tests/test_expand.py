@@ -28,8 +28,8 @@ from cg.expand.tool import (
     render_stash,
     resolve,
 )
+from cg.pipeline.contract import RequestContext, Step
 from cg.pipeline.rewrite import ExpandPolicy, rewrite_body
-from cg.pipeline.runner import RequestContext, Step
 from cg.state.store import Store, stash_key
 from cg.wire.body import index_body
 from cg.wire.dialects import DIALECTS

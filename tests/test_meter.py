@@ -20,11 +20,11 @@ with warnings.catch_warnings():
 
 from cg import components as components_mod
 from cg.billing.tap import UsageTap
-from cg.billing.usage import Usage
 from cg.proxy.addon import META, ContextGuru
 from cg.summarize.client import HttpPool, Origin, SummarizerClient
 from cg.summarize.component import Commission
 from cg.summarize.config import ModelConfig
+from cg.wire.usage import Usage
 from tests.test_addon import Toy, make_flow
 
 SSE_HEADERS = {"content-type": "text/event-stream; charset=utf-8"}

@@ -10,8 +10,9 @@ from typing import Any
 import pytest
 from hypothesis import given
 
+from cg.pipeline.contract import RequestContext, Step
 from cg.pipeline.rewrite import rewrite_body
-from cg.pipeline.runner import RequestContext, Step, run_pipeline
+from cg.pipeline.runner import run_pipeline
 from cg.wire.body import BodyIndex, index_body
 from cg.wire.dialects import ANTHROPIC, DIALECTS, OPENAI, Dialect
 from cg.wire.shape import validate_shape

@@ -16,7 +16,6 @@ import httpx
 import pytest
 from mitmproxy import http
 
-from cg.billing.usage import Usage
 from cg.summarize import client as summarizer
 from cg.summarize.client import (
     HEADER,
@@ -40,6 +39,7 @@ from cg.summarize.component import (
     SummarizerTimeout,
 )
 from cg.summarize.config import ModelConfig
+from cg.wire.usage import Usage
 
 KEY = "sk-ant-SECRET-0123456789"
 ORIGIN_URL = "https://api.example.test/v1/messages?beta=true"

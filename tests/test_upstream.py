@@ -18,7 +18,8 @@ import pytest
 from mitmproxy import http
 from mitmproxy.options import Options
 
-from cg.wire.upstream import provider_message, resend, upstream_verify
+from cg.proxy.resend import resend
+from cg.wire.upstream import provider_message, upstream_verify
 from tests.fakeprovider import DEFAULT_TEXT, FakeProvider, Reply, anthropic_error, openai_error
 
 ORIGINAL = (

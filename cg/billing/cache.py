@@ -31,9 +31,9 @@ import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from cg.billing.usage import Usage
 from cg.state.facts import FactsCache, MessageFacts, Prelude
 from cg.wire.body import BodyIndex
+from cg.wire.usage import Usage
 
 TTL_5M = 300.0
 TTL_1H = 3600.0

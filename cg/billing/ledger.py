@@ -34,12 +34,12 @@ from typing import Any
 from cg.billing.cache import Prompt, PromptCache, prompt_of
 from cg.billing.prices import PriceTable
 from cg.billing.savings import report
-from cg.billing.usage import Usage
 from cg.state.facts import FactsCache
 from cg.state.session import session_of, valid_session_id
 from cg.state.store import LedgerTurns, Store
 from cg.wire.body import BodyIndex, BodyRejected, index_body
 from cg.wire.dialects import DIALECTS
+from cg.wire.usage import Usage
 
 UNKNOWN_MODEL = "unknown"
 UNIDENTIFIED = "unidentified"  # a flow whose body could not be read to find its session

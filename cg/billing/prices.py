@@ -20,53 +20,24 @@ from functools import cache
 from typing import Any
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from cg.billing.usage import Usage
-from cg.settings import PRESETS_DIR, describe
+from cg.settings import PRESETS_DIR, Price, Rates, parse_prices
+from cg.wire.usage import Usage
 
 PRICES_FILE = PRESETS_DIR / "tables" / "prices.yaml"
 LONG = "long"
 
 
-class Rates(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True)
-    input: float = Field(ge=0)
-    cache_write_5m: float = Field(ge=0)
-    cache_write_1h: float = Field(ge=0)
-    cache_read: float = Field(ge=0)
-    output: float = Field(ge=0)
-
-    def cost(self, u: Usage) -> float:
-        write_5m = u.cache_write_tokens - u.cache_write_1h_tokens
-        return (
-            u.input_tokens * self.input
-            + write_5m * self.cache_write_5m
-            + u.cache_write_1h_tokens * self.cache_write_1h
-            + u.cache_read_tokens * self.cache_read
-            + u.output_tokens * self.output
-        ) / 1_000_000
-
-
-class LongPrompt(Rates):
-    threshold_tokens: int = Field(gt=0)
-
-
-class Price(Rates):
-    long_prompt: LongPrompt | None = None
-
-
-def parse_prices(raw: Mapping[str, Any], source: str) -> dict[str, Price]:
-    """A `{model: {input, cache_write_5m, cache_write_1h, cache_read, output}}` map, validated.
-
-    Raises ValueError naming the model and the key."""
-    out: dict[str, Price] = {}
-    for model, rates in raw.items():
-        try:
-            out[str(model)] = Price.model_validate(rates)
-        except ValidationError as e:
-            raise ValueError(describe(e, f"{source}.{model}")) from None
-    return out
+def cost_at(rates: Rates, u: Usage) -> float:
+    """USD for `u` at `rates` (per million tokens); the 1-hour share of writes priced apart."""
+    write_5m = u.cache_write_tokens - u.cache_write_1h_tokens
+    return (
+        u.input_tokens * rates.input
+        + write_5m * rates.cache_write_5m
+        + u.cache_write_1h_tokens * rates.cache_write_1h
+        + u.cache_read_tokens * rates.cache_read
+        + u.output_tokens * rates.output
+    ) / 1_000_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,7 +63,7 @@ class PriceTable:
         if p is None:
             return None
         rates: Rates = p.long_prompt if tier == LONG and p.long_prompt is not None else p
-        return rates.cost(usage)
+        return cost_at(rates, usage)
 
     def with_overrides(self, overrides: Mapping[str, Any]) -> PriceTable:
         if not overrides:

@@ -17,8 +17,8 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from cg.billing.prices import PriceTable
-from cg.billing.usage import Usage
 from cg.state.store import LedgerTurns, Store, UsageRow
+from cg.wire.usage import Usage
 
 ESTIMATED = ("without_rewrite_usd", "saved_usd")
 NOTE = (

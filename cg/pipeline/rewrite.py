@@ -12,7 +12,8 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from cg.expand.tool import InjectMode, append_tool, inject_reason
-from cg.pipeline.runner import Component, PipelineResult, RequestContext, run_pipeline
+from cg.pipeline.contract import Component, RequestContext
+from cg.pipeline.runner import PipelineResult, run_pipeline
 from cg.state.session import session_of
 from cg.state.store import Store
 from cg.wire.body import BodyIndex, BodyRejected, MessageCache, index_body

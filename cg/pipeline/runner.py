@@ -13,50 +13,12 @@ The runner never raises.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol, runtime_checkable
+from typing import Any
 
-from cg.wire.body import BodyIndex
+from cg.pipeline.contract import Component, RequestContext
 from cg.wire.splice import Insert, Plan, identity
-
-
-@dataclass(slots=True)
-class RequestContext:
-    """What a component may know about a request. `headers` are never persisted."""
-
-    index: BodyIndex
-    session: str = ""
-    headers: Mapping[str, str] = field(default_factory=dict)
-    now: float = 0.0
-
-
-@dataclass(slots=True)
-class Step:
-    """A component's answer: `plan` None means it skipped; `reason` says why, either way."""
-
-    plan: Plan | None
-    reason: str
-    detail: dict[str, Any] = field(default_factory=dict)
-    stash_required: bool = False
-    stashed: frozenset[int] = frozenset()
-    commission: Any = None
-
-
-class Component(Protocol):
-    name: str
-
-    def apply(self, req: RequestContext, plan: Plan) -> Step: ...
-
-
-@runtime_checkable
-class Commissioner(Protocol):
-    """A component whose steps may commission work: the caller runs `complete` off the hot
-    path, or `abandon`s a job it cannot run."""
-
-    async def complete(self, job: Any) -> str: ...
-
-    def abandon(self, job: Any) -> None: ...
 
 
 @dataclass(slots=True)

@@ -28,11 +28,12 @@ from cg.components import COMPONENTS, Services, build_pipeline
 from cg.expand import continuation
 from cg.expand import tool as expand_mod
 from cg.expand.tool import TOOL_NAME
+from cg.pipeline.contract import Commissioner, Component
 from cg.pipeline.rewrite import ExpandPolicy, rewrite_body
-from cg.pipeline.runner import Commissioner, Component
 from cg.proxy import control
 from cg.proxy.agents import CLAUDE_CODE, claude_code
 from cg.proxy.meter import Meter
+from cg.proxy.resend import resend
 from cg.proxy.stats import Stats
 from cg.proxy.view import ORIGINAL, RewriteView
 from cg.proxy.view import comment as view_comment
@@ -44,7 +45,7 @@ from cg.summarize.client import HttpPool, Origin, SummarizerClient, timeout_from
 from cg.wire.answers import Reply, ResponseParseError, tool_calls
 from cg.wire.body import BodyIndex, MessageCache
 from cg.wire.dialects import route
-from cg.wire.upstream import provider_message, resend, upstream_verify
+from cg.wire.upstream import provider_message, upstream_verify
 
 log = logging.getLogger("context_guru")
 

@@ -22,11 +22,11 @@ from mitmproxy import http
 
 from cg.billing.ledger import Ledger, Round, Turn
 from cg.billing.tap import UNDECODABLE, UsageTap, usage_of_json
-from cg.billing.usage import Usage, UsageError, from_provider
 from cg.proxy.stats import UsageCounts
 from cg.wire.answers import Reply
 from cg.wire.body import BodyIndex, BodyRejected, index_body
 from cg.wire.dialects import DIALECTS
+from cg.wire.usage import Usage, UsageError, from_provider
 
 log = logging.getLogger("context_guru")
 

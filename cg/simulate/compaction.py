@@ -25,10 +25,10 @@ from dataclasses import dataclass, replace
 
 from cg.billing.cache import PromptCache, build
 from cg.billing.prices import PriceTable
-from cg.billing.usage import Usage
 from cg.simulate.tally import Tally
 from cg.simulate.turns import Turn
 from cg.state.facts import MessageFacts
+from cg.wire.usage import Usage
 
 OUTPUT_RESERVE = 20_000
 BUFFER = 13_000

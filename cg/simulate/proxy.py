@@ -30,10 +30,9 @@ from pathlib import Path
 
 from cg.billing.cache import Prompt, PromptCache, prompt_of, standalone
 from cg.billing.prices import PriceTable
-from cg.billing.usage import Usage
 from cg.components import Services, build_pipeline
+from cg.pipeline.contract import Component
 from cg.pipeline.rewrite import ExpandPolicy, rewrite_body
-from cg.pipeline.runner import Component
 from cg.settings import Config
 from cg.simulate.compaction import agent_threshold
 from cg.simulate.standin import StandIn
@@ -45,6 +44,7 @@ from cg.summarize.client import MAX_TOKENS
 from cg.summarize.component import Commission, Summarize, Summarizer
 from cg.summarize.config import ModelConfig
 from cg.wire.body import MessageCache, index_body
+from cg.wire.usage import Usage
 
 # The shared-cache call's appended instruction (span, level, framing, format): ~400-600 tokens.
 INSTRUCTION_TOKENS = 500

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from cg.billing.prices import PriceTable
-from cg.billing.usage import Usage
+from cg.wire.usage import Usage
 
 Payer = Literal["agent", "summarizer"]
 

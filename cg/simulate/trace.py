@@ -105,24 +105,12 @@ def _invalid(members: Mapping[str, Any]) -> str | None:
 
 
 def read_flows(path: Path, warn: Warn) -> list[Request]:
-    from mitmproxy import exceptions, http, io
+    from cg.proxy.flows import provider_requests
 
-    out: list[Request] = []
-    with path.open("rb") as f:
-        try:
-            for n, flow in enumerate(io.FlowReader(f).stream(), 1):
-                if not isinstance(flow, http.HTTPFlow):
-                    continue
-                req = flow.request
-                d = route(req.method, req.path)
-                content = req.get_content(strict=False)
-                if d is None or not content:
-                    continue
-                out.append(
-                    Request(req.timestamp_start, dict(req.headers), content, d, f"{path}#{n}")
-                )
-        except exceptions.FlowReadException as e:
-            warn(f"{path}: not a flow file or cut short ({e}); read {len(out)} requests")
+    found, fault = provider_requests(path)
+    out = [Request(r.at, r.headers, r.body, r.dialect, f"{path}#{r.n}") for r in found]
+    if fault is not None:
+        warn(f"{path}: not a flow file or cut short ({fault}); read {len(out)} requests")
     return out
 
 

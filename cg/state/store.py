@@ -46,9 +46,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from cg.billing.usage import Usage
 from cg.settings import StoreConfig
 from cg.wire.jsonspan import JsonSpanError, walk_array
+from cg.wire.usage import Usage
 
 SCHEMA_VERSION = 2
 LEDGER_TTL_DAYS = 30.0

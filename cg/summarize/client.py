@@ -32,7 +32,6 @@ from typing import Any
 
 import httpx
 
-from cg.billing.usage import Usage, UsageError, from_provider
 from cg.summarize.component import (
     Commission,
     NoModel,
@@ -43,6 +42,7 @@ from cg.summarize.component import (
 from cg.summarize.config import ModelConfig
 from cg.summarize.prompt import MAX_TOKENS as MAX_TOKENS
 from cg.wire.answers import Reply, ResponseParseError, parse_json, parse_sse
+from cg.wire.usage import Usage, UsageError, from_provider
 
 HEADER = "x-context-guru"
 TIMEOUT_ENV = "CONTEXT_GURU_SUMMARIZE_TIMEOUT"

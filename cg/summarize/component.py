@@ -31,7 +31,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal, Protocol, runtime_checkable
 
-from cg.pipeline.runner import RequestContext, Step
+from cg.pipeline.contract import RequestContext, Step
 from cg.state.facts import FactsCache, canonical_digest
 from cg.state.store import Checkpoint, Store, owner, stash_key
 from cg.state.tokens import TokenCounter

@@ -1,7 +1,8 @@
-"""Talking to the upstream ourselves: re-sending an original request, reading a provider error.
+"""Talking to the upstream ourselves: a request with the agent's own headers, as bytes, and a
+provider's error read back.
 
-Used by the 400 safety net: when a provider refuses a rewritten request, the original bytes go
-out once more with the original headers, and that answer is what the client gets.
+The 400 safety net (`cg.proxy.resend`) and the expand rounds (`cg.expand.continuation`) both send
+the agent's request again, or a continuation of it: one way to build it, here.
 """
 
 from __future__ import annotations
@@ -11,7 +12,6 @@ from collections.abc import Iterable
 from typing import Any
 
 import httpx
-from mitmproxy import http
 
 # Hop-by-hop or recomputed: never copied between the two HTTP stacks.
 HOP_BY_HOP = frozenset(
@@ -66,21 +66,3 @@ def agent_request(
     for name in {k for k in out.headers if k.encode() not in sent}:
         del out.headers[name]
     return out
-
-
-async def resend(client: httpx.AsyncClient, req: http.Request, original: bytes) -> http.Response:
-    """Send `req` upstream again with `original` as its (still encoded) body; the answer whole."""
-    out = agent_request(client, req.method, req.url, req.headers.fields, original)
-    resp = await client.send(out, stream=True)
-    try:
-        raw = b"".join([chunk async for chunk in resp.aiter_raw()])
-    finally:
-        await resp.aclose()
-    answer = http.Response.make(
-        resp.status_code,
-        b"",
-        [(k, v) for k, v in resp.headers.raw if k.lower() not in HOP_BY_HOP],
-    )
-    answer.raw_content = raw
-    answer.headers["content-length"] = str(len(raw))
-    return answer

@@ -1,0 +1,56 @@
+"""What a pipeline component is, and what it is told and answers: the bottom of `cg.pipeline`.
+
+A component (`summarize`, or one of yours) gets a `RequestContext` — the indexed request, its
+session, its headers (never persisted), the clock — and the plan so far, and answers a `Step`:
+a new `Plan` of the messages (`cg.wire.splice`: Keep, Cut, Insert) or None to skip, with a
+reason either way, what it stashed, and any work to run off the hot path (`commission`, run by a
+`Commissioner`'s `complete`). Components import this module; the runner and `rewrite_body`
+above it never import a component.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
+
+from cg.wire.body import BodyIndex
+from cg.wire.splice import Plan
+
+
+@dataclass(slots=True)
+class RequestContext:
+    """What a component may know about a request. `headers` are never persisted."""
+
+    index: BodyIndex
+    session: str = ""
+    headers: Mapping[str, str] = field(default_factory=dict)
+    now: float = 0.0
+
+
+@dataclass(slots=True)
+class Step:
+    """A component's answer: `plan` None means it skipped; `reason` says why, either way."""
+
+    plan: Plan | None
+    reason: str
+    detail: dict[str, Any] = field(default_factory=dict)
+    stash_required: bool = False
+    stashed: frozenset[int] = frozenset()
+    commission: Any = None
+
+
+class Component(Protocol):
+    name: str
+
+    def apply(self, req: RequestContext, plan: Plan) -> Step: ...
+
+
+@runtime_checkable
+class Commissioner(Protocol):
+    """A component whose steps may commission work: the caller runs `complete` off the hot
+    path, or `abandon`s a job it cannot run."""
+
+    async def complete(self, job: Any) -> str: ...
+
+    def abandon(self, job: Any) -> None: ...
