@@ -19,7 +19,6 @@ from cg.expand import continuation
 from cg.expand.tool import TOOL_NAME, resolve
 from cg.state.store import Store, StoreError, stash_key
 from cg.wire.answers import (
-    DialectName,
     Reply,
     parse_json,
     parse_sse,
@@ -120,8 +119,8 @@ class Upstream:
     """A scripted MockTransport: each request pops the next answer (a message dict to render in
     the requested form, an httpx.Response, or an exception to raise)."""
 
-    def __init__(self, dialect: DialectName, *script: Any) -> None:
-        self.dialect: DialectName = dialect
+    def __init__(self, dialect: str, *script: Any) -> None:
+        self.dialect: str = dialect
         self.script = list(script)
         self.requests: list[httpx.Request] = []
 

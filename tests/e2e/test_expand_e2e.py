@@ -148,11 +148,11 @@ def answer(rec: Recorded, message: dict[str, Any], dialect: str) -> Reply:
     """`message` (a provider message) sent the way the request asked: SSE or JSON."""
     body = rec.json()
     if body.get("stream") is not True:
-        return Reply(body=render_json(Message(dialect, message)), headers=_JSON)  # type: ignore[arg-type]
+        return Reply(body=render_json(Message(dialect, message)), headers=_JSON)
     opts = body.get("stream_options")
     if dialect == "openai" and not (isinstance(opts, dict) and opts.get("include_usage")):
         message = {k: v for k, v in message.items() if k != "usage"}
-    return Reply(body=render_sse(Message(dialect, message)), headers=_SSE)  # type: ignore[arg-type]
+    return Reply(body=render_sse(Message(dialect, message)), headers=_SSE)
 
 
 _JSON = {"content-type": "application/json"}

@@ -1,8 +1,14 @@
-"""The Anthropic Messages API: `POST …/v1/messages`, system prompt in the top-level `system`."""
+"""The Anthropic Messages API: `POST …/v1/messages`, system prompt in the top-level `system`.
+
+Requests: a read-only view of each message. Answers: the `message` object, JSON or rebuilt from
+its event stream (`message_start`, `content_block_*`, `message_delta`, `message_stop`), edited
+and streamed back as the API streams it.
+"""
 
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from typing import Any, ClassVar
 
 from cg.wire.dialects.base import (
@@ -13,6 +19,23 @@ from cg.wire.dialects.base import (
     MessageView,
     is_blank_text,
     message_role,
+)
+from cg.wire.reply import (
+    Call,
+    Json,
+    JsonObject,
+    ProviderError,
+    ResponseParseError,
+    as_index,
+    as_object,
+    as_text,
+    clone,
+    dumps,
+    json_pieces,
+    loads_json,
+    pieces,
+    sse_event,
+    sse_events,
 )
 
 # `json.dumps(x, ensure_ascii=False)` builds a new encoder per call; this one gives the same text.
@@ -131,3 +154,287 @@ class Anthropic(Dialect):
             view.form == "blocks" and not view.blocks
         )
         return is_last and view.role == "assistant" and empty
+
+    # -- answers --------------------------------------------------------------------------------
+
+    input_usage_keys: ClassVar[tuple[str, ...]] = (
+        "input_tokens",
+        "cache_creation_input_tokens",
+        "cache_read_input_tokens",
+        "cache_creation",
+    )
+
+    def answer_error(self, doc: JsonObject) -> bool:
+        return doc.get("type") == "error"
+
+    def check_answer(self, doc: JsonObject) -> None:
+        if doc.get("type") != "message":
+            raise ResponseParseError(f"response body: 'type' is {doc.get('type')!r}, not 'message'")
+        content = doc.get("content")
+        if not isinstance(content, list):
+            raise ResponseParseError("response body: 'content' is not a list")
+        for i, block in enumerate(content):
+            as_text(as_object(block, f"content[{i}]").get("type"), f"content[{i}].type")
+
+    def parse_stream(self, body: bytes) -> JsonObject:
+        return _parse_sse(body)
+
+    def calls(self, message: JsonObject) -> list[Call]:
+        out: list[Call] = []
+        for b in message.get("content") or []:
+            if isinstance(b, dict) and b.get("type") == "tool_use":
+                inp = b.get("input")
+                out.append(
+                    Call(
+                        str(b.get("id", "")),
+                        str(b.get("name", "")),
+                        clone(inp) if isinstance(inp, dict) else dumps(inp),
+                    )
+                )
+        return out
+
+    def strip_calls(self, message: JsonObject, name: str) -> None:
+        """A `tool_use` stop reason with no call left becomes `end_turn`."""
+        content = message.get("content")
+        if not isinstance(content, list):
+            return
+        message["content"] = [
+            b
+            for b in content
+            if not (isinstance(b, dict) and b.get("type") == "tool_use" and b.get("name") == name)
+        ]
+        if message.get("stop_reason") == "tool_use" and not any(
+            isinstance(b, dict) and b.get("type") == "tool_use" for b in message["content"]
+        ):
+            message["stop_reason"] = "end_turn"
+
+    def assistant_turn(self, message: JsonObject) -> JsonObject:
+        """The content blocks as returned — thinking blocks go back with their signatures
+        untouched — but blank text blocks, which the API refuses in a request ("text content
+        blocks must contain non-whitespace text") though it may stream them."""
+        blocks = [
+            clone(b)
+            for b in message.get("content") or []
+            if not (
+                isinstance(b, dict)
+                and b.get("type") == "text"
+                and (not isinstance(b.get("text"), str) or not b["text"].strip())
+            )
+        ]
+        return {"role": "assistant", "content": blocks}
+
+    def result_turns(self, results: list[tuple[str, str]]) -> list[JsonObject]:
+        """Every call of a turn answered in the one user message that follows it."""
+        if not results:
+            return []
+        return [
+            {
+                "role": "user",
+                "content": [
+                    {"type": "tool_result", "tool_use_id": i, "content": text}
+                    for i, text in results
+                ],
+            }
+        ]
+
+    def frames(self, message: JsonObject) -> Iterator[str]:
+        return _frames(message)
+
+
+# -- answers --------------------------------------------------------------------------------------
+
+
+def _parse_sse(body: bytes) -> JsonObject:
+    msg: JsonObject | None = None
+    blocks: list[JsonObject] = []
+    open_: set[int] = set()
+    partial: dict[int, list[str]] = {}  # block index -> input_json_delta pieces
+    stopped = False
+    for n, (name, data) in enumerate(sse_events(body), 1):
+        where = f"SSE event {n} ({name or 'unnamed'})"
+        obj = as_object(loads_json(data, where), where)
+        kind = name or obj.get("type")
+        if name and "type" in obj and obj["type"] != name:
+            raise ResponseParseError(f"{where}: data has type {obj['type']!r}")
+        if stopped or kind == "ping":
+            continue  # anything after message_stop is not part of the message
+        if kind == "error":
+            raise ProviderError(f"provider error event: {dumps(obj.get('error'))[:300]}", obj)
+        if kind == "message_start":
+            if msg is not None:
+                raise ResponseParseError(f"{where}: a second message_start")
+            msg = as_object(obj.get("message"), f"{where}.message")
+            content = msg.get("content", [])
+            if not isinstance(content, list):
+                raise ResponseParseError(f"{where}: message.content is not a list")
+            blocks = [as_object(b, f"{where}.message.content[]") for b in content]
+            continue
+        if kind not in (
+            "content_block_start",
+            "content_block_delta",
+            "content_block_stop",
+            "message_delta",
+            "message_stop",
+        ):
+            continue  # new event types may appear; the API asks clients to ignore them
+        if msg is None:
+            raise ResponseParseError(f"{where}: {kind} before message_start")
+        if kind == "content_block_start":
+            i = as_index(obj.get("index"), where)
+            if i != len(blocks):
+                raise ResponseParseError(
+                    f"{where}: content_block_start index {i}, expected {len(blocks)}"
+                )
+            block = as_object(obj.get("content_block"), f"{where}.content_block")
+            as_text(block.get("type"), f"{where}.content_block.type")
+            blocks.append(block)
+            open_.add(i)
+        elif kind == "content_block_delta":
+            i = as_index(obj.get("index"), where)
+            if i not in open_:
+                raise ResponseParseError(f"{where}: delta for block {i}, which is not open")
+            _apply_delta(
+                blocks[i], as_object(obj.get("delta"), f"{where}.delta"), partial, i, where
+            )
+        elif kind == "content_block_stop":
+            i = as_index(obj.get("index"), where)
+            if i not in open_:
+                raise ResponseParseError(f"{where}: stop for block {i}, which is not open")
+            open_.discard(i)
+            if i in partial:
+                text = "".join(partial.pop(i))
+                blocks[i]["input"] = loads_json(text, f"block {i} tool input") if text else {}
+        elif kind == "message_delta":
+            msg.update(as_object(obj.get("delta", {}), f"{where}.delta"))
+            usage = obj.get("usage")
+            if usage is not None:
+                have = msg.get("usage")
+                if not isinstance(have, dict):
+                    have = msg["usage"] = {}
+                # Counts here are cumulative totals: they replace, and an omitted (null)
+                # optional count leaves message_start's value standing.
+                for k, v in as_object(usage, f"{where}.usage").items():
+                    if v is not None or k not in have:
+                        have[k] = v
+        else:  # message_stop
+            if open_:
+                raise ResponseParseError(
+                    f"{where}: message_stop with block(s) {sorted(open_)} open"
+                )
+            stopped = True
+    if msg is None:
+        raise ResponseParseError("no message_start event: not an Anthropic message stream")
+    if not stopped:
+        raise ResponseParseError("the stream ended before message_stop (truncated)")
+    msg["content"] = blocks
+    return msg
+
+
+def _apply_delta(
+    block: JsonObject, delta: JsonObject, partial: dict[int, list[str]], i: int, where: str
+) -> None:
+    kind = delta.get("type")
+    btype = block.get("type")
+
+    def need(*types: str) -> None:
+        if btype not in types:
+            raise ResponseParseError(f"{where}: {kind} for a {btype} block")
+
+    if kind == "text_delta":
+        need("text")
+        block["text"] = block.get("text", "") + as_text(delta.get("text"), f"{where}.text")
+    elif kind == "citations_delta":
+        need("text")
+        citation = as_object(delta.get("citation"), f"{where}.citation")
+        if isinstance(block.get("citations"), list):
+            block["citations"].append(citation)
+        else:
+            block["citations"] = [citation]
+    elif kind == "thinking_delta":
+        need("thinking")
+        block["thinking"] = block.get("thinking", "") + as_text(
+            delta.get("thinking"), f"{where}.thinking"
+        )
+    elif kind == "signature_delta":
+        need("thinking")
+        # One delta carries the whole signature; the SDKs assign rather than append.
+        block["signature"] = as_text(delta.get("signature"), f"{where}.signature")
+    elif kind == "input_json_delta":
+        if "input" not in block and not str(btype).endswith("tool_use"):
+            raise ResponseParseError(f"{where}: input_json_delta for a {btype} block")
+        partial.setdefault(i, []).append(
+            as_text(delta.get("partial_json"), f"{where}.partial_json")
+        )
+    else:
+        # Ignoring it would hand the client a message with a piece silently missing.
+        raise ResponseParseError(f"{where}: unknown delta type {kind!r}")
+
+
+# message_delta carries these message keys; message_start announces them as null.
+_DELTA_KEYS = ("stop_reason", "stop_sequence")
+_DELTA_OPTIONAL = ("stop_details", "container")
+
+
+def _frames(m: JsonObject) -> Iterator[str]:
+    start = {k: clone(v) for k, v in m.items()}
+    start["content"] = []
+    for k in (*_DELTA_KEYS, *(k for k in _DELTA_OPTIONAL if k in m)):
+        start[k] = None
+    usage = m.get("usage")
+    if isinstance(usage, dict) and isinstance(usage.get("output_tokens"), int):
+        # message_start reports the input side; the output count so far is the first token.
+        start["usage"]["output_tokens"] = min(1, usage["output_tokens"])
+    yield sse_event("message_start", {"type": "message_start", "message": start})
+    for i, block in enumerate(m.get("content") or []):
+        yield from _block_frames(i, block)
+    delta = {k: m.get(k) for k in _DELTA_KEYS}
+    delta.update({k: m[k] for k in _DELTA_OPTIONAL if k in m})
+    end: JsonObject = {"type": "message_delta", "delta": delta}
+    if isinstance(usage, dict):
+        # Cumulative totals, as the API sends them now; older SDKs read only output_tokens
+        # here and keep message_start's input side, which carries the same numbers.
+        end["usage"] = clone(usage)
+    yield sse_event("message_delta", end)
+    yield sse_event("message_stop", {"type": "message_stop"})
+
+
+def _block_frames(i: int, block: Json) -> Iterator[str]:
+    def delta(d: JsonObject) -> str:
+        return sse_event(
+            "content_block_delta", {"type": "content_block_delta", "index": i, "delta": d}
+        )
+
+    deltas: list[str] = []
+    start = clone(block)
+    kind = block.get("type") if isinstance(block, dict) else None
+    if kind == "text" and isinstance(block.get("text"), str):
+        start["text"] = ""
+        cites = block.get("citations")
+        if isinstance(cites, list) and cites:
+            start["citations"] = []
+            deltas += [delta({"type": "citations_delta", "citation": c}) for c in cites]
+        if block["text"]:
+            deltas += [delta({"type": "text_delta", "text": p}) for p in pieces(block["text"])]
+    elif kind == "thinking" and isinstance(block.get("thinking"), str):
+        start["thinking"] = ""
+        if block["thinking"]:
+            deltas += [
+                delta({"type": "thinking_delta", "thinking": p}) for p in pieces(block["thinking"])
+            ]
+        if "signature" in block:
+            start["signature"] = ""
+            if isinstance(block["signature"], str) and block["signature"]:
+                deltas.append(delta({"type": "signature_delta", "signature": block["signature"]}))
+    elif kind in ("tool_use", "server_tool_use") and isinstance(block.get("input"), dict):
+        # The SDKs track input_json_delta for these two block types only; others (mcp_tool_use,
+        # tool results, redacted_thinking) go out whole in content_block_start.
+        start["input"] = {}
+        deltas += [
+            delta({"type": "input_json_delta", "partial_json": p})
+            for p in json_pieces(dumps(block["input"]))
+        ]
+    yield sse_event(
+        "content_block_start", {"type": "content_block_start", "index": i, "content_block": start}
+    )
+    yield from deltas
+    yield sse_event("content_block_stop", {"type": "content_block_stop", "index": i})

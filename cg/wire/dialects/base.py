@@ -6,8 +6,11 @@ and the splice works from the original bytes. Nothing here is ever serialised ba
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
+
+from cg.wire.reply import Call, JsonObject
 
 ContentForm = Literal["string", "blocks", "null", "missing", "other"]
 
@@ -93,6 +96,46 @@ class Dialect:
     def blank_allowed(self, view: MessageView, is_last: bool) -> bool:
         """A blank message the provider nevertheless accepts (dialect-specific exceptions)."""
         return False
+
+    # -- answers: `cg.wire.answers` dispatches here -------------------------------------------
+
+    # The usage keys that describe a request's input (after a continuation: the final round's).
+    input_usage_keys: ClassVar[tuple[str, ...]] = ()
+
+    def answer_error(self, doc: JsonObject) -> bool:
+        """Whether a JSON answer body is the provider's error."""
+        raise NotImplementedError
+
+    def check_answer(self, doc: JsonObject) -> None:
+        """Raise ResponseParseError unless `doc` is a well-formed non-streaming answer."""
+        raise NotImplementedError
+
+    def parse_stream(self, body: bytes) -> JsonObject:
+        """A whole SSE body as the answer the request would have got without `stream`."""
+        raise NotImplementedError
+
+    def calls(self, message: JsonObject) -> list[Call]:
+        """Every client-side tool call of an answer, in order."""
+        raise NotImplementedError
+
+    def strip_calls(self, message: JsonObject, name: str) -> None:
+        """Remove the calls to tool `name` from `message` (a copy the caller owns), in place."""
+        raise NotImplementedError
+
+    def assistant_turn(self, message: JsonObject) -> JsonObject:
+        """The assistant message to append to the request for a continuation round."""
+        raise NotImplementedError
+
+    def result_turns(self, results: list[tuple[str, str]]) -> list[JsonObject]:
+        """The messages answering tool calls, `(call id, text)` each."""
+        raise NotImplementedError
+
+    def frames(self, message: JsonObject) -> Iterator[str]:
+        """The answer as the provider streams it, event by event."""
+        raise NotImplementedError
+
+    def settle_usage(self, usage: JsonObject) -> None:
+        """Make derived counts agree after a continuation's usage was assembled (in place)."""
 
 
 def message_role(message: Any) -> str:

@@ -1,9 +1,16 @@
-"""OpenAI Chat Completions: `POST …/v1/chat/completions`, system prompt is `messages[0]`."""
+"""OpenAI Chat Completions: `POST …/v1/chat/completions`, system prompt is `messages[0]`.
+
+Requests: a read-only view of each message. Answers: the `chat.completion` object, JSON or
+rebuilt from its chunk stream (deltas merged per choice, tool calls by index, the usage chunk
+of `stream_options.include_usage`), edited and streamed back as chunks.
+"""
 
 from __future__ import annotations
 
 import json
-from typing import Any, ClassVar
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, cast
 
 from cg.wire.dialects.base import (
     BlockView,
@@ -12,6 +19,23 @@ from cg.wire.dialects.base import (
     MessageView,
     is_blank_text,
     message_role,
+)
+from cg.wire.reply import (
+    Call,
+    Json,
+    JsonObject,
+    ProviderError,
+    ResponseParseError,
+    as_index,
+    as_object,
+    as_text,
+    clone,
+    dumps,
+    is_count,
+    json_pieces,
+    loads_json,
+    pieces,
+    sse_events,
 )
 
 
@@ -119,3 +143,315 @@ class OpenAI(Dialect):
         return (
             f"messages.[{i}].content: Invalid value: content must be a non-empty string or array."
         )
+
+    # -- answers --------------------------------------------------------------------------------
+
+    input_usage_keys: ClassVar[tuple[str, ...]] = ("prompt_tokens", "prompt_tokens_details")
+
+    def answer_error(self, doc: JsonObject) -> bool:
+        return bool(doc.get("error"))
+
+    def check_answer(self, doc: JsonObject) -> None:
+        choices = doc.get("choices")
+        if not isinstance(choices, list) or not choices:
+            raise ResponseParseError("response body: 'choices' is not a non-empty list")
+        for i, choice in enumerate(choices):
+            as_object(as_object(choice, f"choices[{i}]").get("message"), f"choices[{i}].message")
+
+    def parse_stream(self, body: bytes) -> JsonObject:
+        return _parse_sse(body)
+
+    def calls(self, message: JsonObject) -> list[Call]:
+        """The first choice's calls: the continuation loop follows the first choice only.
+        Arguments that are not a JSON object (models do emit broken JSON) stay a string."""
+        out: list[Call] = []
+        for tc in (_first_message(message) or {}).get("tool_calls") or []:
+            if not isinstance(tc, dict):
+                continue
+            name, args = _call_name(tc)
+            value: JsonObject | str = args if isinstance(args, str) else dumps(args)
+            if isinstance(args, str):
+                try:
+                    parsed = json.loads(args) if args.strip() else {}
+                except ValueError:
+                    parsed = None
+                if isinstance(parsed, dict):
+                    value = parsed
+            out.append(Call(str(tc.get("id", "")), name, value))
+        return out
+
+    def strip_calls(self, message: JsonObject, name: str) -> None:
+        """A `tool_calls` finish reason with no call left becomes `stop`, and a message left
+        with neither calls nor content gets `content: ""` (clients read a `stop` message's
+        content as a string)."""
+        for choice in message.get("choices") or []:
+            msg = choice.get("message") if isinstance(choice, dict) else None
+            if not isinstance(msg, dict) or not isinstance(msg.get("tool_calls"), list):
+                continue
+            kept = [
+                tc
+                for tc in msg["tool_calls"]
+                if not (isinstance(tc, dict) and _call_name(tc)[0] == name)
+            ]
+            if kept:
+                msg["tool_calls"] = kept
+                continue
+            del msg["tool_calls"]
+            if choice.get("finish_reason") == "tool_calls":
+                choice["finish_reason"] = "stop"
+            if msg.get("content") is None:
+                msg["content"] = ""
+
+    def assistant_turn(self, message: JsonObject) -> JsonObject:
+        """Content, with null for empty content beside tool calls, and the tool calls."""
+        m = _first_message(message) or {}
+        calls = [
+            {k: clone(v) for k, v in tc.items() if k != "index"}
+            for tc in m.get("tool_calls") or []
+            if isinstance(tc, dict)
+        ]
+        content = m.get("content")
+        out: JsonObject = {"role": "assistant", "content": clone(content)}
+        if calls:
+            if not content:
+                out["content"] = None
+            out["tool_calls"] = calls
+        elif content is None:
+            out["content"] = ""
+        return out
+
+    def result_turns(self, results: list[tuple[str, str]]) -> list[JsonObject]:
+        """One `tool` message per call, in a run."""
+        return [{"role": "tool", "tool_call_id": i, "content": text} for i, text in results]
+
+    def frames(self, message: JsonObject) -> Iterator[str]:
+        return _frames(message)
+
+    def settle_usage(self, usage: JsonObject) -> None:
+        """`total_tokens` is prompt + completion."""
+        prompt, completion = usage.get("prompt_tokens"), usage.get("completion_tokens")
+        if "total_tokens" in usage and is_count(prompt) and is_count(completion):
+            usage["total_tokens"] = cast(int, prompt) + cast(int, completion)
+
+
+# -- answers --------------------------------------------------------------------------------------
+
+# OpenAI deltas: these keys are set by the first chunk that carries them (some servers repeat
+# them in every chunk; concatenating would double a tool call's id or name).
+_ONCE = frozenset({"role", "id", "type", "name"})
+
+
+def _merge(acc: JsonObject, delta: JsonObject) -> None:
+    """Fold one OpenAI delta object into the accumulated one: strings concatenate, objects
+    merge, lists extend, `_ONCE` keys keep their first value, nulls change nothing."""
+    for k, v in delta.items():
+        cur = acc.get(k)
+        if v is None:
+            acc.setdefault(k, None)
+        elif cur is None or (k in _ONCE and not cur):
+            acc[k] = clone(v)
+        elif k in _ONCE:
+            continue
+        elif isinstance(cur, str) and isinstance(v, str):
+            acc[k] = cur + v
+        elif isinstance(cur, dict) and isinstance(v, dict):
+            _merge(cur, v)
+        elif isinstance(cur, list) and isinstance(v, list):
+            cur.extend(clone(v))
+        else:
+            acc[k] = clone(v)
+
+
+_CHUNK_KEYS = frozenset({"object", "choices", "usage", "obfuscation"})
+_CHOICE_KEYS = frozenset({"index", "delta", "logprobs", "finish_reason"})
+
+
+@dataclass
+class _Choice:
+    message: JsonObject
+    calls: dict[int, JsonObject]
+    logprobs: JsonObject | None = None
+    finish_reason: str | None = None
+    extra: JsonObject = field(default_factory=dict)  # choice keys beyond the standard four
+
+
+def _parse_sse(body: bytes) -> JsonObject:
+    top: JsonObject = {}
+    usage: Json = None
+    has_usage = False
+    choices: dict[int, _Choice] = {}
+    done = False
+    for n, (_name, data) in enumerate(sse_events(body), 1):
+        where = f"SSE chunk {n}"
+        if data.strip() == "[DONE]":
+            done = True
+            break
+        chunk = as_object(loads_json(data, where), where)
+        if chunk.get("error"):
+            raise ProviderError(f"provider error chunk: {dumps(chunk['error'])[:300]}", chunk)
+        for k, v in chunk.items():
+            # First non-empty value: Azure's opening chunk has an empty id and model.
+            if k not in _CHUNK_KEYS and (k not in top or (v and not top[k])):
+                top[k] = clone(v)
+        if "usage" in chunk:
+            has_usage = True
+            if chunk["usage"] is not None:
+                usage = clone(chunk["usage"])
+        raw = chunk.get("choices") or []
+        if not isinstance(raw, list):
+            raise ResponseParseError(f"{where}: 'choices' is not a list")
+        for c in raw:
+            _choice(choices, as_object(c, f"{where}.choices[]"), where)
+    if not done:
+        raise ResponseParseError("the stream ended without 'data: [DONE]' (truncated)")
+    if not choices:
+        raise ResponseParseError("the stream carried no choices")
+    unfinished = sorted(i for i, c in choices.items() if c.finish_reason is None)
+    if unfinished:
+        raise ResponseParseError(f"choice(s) {unfinished} never got a finish_reason")
+    out: JsonObject = {
+        "id": top.pop("id", None),
+        "object": "chat.completion",
+        "created": top.pop("created", None),
+        "model": top.pop("model", None),
+        "choices": [],
+    }
+    for i in sorted(choices):
+        c = choices[i]
+        message: JsonObject = {"role": "assistant", "content": None, "refusal": None}
+        message.update(c.message)
+        if c.calls:
+            message["tool_calls"] = [c.calls[j] for j in sorted(c.calls)]
+        choice = {"index": i, "message": message, "logprobs": c.logprobs}
+        choice["finish_reason"] = c.finish_reason
+        choice.update(c.extra)
+        out["choices"].append(choice)
+    if has_usage:
+        out["usage"] = usage
+    out.update(top)
+    return out
+
+
+def _choice(choices: dict[int, _Choice], c: JsonObject, where: str) -> None:
+    i = as_index(c.get("index"), f"{where}.choices[]")
+    st = choices.get(i)
+    if st is None:
+        st = choices[i] = _Choice(message={}, calls={})
+    delta = c.get("delta")
+    if delta is not None:
+        delta = dict(as_object(delta, f"{where}.choices[{i}].delta"))
+        calls = delta.pop("tool_calls", None)
+        _merge(st.message, delta)
+        if calls is not None:
+            if not isinstance(calls, list):
+                raise ResponseParseError(f"{where}.choices[{i}].delta.tool_calls is not a list")
+            for tc in calls:
+                tc = dict(as_object(tc, f"{where}.tool_calls[]"))
+                j = as_index(tc.pop("index", None), f"{where}.tool_calls[]")
+                _merge(st.calls.setdefault(j, {}), tc)
+    lp = c.get("logprobs")
+    if lp is not None:
+        lp = as_object(lp, f"{where}.choices[{i}].logprobs")
+        if st.logprobs is None:
+            st.logprobs = clone(lp)
+        else:
+            for key in ("content", "refusal"):
+                if isinstance(lp.get(key), list):
+                    have = st.logprobs.get(key)
+                    st.logprobs[key] = (have if isinstance(have, list) else []) + lp[key]
+    if c.get("finish_reason") is not None:
+        st.finish_reason = as_text(c["finish_reason"], f"{where}.choices[{i}].finish_reason")
+    for k, v in c.items():
+        if k not in _CHOICE_KEYS and (v is not None or k not in st.extra):
+            st.extra[k] = clone(v)
+
+
+def _first_message(message: JsonObject) -> JsonObject | None:
+    """choices[0].message: the continuation loop follows the first choice only."""
+    choices = message.get("choices")
+    if isinstance(choices, list) and choices and isinstance(choices[0], dict):
+        m = choices[0].get("message")
+        return m if isinstance(m, dict) else None
+    return None
+
+
+def _call_name(tc: JsonObject) -> tuple[str, Json]:
+    """(name, raw arguments) of an OpenAI tool call: `function` calls, or `custom` ones."""
+    for key, arg in (("function", "arguments"), ("custom", "input")):
+        body = tc.get(key)
+        if isinstance(body, dict):
+            return str(body.get("name", "")), body.get(arg, "")
+    return "", ""
+
+
+def _frames(m: JsonObject) -> Iterator[str]:
+    base: JsonObject = {
+        "id": m.get("id"),
+        "object": "chat.completion.chunk",
+        "created": m.get("created"),
+        "model": m.get("model"),
+    }
+    base.update(
+        {
+            k: clone(v)
+            for k, v in m.items()
+            if k not in ("id", "object", "created", "model", "choices", "usage")
+        }
+    )
+    if "usage" in m:
+        base["usage"] = None  # as with stream_options.include_usage: null until the last chunk
+
+    def chunk(choice: JsonObject) -> str:
+        return f"data: {dumps({**base, 'choices': [choice]})}\n\n"
+
+    for n, choice in enumerate(m.get("choices") or []):
+        if not isinstance(choice, dict):
+            continue
+        idx = choice.get("index", n)
+        raw = choice.get("message")
+        msg: JsonObject = raw if isinstance(raw, dict) else {}
+
+        def part(d: JsonObject, idx: Json = idx) -> str:
+            return chunk({"index": idx, "delta": d, "logprobs": None, "finish_reason": None})
+
+        first: JsonObject = {"role": msg.get("role", "assistant")}
+        later: list[JsonObject] = []
+        for key, value in msg.items():
+            if key in ("role", "tool_calls"):
+                continue
+            if key in ("content", "refusal") and isinstance(value, str):
+                first[key] = ""
+                later += [{key: p} for p in pieces(value)] if value else []
+            else:
+                first[key] = clone(value)
+        yield chunk(
+            {
+                "index": idx,
+                "delta": first,
+                "logprobs": clone(choice.get("logprobs")),
+                "finish_reason": None,
+            }
+        )
+        for d in later:
+            yield part(d)
+        for j, tc in enumerate(msg.get("tool_calls") or []):
+            if not isinstance(tc, dict):
+                continue
+            head: JsonObject = {"index": j}
+            head.update({k: clone(v) for k, v in tc.items() if k != "index"})
+            fn = tc.get("function")
+            args = fn.get("arguments") if isinstance(fn, dict) else None
+            if isinstance(fn, dict) and isinstance(args, str):
+                head["function"] = {**clone(fn), "arguments": ""}
+                yield part({"tool_calls": [head]})
+                for p in json_pieces(args) if args else []:
+                    yield part({"tool_calls": [{"index": j, "function": {"arguments": p}}]})
+            else:
+                yield part({"tool_calls": [head]})
+        end: JsonObject = {"index": idx, "delta": {}, "logprobs": None}
+        end["finish_reason"] = choice.get("finish_reason")
+        end.update({k: clone(v) for k, v in choice.items() if k not in _CHOICE_KEYS | {"message"}})
+        yield chunk(end)
+    if m.get("usage") is not None:
+        yield f"data: {dumps({**base, 'choices': [], 'usage': m['usage']})}\n\n"
+    yield "data: [DONE]\n\n"
