@@ -1,7 +1,5 @@
 """What the provider bills, and what it would have billed: usage, prices, the prompt cache.
 
-    usage.py    `Usage`: one answer's token counts in provider-neutral names (SPEC §11), read
-                from an Anthropic, OpenAI Chat or OpenAI Responses `usage` object
     cache.py    the prompt-cache billing model: which part of a request is read from the cache,
                 written to it, or sent at the full input price (the simulator and the savings
                 estimate both use it)
@@ -10,5 +8,8 @@
     ledger.py   the per-session usage ledger in the store, and the without-rewrite estimate
     savings.py  the ledger priced: `usage` and `savings` for /_cg/stats and /_cg/sessions
 
-Nothing here talks to the network; only the ledger writes to the store.
+Nothing here talks to the network; only the ledger writes to the store. (`Usage` itself, an
+answer's counts in provider-neutral names, is `cg.wire.usage`.)
+
+May import: cg.state, cg.wire, cg.settings.
 """

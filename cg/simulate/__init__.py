@@ -11,4 +11,6 @@ The data flows down this list:
     run         every preset over every session, and the totals
     report      the tables;  plot  the PNG (matplotlib, optional)
     standin     the deterministic stand-in summarizer
+
+May import: anything in cg but cg.cli (flow files are read through cg.proxy.flows).
 """
