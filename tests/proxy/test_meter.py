@@ -25,7 +25,7 @@ from cg.summarize.client import HttpPool, Origin, SummarizerClient
 from cg.summarize.component import Commission
 from cg.summarize.config import ModelConfig
 from cg.wire.usage import Usage
-from tests.test_addon import Toy, make_flow
+from tests.proxy.test_addon import Toy, make_flow
 
 SSE_HEADERS = {"content-type": "text/event-stream; charset=utf-8"}
 ANTHROPIC_SSE = (

@@ -28,7 +28,7 @@ from cg.wire.dialects import ANTHROPIC, OPENAI
 TURN16 = next(
     (
         d / "claude_code_2.1.197_turn16.json"
-        for d in (Path(__file__).parent / "fixtures",)
+        for d in (Path(__file__).resolve().parents[1] / "fixtures",)
         if (d / "claude_code_2.1.197_turn16.json").is_file()
     ),
     Path("missing"),

@@ -13,7 +13,7 @@ from cg.wire.body import index_body
 from cg.wire.dialects import ANTHROPIC
 from cg.wire.usage import Usage
 
-FIXTURES = Path(__file__).resolve().parent / "fixtures"
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 
 
 def prompt(sizes: list[int], bps: tuple[int, ...] = (), *, tag: bytes = b"", auto: bool = False,

@@ -396,7 +396,7 @@ def test_tool_json_bytes_are_constant() -> None:
         text=True,
         check=True,
         env={"PYTHONHASHSEED": "12345", "PATH": ""},
-        cwd=Path(__file__).resolve().parents[1],
+        cwd=Path(__file__).resolve().parents[2],
     ).stdout
     assert json.loads(out) == TOOL_JSON
 

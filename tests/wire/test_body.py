@@ -13,7 +13,7 @@ from cg.wire.body import BodyIndex, BodyRejected, MessageCache, index_body
 from cg.wire.dialects import ANTHROPIC, DIALECTS, OPENAI, Dialect
 from tests.strategies import SETTINGS, Sample, bodies, dumps, styles
 
-FIXTURE = Path(__file__).parent / "fixtures" / "claude_code_2.1.197_turn16.json"
+FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "claude_code_2.1.197_turn16.json"
 
 
 @SETTINGS

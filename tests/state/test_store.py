@@ -488,7 +488,7 @@ KILLED_WRITER = textwrap.dedent(
 @pytest.mark.skipif(not hasattr(signal, "SIGKILL"), reason="needs SIGKILL")
 def test_a_writer_killed_mid_write_leaves_a_readable_store(db: Path):
     Store(db).close()
-    root = Path(__file__).resolve().parent.parent
+    root = Path(__file__).resolve().parents[2]
     proc = subprocess.Popen(
         [sys.executable, "-c", KILLED_WRITER, str(db)],
         stdout=subprocess.PIPE,
