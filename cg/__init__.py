@@ -1,6 +1,8 @@
 """context-guru: shrink long LLM-agent transcripts in flight, byte-preservingly.
 
-The public surface is re-exported here; the modules behind it are small and private in spirit.
+The packages follow a request down the stack — proxy → pipeline, summarize, expand → billing,
+state → wire — and every import points down (docs/architecture.md; tests/test_layers.py).
+`cg_addon.py` at the repository's top registers `cg.proxy.addon.ContextGuru` with mitmproxy.
 """
 
 __version__ = "0.1.0"
