@@ -22,7 +22,7 @@ import json
 import time
 import uuid
 from dataclasses import dataclass
-from typing import Any, Self
+from typing import Any, Literal, Self, overload
 
 import anthropic
 import httpx
@@ -99,6 +99,31 @@ def messages(dialect: str, tag: str, n: int) -> list[Any]:
 # -- an SDK client through the proxy -------------------------------------------------------------
 
 
+@overload
+def sdk_client(
+    dialect: Literal["anthropic"], proxy: Proxy, http: httpx.Client, *, key: str
+) -> anthropic.Anthropic: ...
+@overload
+def sdk_client(
+    dialect: Literal["anthropic"], proxy: Proxy, http: httpx.AsyncClient, *, key: str
+) -> anthropic.AsyncAnthropic: ...
+@overload
+def sdk_client(
+    dialect: Literal["openai"], proxy: Proxy, http: httpx.Client, *, key: str
+) -> openai.OpenAI: ...
+@overload
+def sdk_client(
+    dialect: Literal["openai"], proxy: Proxy, http: httpx.AsyncClient, *, key: str
+) -> openai.AsyncOpenAI: ...
+@overload
+def sdk_client(
+    dialect: str,
+    proxy: Proxy,
+    http: httpx.Client | httpx.AsyncClient,
+    *,
+    key: str,
+    headers: dict[str, str] | None = None,
+) -> Any: ...
 def sdk_client(
     dialect: str,
     proxy: Proxy,
@@ -108,7 +133,7 @@ def sdk_client(
     headers: dict[str, str] | None = None,
 ) -> Any:
     """The official SDK client of `dialect` at `proxy` (openai's under `/v1`) on `http`, without
-    retries; async when `http` is."""
+    retries, with `headers` on every request; async when `http` is."""
     kw: dict[str, Any] = {
         "api_key": key,
         "http_client": http,

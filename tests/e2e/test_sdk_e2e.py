@@ -23,6 +23,7 @@ from tests.e2e.harness import (
     new_id,
     received,
 )
+from tests.e2e.sdk_sessions import sdk_client
 from tests.fakeprovider import DEFAULT_TEXT, FakeProvider, Reply, anthropic_error, openai_error
 
 pytestmark = pytest.mark.e2e
@@ -84,9 +85,7 @@ def _check(
 def test_anthropic_sync_create_reaches_provider_byte_identical(proxy, provider):
     capture, eid = Capture(), new_id()
     with httpx.Client(trust_env=False, event_hooks=capture.hooks()) as http:
-        client = anthropic.Anthropic(
-            base_url=proxy.url, api_key="sk-test", http_client=http, max_retries=0
-        )
+        client = sdk_client("anthropic", proxy, http, key="sk-test")
         msg = client.messages.create(
             model="claude-test",
             max_tokens=64,
@@ -104,9 +103,7 @@ def test_anthropic_sync_create_reaches_provider_byte_identical(proxy, provider):
 def test_anthropic_sync_stream_arrives_whole_and_request_is_byte_identical(proxy, provider):
     capture, eid = Capture(), new_id()
     with httpx.Client(trust_env=False, event_hooks=capture.hooks()) as http:
-        client = anthropic.Anthropic(
-            base_url=proxy.url, api_key="sk-test", http_client=http, max_retries=0
-        )
+        client = sdk_client("anthropic", proxy, http, key="sk-test")
         with client.messages.stream(
             model="claude-test",
             max_tokens=64,
@@ -127,9 +124,7 @@ async def test_anthropic_async_create_and_stream_byte_identical(proxy, provider)
     for stream in (False, True):
         capture, eid = Capture(), new_id()
         async with httpx.AsyncClient(trust_env=False, event_hooks=capture.async_hooks()) as http:
-            client = anthropic.AsyncAnthropic(
-                base_url=proxy.url, api_key="sk-test", http_client=http, max_retries=0
-            )
+            client = sdk_client("anthropic", proxy, http, key="sk-test")
             if stream:
                 events = await client.messages.create(
                     model="claude-test",
@@ -164,9 +159,7 @@ def test_anthropic_provider_error_reaches_sdk_unchanged(proxy, provider):
     provider.script(anthropic_error(400, "invalid_request_error", "messages.1: fake refusal"))
     capture, eid = Capture(), new_id()
     with httpx.Client(trust_env=False, event_hooks=capture.hooks()) as http:
-        client = anthropic.Anthropic(
-            base_url=proxy.url, api_key="sk-test", http_client=http, max_retries=0
-        )
+        client = sdk_client("anthropic", proxy, http, key="sk-test")
         with pytest.raises(anthropic.BadRequestError, match=r"messages\.1: fake refusal"):
             client.messages.create(
                 model="claude-test",
@@ -184,9 +177,7 @@ def test_anthropic_provider_error_reaches_sdk_unchanged(proxy, provider):
 def test_openai_sync_create_reaches_provider_byte_identical(proxy, provider):
     capture, eid = Capture(), new_id()
     with httpx.Client(trust_env=False, event_hooks=capture.hooks()) as http:
-        client = openai.OpenAI(
-            base_url=f"{proxy.url}/v1", api_key="sk-test", http_client=http, max_retries=0
-        )
+        client = sdk_client("openai", proxy, http, key="sk-test")
         done = client.chat.completions.create(
             model="gpt-test", messages=OPENAI_MESSAGES, extra_headers={"x-e2e-id": eid}
         )
@@ -199,9 +190,7 @@ def test_openai_sync_create_reaches_provider_byte_identical(proxy, provider):
 def test_openai_sync_stream_with_usage_arrives_whole(proxy, provider):
     capture, eid = Capture(), new_id()
     with httpx.Client(trust_env=False, event_hooks=capture.hooks()) as http:
-        client = openai.OpenAI(
-            base_url=f"{proxy.url}/v1", api_key="sk-test", http_client=http, max_retries=0
-        )
+        client = sdk_client("openai", proxy, http, key="sk-test")
         chunks = list(
             client.chat.completions.create(
                 model="gpt-test",
@@ -222,9 +211,7 @@ async def test_openai_async_create_and_stream_byte_identical(proxy, provider):
     for stream in (False, True):
         capture, eid = Capture(), new_id()
         async with httpx.AsyncClient(trust_env=False, event_hooks=capture.async_hooks()) as http:
-            client = openai.AsyncOpenAI(
-                base_url=f"{proxy.url}/v1", api_key="sk-test", http_client=http, max_retries=0
-            )
+            client = sdk_client("openai", proxy, http, key="sk-test")
             if stream:
                 chunks = await client.chat.completions.create(
                     model="gpt-test",
@@ -250,9 +237,7 @@ def test_openai_provider_500_reaches_sdk_unchanged(proxy, provider):
     provider.script(openai_error(500, "server_error", "fake overload"))
     capture, eid = Capture(), new_id()
     with httpx.Client(trust_env=False, event_hooks=capture.hooks()) as http:
-        client = openai.OpenAI(
-            base_url=f"{proxy.url}/v1", api_key="sk-test", http_client=http, max_retries=0
-        )
+        client = sdk_client("openai", proxy, http, key="sk-test")
         with pytest.raises(openai.InternalServerError, match="fake overload"):
             client.chat.completions.create(
                 model="gpt-test", messages=OPENAI_MESSAGES, extra_headers={"x-e2e-id": eid}
