@@ -32,12 +32,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from cg.wire.shape import check_wire_roles, validate_shape
 from tests.agent_script import EXPAND_TOOL, AgentScript, session, shape_problems
 from tests.e2e.claude_code import Run, run_claude
-from tests.e2e.harness import Proxy, by_id, message_sources, poll
+from tests.e2e.harness import Proxy, by_id, low, message_sources, poll, start_summarize
 from tests.fakeprovider import FakeProvider, Recorded
 
 TAP = Path(__file__).with_name("tap.py")
@@ -45,13 +43,7 @@ SECRET = "the secret number is 4711"  # in the file the scripted Read reads
 # Triggers low enough for a session's third request to qualify; one summary, reused to the end
 # (no roll-forward). keep_first 2 keeps [system, task] on openai; on anthropic the head retreats
 # to [task], since the second message calls a tool (or, for Claude Code, is a system message).
-LOW: dict[str, Any] = {
-    "cache_state": "any",
-    "keep_first": 2,
-    "min_tokens": 10,
-    "resummarize_tokens": 1_000_000,
-    "trigger": {"min_request_frac": 0, "min_request_tokens": 0, "min_messages": 6},
-}
+LOW = low(min_messages=6, keep_first=2, resummarize_tokens=1_000_000)
 HEADER = "=== History Summary ==="
 MARKER = re.compile(r"<<cg:([0-9a-f]+)>>")
 HOP = {"host", "content-length", "x-e2e-id"}
@@ -87,15 +79,12 @@ def start_proxy(
     options: Sequence[str] = (),
     **kw: Any,
 ) -> Proxy:
-    """mitmdump with the tap loaded first (`workdir/tap.jsonl`), its own SQLite file, and
-    `summarize` (if given) as the summarize component's config over the preset."""
-    workdir.mkdir(parents=True, exist_ok=True)
-    opts = [f"cg_db={workdir / 'cg.sqlite3'}", f"tap_file={workdir / 'tap.jsonl'}", *options]
-    if summarize is not None:
-        config = workdir / "cg.yaml"
-        config.write_text(yaml.safe_dump({"components": {"summarize": summarize}}))
-        opts.append(f"cg_config={config}")
-    return Proxy.start(upstream, workdir, preset=preset, options=opts, scripts=[TAP], **kw)
+    """`start_summarize` with the tap loaded first (`workdir/tap.jsonl`): its own SQLite file,
+    and `summarize` (if given) as the summarize component's config over the preset."""
+    opts = [f"tap_file={workdir / 'tap.jsonl'}", *options]
+    return start_summarize(
+        upstream, workdir, summarize, preset=preset, options=opts, scripts=[TAP], **kw
+    )
 
 
 def tapped(path: Path) -> list[Sent]:

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
-from typing import Any
 
 import pytest
 
@@ -26,7 +25,7 @@ from tests.e2e.agents import (
     wait_settled,
 )
 from tests.e2e.claude_code import VERSION
-from tests.e2e.harness import message_sources
+from tests.e2e.harness import low, message_sources
 from tests.fakeprovider import FakeProvider
 from tests.shared_request import split_shared
 
@@ -37,12 +36,7 @@ pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 PRECONNECT = {("HEAD", "/")}
 # Low enough for Claude Code's third request (6 messages) to qualify; no roll-forward, so every
 # later turn reuses the one summary.
-LOW: dict[str, Any] = {
-    "cache_state": "any",
-    "min_tokens": 10,
-    "resummarize_tokens": 1_000_000,
-    "trigger": {"min_request_frac": 0, "min_request_tokens": 0, "min_messages": 6},
-}
+LOW = low(min_messages=6, resummarize_tokens=1_000_000)
 
 
 @pytest.fixture(scope="module")
@@ -144,11 +138,7 @@ def test_claude_code_session_is_summarized_reused_and_expanded_without_claude_co
 def test_claude_code_summarizer1509_never_leaves_the_summary_after_its_system_message(
     claude_code, fake, tmp_path, proxies
 ):
-    low = {
-        "min_tokens": 10,
-        "trigger": {"min_request_frac": 0, "min_request_tokens": 0, "min_messages": 6},
-    }
-    proxy = start_proxy(fake.url, tmp_path, "summarizer1509", low)
+    proxy = start_proxy(fake.url, tmp_path, "summarizer1509", low(min_messages=6))
     proxies(proxy)
     s = drive_claude(
         claude_code,

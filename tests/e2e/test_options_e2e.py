@@ -18,16 +18,12 @@ MB = 1024 * 1024
 def small_proxy(
     provider: FakeProvider, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Proxy]:
-    p = Proxy.start(
+    with Proxy.start(
         provider.url,
         tmp_path_factory.mktemp("proxy-small"),
         options=["cg_max_body_mb=1", "stream_large_bodies=3m"],
-    )
-    try:
+    ) as p:
         yield p
-    finally:
-        p.stop()
-    assert not p.addon_errors(), p.log_text()
 
 
 def _body(size: int) -> bytes:
