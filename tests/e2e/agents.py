@@ -264,11 +264,16 @@ def drive_claude(
     steps: int,
     env: dict[str, str],
     side: set[tuple[str, str]],
+    *,
+    settle: bool = False,
     **script_kw: Any,
 ) -> ClaudeSession:
     """One Claude Code session of `steps` scripted steps (two parallel calls at step 3, a Read
     at step 5) through `proxy` (its tap), audited turn by turn. `side`: the (method, path) of
-    the requests it makes besides its turns, each of which must pass untouched."""
+    the requests it makes besides its turns, each of which must pass untouched. `settle`: before
+    each step, wait until no summary is in flight (`wait_settled`)."""
+    if settle:
+        script_kw["before"] = lambda step: wait_settled(proxy)
     work = workdir / "work"
     work.mkdir(parents=True, exist_ok=True)
     (work / "notes.txt").write_text(SECRET + "\n")

@@ -22,7 +22,6 @@ from tests.e2e.agents import (
     never_saw_expand,
     start_proxy,
     summary_index,
-    wait_settled,
 )
 from tests.e2e.claude_code import VERSION
 from tests.e2e.harness import low, message_sources
@@ -52,8 +51,7 @@ def fake() -> Iterator[FakeProvider]:
 def test_claude_code_default_preset_every_request_reaches_the_provider_byte_identical(
     claude_code, fake, tmp_path, proxies
 ):
-    proxy = start_proxy(fake.url, tmp_path, "summarize")
-    proxies(proxy)
+    proxy = proxies(start_proxy(fake.url, tmp_path, "summarize"))
     s = drive_claude(
         claude_code, fake, proxy, tmp_path, 6, {"ANTHROPIC_BASE_URL": proxy.url}, PRECONNECT
     )
@@ -103,8 +101,7 @@ def test_claude_code_default_preset_every_request_reaches_the_provider_byte_iden
 def test_claude_code_session_is_summarized_reused_and_expanded_without_claude_code_noticing(
     claude_code, fake, tmp_path, proxies
 ):
-    proxy = start_proxy(fake.url, tmp_path, "summarize", LOW)
-    proxies(proxy)
+    proxy = proxies(start_proxy(fake.url, tmp_path, "summarize", LOW))
     s = drive_claude(
         claude_code,
         fake,
@@ -114,7 +111,7 @@ def test_claude_code_session_is_summarized_reused_and_expanded_without_claude_co
         {"ANTHROPIC_BASE_URL": proxy.url},
         PRECONNECT,
         expand=True,
-        before=lambda step: wait_settled(proxy),
+        settle=True,
     )
     assert_summarized(s.turns, proxy, head=1)
     assert_expanded_once(s.turns, s.script, proxy)
@@ -138,8 +135,7 @@ def test_claude_code_session_is_summarized_reused_and_expanded_without_claude_co
 def test_claude_code_summarizer1509_never_leaves_the_summary_after_its_system_message(
     claude_code, fake, tmp_path, proxies
 ):
-    proxy = start_proxy(fake.url, tmp_path, "summarizer1509", low(min_messages=6))
-    proxies(proxy)
+    proxy = proxies(start_proxy(fake.url, tmp_path, "summarizer1509", low(min_messages=6)))
     s = drive_claude(
         claude_code,
         fake,
@@ -148,7 +144,7 @@ def test_claude_code_summarizer1509_never_leaves_the_summary_after_its_system_me
         10,
         {"ANTHROPIC_BASE_URL": proxy.url},
         PRECONNECT,
-        before=lambda step: wait_settled(proxy),
+        settle=True,
     )
     rewritten = [t for t in s.turns if t.outcome == "rewritten"]
     assert len(rewritten) >= 3
