@@ -35,7 +35,15 @@ from typing import Any
 from cg.wire.shape import check_wire_roles, validate_shape
 from tests.agent_script import EXPAND_TOOL, AgentScript, session, shape_problems
 from tests.e2e.claude_code import Run, run_claude
-from tests.e2e.harness import Proxy, by_id, low, message_sources, poll, start_summarize
+from tests.e2e.harness import (
+    Proxy,
+    by_id,
+    header_pairs,
+    low,
+    message_sources,
+    poll,
+    start_summarize,
+)
 from tests.fakeprovider import FakeProvider, Recorded
 
 TAP = Path(__file__).with_name("tap.py")
@@ -95,10 +103,6 @@ def tapped(path: Path) -> list[Sent]:
         headers = [(k, v) for k, v in d["headers"]]
         out.append(Sent(d["id"], d["method"], d["path"], headers, base64.b64decode(d["body"])))
     return out
-
-
-def _headers(items: Any) -> list[tuple[str, str]]:
-    return sorted((k.lower(), v) for k, v in items if k.lower() not in HOP)
 
 
 def _strip_tool(post: bytes) -> bytes:
@@ -175,7 +179,9 @@ def audit(sent: list[Sent], provider: FakeProvider, proxy: Proxy, dialect: str) 
         assert cg is not None, line
         first = got[0]
         assert (first.method, first.path) == (s.method, s.path)
-        assert _headers(first.headers) == _headers(s.headers), "the agent's headers changed"
+        assert header_pairs(first.headers, HOP) == header_pairs(s.headers, HOP), (
+            "the agent's headers changed"
+        )
         turn = Turn(s, first, cg["outcome"], cg)
         if turn.outcome == "rewritten":
             turn.summary, turn.key = check_rewrite(s.body, first.body, dialect)
@@ -313,7 +319,7 @@ def side_requests(
     for x in others:
         (got,) = fake.wait_for(1, where=by_id(x.eid))
         assert (got.method, got.path, got.body) == (x.method, x.path, x.body)
-        assert _headers(got.headers) == _headers(x.headers)
+        assert header_pairs(got.headers, HOP) == header_pairs(x.headers, HOP)
         assert proxy.records.wait(x.eid)["cg"] is None
 
 

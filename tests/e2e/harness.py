@@ -22,7 +22,7 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -96,6 +96,12 @@ class DecisionLog:
                 assert len(found) == 1, found
                 return found[0]
         raise TimeoutError(f"no recorder line for x-e2e-id {e2e_id} within {timeout}s")
+
+    def cg(self, e2e_id: str, timeout: float = 10.0) -> dict[str, Any]:
+        """The addon's decision record (`cg`) of that flow, which must have one."""
+        cg: dict[str, Any] | None = self.wait(e2e_id, timeout)["cg"]
+        assert cg is not None, f"the flow of x-e2e-id {e2e_id} got no decision record"
+        return cg
 
 
 @dataclass
@@ -329,8 +335,12 @@ def by_id(e2e_id: str) -> Any:
     return lambda r: r.header("x-e2e-id") == e2e_id
 
 
-def _comparable(items: Any) -> list[tuple[str, str]]:
-    return sorted((k.lower(), v) for k, v in items if k.lower() != "host")
+def header_pairs(
+    items: Iterable[tuple[str, str]], skip: Collection[str] = ("host",)
+) -> list[tuple[str, str]]:
+    """Headers as sorted (lower-case name, value) pairs without the names in `skip` (lower
+    case): the form in which two requests' headers are compared."""
+    return sorted((k.lower(), v) for k, v in items if k.lower() not in skip)
 
 
 def assert_forwarded_unchanged(sent: httpx.Request, got: Recorded) -> None:
@@ -338,7 +348,7 @@ def assert_forwarded_unchanged(sent: httpx.Request, got: Recorded) -> None:
     assert got.method == sent.method
     assert got.path == sent.url.raw_path.decode("ascii")
     assert got.body == sent.content, "body bytes changed on the way through the proxy"
-    assert _comparable(got.headers) == _comparable(sent.headers.multi_items())
+    assert header_pairs(got.headers) == header_pairs(sent.headers.multi_items())
 
 
 def received(provider: FakeProvider, e2e_id: str) -> Recorded:

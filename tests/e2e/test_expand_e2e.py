@@ -183,11 +183,6 @@ class Agent(SdkClient):
         return t1
 
 
-def record(proxy: Proxy, eid: str) -> dict[str, Any]:
-    cg: dict[str, Any] = proxy.records.wait(eid)["cg"]
-    return cg
-
-
 def stash_keys(proxy: Proxy, session: str) -> list[str]:
     with closing(sqlite3.connect(db_of(proxy))) as conn:
         rows = conn.execute("SELECT key FROM stashes WHERE session = ?", (session,)).fetchall()
@@ -297,7 +292,7 @@ def test_the_model_expands_and_the_client_gets_the_final_answer_only(
         assert cont.header(name) == first.header(name)
     assert cont.header("x-context-guru") is None
 
-    cg = record(xproxy, t2.eid)
+    cg = xproxy.records.cg(t2.eid)
     assert cg["outcome"] == "rewritten"
     assert cg["expand"]["injected"] is True
     assert cg["expand"]["rounds"] == 1
@@ -321,7 +316,7 @@ def test_the_loop_stops_after_three_continuations(xproxy, provider, model, diale
     assert t2.text == "Looking closer, round 4."
     assert stop_reason(dialect, t2.result) == ("end_turn" if dialect == "anthropic" else "stop")
     assert usage(dialect, t2.result) == (1000, 4 * 7)
-    cg = record(xproxy, t2.eid)
+    cg = xproxy.records.cg(t2.eid)
     assert cg["expand"]["rounds"] == 3
     assert cg["ledger"]["rounds"] == 4
     assert cg["ledger"]["usage"]["input_tokens"] == 4 * 1000
@@ -358,7 +353,7 @@ def test_mixed_calls_give_the_client_its_own_call_only(xproxy, provider, model, 
     )
     assert TOOL_NAME not in json.dumps(t2.result) + json.dumps(t2.chunks)
     assert t2.text == "Looking closer, round 1."
-    assert record(xproxy, t2.eid)["expand"]["rounds"] == 0
+    assert xproxy.records.cg(t2.eid)["expand"]["rounds"] == 0
 
 
 # -- when the tool is not injected -------------------------------------------------------------------
@@ -397,7 +392,7 @@ def test_no_injection_without_tools_or_under_a_forced_choice(
     assert MARKER.search(got.body.decode())  # the vacuity guard: spliced, with a marker
     outside_messages(t2.request, got)
     assert TOOL_NAME.encode() not in (member(got.body, "tools") or b"")
-    cg = record(xproxy, t2.eid)
+    cg = xproxy.records.cg(t2.eid)
     assert cg["outcome"] == "rewritten"
     assert cg["expand"] == {"injected": False, "reason": reason}
     assert t2.text == DEFAULT_TEXT
@@ -409,7 +404,7 @@ def test_no_injection_without_a_marker(xproxy, provider, model, dialect):
     with Agent(xproxy, provider, dialect) as agent:
         t = agent.send(3)  # too short to summarize: nothing spliced, no marker
     assert_forwarded_unchanged(t.request, received(provider, t.eid))
-    cg = record(xproxy, t.eid)
+    cg = xproxy.records.cg(t.eid)
     assert cg["outcome"] == "passed_through"
     assert cg["expand"] == {"injected": False, "reason": "no resolvable marker"}
 
@@ -424,7 +419,7 @@ def test_the_injected_tool_bytes_are_identical_across_turns(xproxy, provider, di
     tools = []
     for t in (t2, t3):
         got = received(provider, t.eid)
-        assert record(xproxy, t.eid)["expand"]["injected"] is True
+        assert xproxy.records.cg(t.eid)["expand"]["injected"] is True
         raw = member(got.body, "tools")
         client = member(t.request.content, "tools")
         assert raw is not None and client is not None
@@ -462,7 +457,7 @@ def test_sse_of_a_rewritten_flow_without_the_tool_still_streams(xproxy, provider
                 gate.set()
     assert gate.is_set(), "no text delta reached the client"
     assert not reply.gate_timed_out, "the proxy buffered an SSE answer it did not need to"
-    cg = record(xproxy, eid)
+    cg = xproxy.records.cg(eid)
     assert cg["outcome"] == "rewritten"  # the vacuity guard: a rewritten flow, not a pass-through
     assert cg["expand"]["injected"] is False
 

@@ -108,7 +108,7 @@ def test_a_tapped_stream_reaches_the_client_before_the_provider_finishes(lproxy,
         final = s.get_final_message()
     assert gate.is_set() and not reply.gate_timed_out, "the proxy held the stream back"
     assert final.usage.output_tokens == A_USAGE["output_tokens"]
-    cg = lproxy.records.wait(eid)["cg"]
+    cg = lproxy.records.cg(eid)
     assert cg["outcome"] == "passed_through"
     assert cg["ledger"] == {"session": session, "rounds": 1, "usage": neutral("anthropic", A_USAGE)}
     assert sessions(lproxy)[session]["usage"]["agent"] == neutral("anthropic", A_USAGE)
@@ -148,7 +148,7 @@ def test_the_tap_changes_no_byte_of_a_stream(lproxy, provider):
         got = b"".join(r.iter_raw())
     assert got == stream
     assert received(provider, eid).body == body
-    cg = lproxy.records.wait(eid)["cg"]
+    cg = lproxy.records.cg(eid)
     assert cg["ledger"]["usage"] == {"input_tokens": 9, "cache_write_tokens": 0,
                                      "cache_read_tokens": 100, "output_tokens": 3, "requests": 1}  # fmt: skip
 
@@ -222,7 +222,7 @@ def test_agent_and_summarizer_are_booked_apart_and_a_splice_shows_savings(
     client.call(model="claude-sonnet-5-5", max_tokens=50, messages=transcript(7))
     proxy.wait_count({"completed": 0}, "completed")
     t2 = client.call(model="claude-sonnet-5-5", max_tokens=50, messages=transcript(9))
-    assert proxy.records.wait(t2.eid)["cg"]["outcome"] == "rewritten"
+    assert proxy.records.cg(t2.eid)["outcome"] == "rewritten"
     assert len(provider.wait_for(1, where=by_id(t2.eid))) == 1
 
     row = sessions(proxy)[session]

@@ -48,6 +48,6 @@ def test_body_size_options_pass_through_with_reason(small_proxy, provider, size,
     got = received(provider, eid)
     assert_forwarded_unchanged(capture.only(), got)
     assert got.body == body
-    cg = small_proxy.records.wait(eid)["cg"]
+    cg = small_proxy.records.cg(eid)
     assert cg["outcome"] == "passed_through"
     assert reason in cg["reason"]

@@ -71,8 +71,7 @@ def _check(
     proxy: Proxy, provider: FakeProvider, capture: Capture, eid: str, dialect: str
 ) -> dict[str, Any]:
     assert_forwarded_unchanged(capture.only(), received(provider, eid))
-    record = proxy.records.wait(eid)
-    cg: dict[str, Any] = record["cg"]
+    cg = proxy.records.cg(eid)
     assert cg["dialect"] == dialect
     assert cg["outcome"] == "passed_through"
     assert cg["reason"] == "no components in the pipeline"
@@ -281,6 +280,6 @@ def test_sse_reaches_client_before_provider_finishes(proxy, provider, path, body
     assert gate.is_set(), "no text delta reached the client"
     assert not reply.gate_timed_out, "the proxy buffered the SSE stream until the provider finished"
     assert received(provider, eid).body == body
-    assert proxy.records.wait(eid)["cg"]["outcome"] == "passed_through"
+    assert proxy.records.cg(eid)["outcome"] == "passed_through"
     lines = [x for x in lines if x]
     assert lines[-1] in ("data: [DONE]", 'data: {"type":"message_stop"}')

@@ -29,6 +29,7 @@ from tests.e2e.harness import (
     Proxy,
     assert_forwarded_unchanged,
     by_id,
+    header_pairs,
     low,
     message_sources,
     received,
@@ -143,15 +144,7 @@ def summary_parts(summary: bytes) -> tuple[str, str]:
 def same_headers_but_length(sent: httpx.Request, got: Recorded) -> None:
     """The addon adds, drops and changes no header of an agent request (but content-length)."""
     skip = {"host", "content-length"}
-    mine = sorted((k.lower(), v) for k, v in sent.headers.multi_items() if k.lower() not in skip)
-    theirs = sorted((k.lower(), v) for k, v in got.headers if k.lower() not in skip)
-    assert theirs == mine
-
-
-def record(proxy: Proxy, turn: Exchange) -> dict[str, Any]:
-    cg: dict[str, Any] = proxy.records.wait(turn.eid)["cg"]
-    assert cg is not None
-    return cg
+    assert header_pairs(got.headers, skip) == header_pairs(sent.headers.multi_items(), skip)
 
 
 def component(cg: dict[str, Any]) -> dict[str, Any]:
@@ -178,7 +171,7 @@ def test_commission_splice_reuse_and_roll_forward(path, sproxy, nproxy, provider
         got1 = received(provider, t1.eid)
         assert_forwarded_unchanged(t1.request, got1)
         assert got1.header("x-context-guru") is None
-        cg1 = record(sproxy, t1)
+        cg1 = sproxy.records.cg(t1.eid)
         assert cg1["outcome"] == "passed_through"
         assert cg1["session"] == tag
         assert component(cg1)["commission"] == "trigger fired"
@@ -221,7 +214,7 @@ def test_commission_splice_reuse_and_roll_forward(path, sproxy, nproxy, provider
         text, key = summary_parts(summary)
         assert "Fake summary #" in text
         same_headers_but_length(t2.request, got2)
-        cg2 = record(sproxy, t2)
+        cg2 = sproxy.records.cg(t2.eid)
         assert cg2["outcome"] == "rewritten"
         assert component(cg2)["checkpoint"] == {"covered": [1, 4], "key": key}
         assert (cg2["messages_in"], cg2["messages_out"]) == (9, 7)
@@ -237,14 +230,14 @@ def test_commission_splice_reuse_and_roll_forward(path, sproxy, nproxy, provider
         assert got3.json()["stream"] is True
         assert spliced(t3, got3, head=1, cut=4) == summary
         assert len(summaries_of(provider, tag)) == 1
-        assert record(sproxy, t3)["outcome"] == "rewritten"
+        assert sproxy.records.cg(t3.eid)["outcome"] == "rewritten"
 
         # Turn 4: 300+ new tokens in the middle roll the checkpoint forward, off the hot path;
         # the old summary keeps serving this very turn.
         t4 = agent.turn(anthropic_messages(tag, 13, big_at=9))
         got4 = received(provider, t4.eid)
         assert spliced(t4, got4, head=1, cut=4) == summary
-        comp4 = component(record(sproxy, t4))
+        comp4 = component(sproxy.records.cg(t4.eid))
         assert comp4["commission"].startswith("rolling forward")
         assert comp4["middle_tokens"] > LOW["resummarize_tokens"]
         c4 = sproxy.wait_count(c2, "completed")
@@ -277,7 +270,7 @@ def test_commission_splice_reuse_and_roll_forward(path, sproxy, nproxy, provider
         _, key2 = summary_parts(summary2)
         assert summary2 != summary
         assert key2 != key
-        assert component(record(sproxy, t5))["checkpoint"]["covered"] == [1, 10]
+        assert component(sproxy.records.cg(t5.eid))["checkpoint"]["covered"] == [1, 10]
         assert len(summaries_of(provider, tag)) == 2
         assert sproxy.counts()["commissioned"] == c4["commissioned"]
 
@@ -294,9 +287,9 @@ def test_two_sessions_never_share_a_checkpoint(sproxy, provider):
         tb = b.turn(anthropic_messages(tag, 7))
         assert tb.request.content == ta.request.content
         assert_forwarded_unchanged(tb.request, received(provider, tb.eid))
-        cgb = record(sproxy, tb)
+        cgb = sproxy.records.cg(tb.eid)
         assert cgb["outcome"] == "passed_through"
-        assert cgb["session"] == b.session != record(sproxy, ta)["session"]
+        assert cgb["session"] == b.session != sproxy.records.cg(ta.eid)["session"]
         assert component(cgb)["commission"] == "trigger fired"
         sproxy.wait_count(c1, "completed")
         assert len(summaries_of(provider, tag)) == 2
@@ -329,10 +322,10 @@ def test_a_400_to_the_rewrite_resends_the_original_once(sproxy, provider, stream
         summary_parts(spliced(t2, first, head=1, cut=4))  # the rewrite was really sent
         assert second.body == t2.request.content  # then the client's exact bytes
         hop = {"host", "content-length", "connection"}
-        assert sorted((k.lower(), v) for k, v in second.headers if k.lower() not in hop) == sorted(
-            (k.lower(), v) for k, v in t2.request.headers.multi_items() if k.lower() not in hop
+        assert header_pairs(second.headers, hop) == header_pairs(
+            t2.request.headers.multi_items(), hop
         )
-        cg = record(sproxy, t2)
+        cg = sproxy.records.cg(t2.eid)
         assert cg["outcome"] == "retried_original"
         assert cg["provider_400"] == refusal
         # The re-sent original's answer is booked, as a turn sent unchanged (the 400 had none).
@@ -353,7 +346,7 @@ def test_a_400_to_an_untouched_request_is_not_retried(sproxy, provider):
             agent.turn(anthropic_messages(agent.session, 3))
         eid = agent.capture.sent[-1].headers["x-e2e-id"]
         assert len(provider.wait_for(1, where=by_id(eid))) == 1
-        assert sproxy.records.wait(eid)["cg"]["outcome"] == "passed_through"
+        assert sproxy.records.cg(eid)["outcome"] == "passed_through"
         assert sproxy.counts()["retried_original"] == c0["retried_original"]
 
 
@@ -399,7 +392,7 @@ def test_a_blank_summary_is_counted_failed_and_never_spliced(sproxy, provider):
         assert len(summaries_of(provider, tag)) == 2  # once shared, once standalone: no more
         t2 = agent.turn(anthropic_messages(tag, 9))
         assert_forwarded_unchanged(t2.request, received(provider, t2.eid))
-        assert record(sproxy, t2)["outcome"] == "passed_through"
+        assert sproxy.records.cg(t2.eid)["outcome"] == "passed_through"
         sproxy.wait_count(c1, "completed")
         t3 = agent.turn(anthropic_messages(tag, 11))  # the next, good summary is spliced
         text, _ = summary_parts(spliced(t3, received(provider, t3.eid), head=1, cut=6))
@@ -490,7 +483,7 @@ def test_a_restarted_proxy_splices_the_stored_summary_with_no_model_call(
     with Agent(second, "anthropic", session=session) as agent:
         t3 = agent.turn(anthropic_messages(session, 11))
         assert spliced(t3, received(provider, t3.eid), head=1, cut=4) == summary
-        assert record(second, t3)["outcome"] == "rewritten"
+        assert second.records.cg(t3.eid)["outcome"] == "rewritten"
     c = second.counts()
     assert (c["commissioned"], c["reused"]) == (0, 1)
     assert len(summaries_of(provider, session)) == 1
@@ -591,7 +584,7 @@ def test_config_source_summarizes_with_the_cheap_endpoint(provider, cheap, tmp_p
         t2 = agent.turn(make(tag, n + 2))
         text, _ = summary_parts(spliced(t2, received(provider, t2.eid), head=head, cut=cut))
         assert "Fake summary #" in text
-        assert record(proxy, t2)["outcome"] == "rewritten"
+        assert proxy.records.cg(t2.eid)["outcome"] == "rewritten"
 
     # Neither credential is written anywhere: log, decision records, the SQLite files.
     written = [proxy.log_text().encode(), proxy.records.path.read_bytes()]
@@ -620,7 +613,7 @@ def test_summarizer1509_on_openai_summarizes_every_turn_and_keeps_system_and_tas
         tag = agent.session
         t1 = agent.turn(openai_messages(tag, 8))
         assert_forwarded_unchanged(t1.request, received(provider, t1.eid))
-        assert component(record(proxy, t1))["span"] == [2, 5]
+        assert component(proxy.records.cg(t1.eid))["span"] == [2, 5]
         c = proxy.wait_count({"completed": 0}, "completed")
 
         summaries: list[bytes] = []
@@ -634,7 +627,7 @@ def test_summarizer1509_on_openai_summarizes_every_turn_and_keeps_system_and_tas
             assert json.loads(recv[0])["role"] == "system"
             assert json.loads(recv[1])["content"].startswith(f"Task {tag}:")
             summaries.append(summary)
-            comp = component(record(proxy, t))
+            comp = component(proxy.records.cg(t.eid))
             assert comp["commission"].startswith("no reuse")
             c = proxy.wait_count(c, "completed")
             assert len(summaries_of(provider, tag)) == turn  # a model call every eligible turn
