@@ -32,12 +32,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from cg.wire.shape import check_wire_roles, validate_shape
 from tests.agent_script import EXPAND_TOOL, AgentScript, session, shape_problems
 from tests.e2e.claude_code import Run, run_claude
-from tests.e2e.harness import Proxy, by_id, message_sources, poll
+from tests.e2e.harness import (
+    Proxy,
+    by_id,
+    header_pairs,
+    low,
+    message_sources,
+    poll,
+    start_summarize,
+)
 from tests.fakeprovider import FakeProvider, Recorded
 
 TAP = Path(__file__).with_name("tap.py")
@@ -45,13 +51,7 @@ SECRET = "the secret number is 4711"  # in the file the scripted Read reads
 # Triggers low enough for a session's third request to qualify; one summary, reused to the end
 # (no roll-forward). keep_first 2 keeps [system, task] on openai; on anthropic the head retreats
 # to [task], since the second message calls a tool (or, for Claude Code, is a system message).
-LOW: dict[str, Any] = {
-    "cache_state": "any",
-    "keep_first": 2,
-    "min_tokens": 10,
-    "resummarize_tokens": 1_000_000,
-    "trigger": {"min_request_frac": 0, "min_request_tokens": 0, "min_messages": 6},
-}
+LOW = low(min_messages=6, keep_first=2, resummarize_tokens=1_000_000)
 HEADER = "=== History Summary ==="
 MARKER = re.compile(r"<<cg:([0-9a-f]+)>>")
 HOP = {"host", "content-length", "x-e2e-id"}
@@ -87,15 +87,12 @@ def start_proxy(
     options: Sequence[str] = (),
     **kw: Any,
 ) -> Proxy:
-    """mitmdump with the tap loaded first (`workdir/tap.jsonl`), its own SQLite file, and
-    `summarize` (if given) as the summarize component's config over the preset."""
-    workdir.mkdir(parents=True, exist_ok=True)
-    opts = [f"cg_db={workdir / 'cg.sqlite3'}", f"tap_file={workdir / 'tap.jsonl'}", *options]
-    if summarize is not None:
-        config = workdir / "cg.yaml"
-        config.write_text(yaml.safe_dump({"components": {"summarize": summarize}}))
-        opts.append(f"cg_config={config}")
-    return Proxy.start(upstream, workdir, preset=preset, options=opts, scripts=[TAP], **kw)
+    """`start_summarize` with the tap loaded first (`workdir/tap.jsonl`): its own SQLite file,
+    and `summarize` (if given) as the summarize component's config over the preset."""
+    opts = [f"tap_file={workdir / 'tap.jsonl'}", *options]
+    return start_summarize(
+        upstream, workdir, summarize, preset=preset, options=opts, scripts=[TAP], **kw
+    )
 
 
 def tapped(path: Path) -> list[Sent]:
@@ -106,10 +103,6 @@ def tapped(path: Path) -> list[Sent]:
         headers = [(k, v) for k, v in d["headers"]]
         out.append(Sent(d["id"], d["method"], d["path"], headers, base64.b64decode(d["body"])))
     return out
-
-
-def _headers(items: Any) -> list[tuple[str, str]]:
-    return sorted((k.lower(), v) for k, v in items if k.lower() not in HOP)
 
 
 def _strip_tool(post: bytes) -> bytes:
@@ -186,7 +179,9 @@ def audit(sent: list[Sent], provider: FakeProvider, proxy: Proxy, dialect: str) 
         assert cg is not None, line
         first = got[0]
         assert (first.method, first.path) == (s.method, s.path)
-        assert _headers(first.headers) == _headers(s.headers), "the agent's headers changed"
+        assert header_pairs(first.headers, HOP) == header_pairs(s.headers, HOP), (
+            "the agent's headers changed"
+        )
         turn = Turn(s, first, cg["outcome"], cg)
         if turn.outcome == "rewritten":
             turn.summary, turn.key = check_rewrite(s.body, first.body, dialect)
@@ -275,11 +270,16 @@ def drive_claude(
     steps: int,
     env: dict[str, str],
     side: set[tuple[str, str]],
+    *,
+    settle: bool = False,
     **script_kw: Any,
 ) -> ClaudeSession:
     """One Claude Code session of `steps` scripted steps (two parallel calls at step 3, a Read
     at step 5) through `proxy` (its tap), audited turn by turn. `side`: the (method, path) of
-    the requests it makes besides its turns, each of which must pass untouched."""
+    the requests it makes besides its turns, each of which must pass untouched. `settle`: before
+    each step, wait until no summary is in flight (`wait_settled`)."""
+    if settle:
+        script_kw["before"] = lambda step: wait_settled(proxy)
     work = workdir / "work"
     work.mkdir(parents=True, exist_ok=True)
     (work / "notes.txt").write_text(SECRET + "\n")
@@ -319,7 +319,7 @@ def side_requests(
     for x in others:
         (got,) = fake.wait_for(1, where=by_id(x.eid))
         assert (got.method, got.path, got.body) == (x.method, x.path, x.body)
-        assert _headers(got.headers) == _headers(x.headers)
+        assert header_pairs(got.headers, HOP) == header_pairs(x.headers, HOP)
         assert proxy.records.wait(x.eid)["cg"] is None
 
 

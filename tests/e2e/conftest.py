@@ -31,12 +31,8 @@ def _unscripted(provider: FakeProvider) -> Iterator[None]:
 
 @pytest.fixture(scope="session")
 def proxy(provider: FakeProvider, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Proxy]:
-    p = Proxy.start(provider.url, tmp_path_factory.mktemp("proxy-off"))
-    try:
+    with Proxy.start(provider.url, tmp_path_factory.mktemp("proxy-off")) as p:
         yield p
-    finally:
-        p.stop()
-    assert not p.addon_errors(), p.log_text()
 
 
 @pytest.fixture(scope="session")
@@ -49,10 +45,16 @@ def claude_code() -> Path:
 
 
 @pytest.fixture
-def proxies() -> Iterator[Callable[[Proxy], None]]:
-    """Register a proxy a test started: stopped (by PID) at the end, its log free of errors."""
+def proxies() -> Iterator[Callable[[Proxy], Proxy]]:
+    """Register a proxy a test started (and get it back): stopped (by PID) at the end, its log
+    free of errors."""
     started: list[Proxy] = []
-    yield started.append
+
+    def keep(p: Proxy) -> Proxy:
+        started.append(p)
+        return p
+
+    yield keep
     for p in started:
         p.stop()
     for p in started:

@@ -1,9 +1,11 @@
-"""A real `mitmdump -s cg_addon.py` subprocess (reverse mode unless told), and the recorder's
-decision log.
+"""A real `mitmdump -s cg_addon.py` subprocess (reverse mode unless told), its config, and the
+recorder's decision log.
 
 `Proxy.start(upstream, workdir)` has mitmdump listen on port 0, reads the port from mitmdump's startup line, then
 polls `/_cg/health` until the addon answers. `Proxy.stop()` terminates the process by PID (kill
-after a deadline). Waits are bounded condition waits, never sleeps.
+after a deadline); `with Proxy.start(...) as p:` stops it on leaving and then checks its log for
+addon errors. `start_summarize` adds the proxy's own SQLite file and a summarize config
+(`low(...)`: triggers a short transcript passes). Waits are bounded condition waits, never sleeps.
 
 The process environment is the test run's own minus the variables that steer the summarizer
 (`CHEAP_MODEL*`, `CONTEXT_GURU_SUMMARIZE_TIMEOUT`, the providers' API keys): a developer's shell
@@ -20,12 +22,13 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import httpx
+import yaml
 
 from tests.fakeprovider import FakeProvider, Recorded
 
@@ -46,6 +49,14 @@ HERMETIC = (
     "ANTHROPIC_API_KEY",
     "OPENAI_API_KEY",
 )
+
+
+def low(min_messages: int = 4, **over: Any) -> dict[str, Any]:
+    """A summarize config whose triggers a short transcript passes: any cache state, 10 tokens
+    to summarize, no window fraction or token floor, `min_messages` messages; `over` adds keys
+    (`resummarize_tokens`, `keep_first`, `model`, ...)."""
+    trigger = {"min_request_frac": 0, "min_request_tokens": 0, "min_messages": min_messages}
+    return {"cache_state": "any", "min_tokens": 10, "trigger": trigger, **over}
 
 
 def new_id() -> str:
@@ -85,6 +96,12 @@ class DecisionLog:
                 assert len(found) == 1, found
                 return found[0]
         raise TimeoutError(f"no recorder line for x-e2e-id {e2e_id} within {timeout}s")
+
+    def cg(self, e2e_id: str, timeout: float = 10.0) -> dict[str, Any]:
+        """The addon's decision record (`cg`) of that flow, which must have one."""
+        cg: dict[str, Any] | None = self.wait(e2e_id, timeout)["cg"]
+        assert cg is not None, f"the flow of x-e2e-id {e2e_id} got no decision record"
+        return cg
 
 
 @dataclass
@@ -182,6 +199,15 @@ class Proxy:
             raise
         return proxy
 
+    def __enter__(self) -> Proxy:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, *exc: object) -> None:
+        """Stop the process; on a clean exit its log must be free of addon errors."""
+        self.stop()
+        if exc_type is None:
+            assert not self.addon_errors(), self.log_text()
+
     def _wait_healthy(self) -> None:
         with self.client(timeout=2.0) as c:
             for _ in poll(STARTUP_TIMEOUT):
@@ -230,9 +256,49 @@ class Proxy:
                 return doc
         raise TimeoutError(f"stats never satisfied the condition within {timeout}s: {doc}")
 
+    def counts(self) -> dict[str, int]:
+        """The stats' counters in one flat dict: the top-level numbers and `summaries.*`."""
+        s = self.stats()
+        return {**{k: v for k, v in s.items() if isinstance(v, int)}, **s["summaries"]}
+
+    def wait_count(
+        self, before: Mapping[str, int], key: str, by: int = 1, timeout: float = 10.0
+    ) -> dict[str, int]:
+        """Wait until counter `key` (top level or `summaries.*`) has moved by `by` from
+        `before[key]`; the counters then."""
+
+        def moved(s: dict[str, Any]) -> bool:
+            flat = {**s, **s["summaries"]}
+            return bool(flat[key] >= before[key] + by)
+
+        self.wait_stats(moved, timeout)
+        return self.counts()
+
     def addon_errors(self) -> list[str]:
         """Log lines that show a hook raised (mitmproxy logs hook exceptions, never raises)."""
         return [x for x in self.log if "Traceback" in x or "Addon error" in x]
+
+
+def start_summarize(
+    upstream: str,
+    workdir: Path,
+    summarize: Mapping[str, Any] | None = None,
+    *,
+    preset: str = "summarize",
+    db: Path | None = None,
+    options: Sequence[str] = (),
+    **kw: Any,
+) -> Proxy:
+    """`Proxy.start` on its own SQLite file (`db`, default `workdir/cg.sqlite3`) with
+    `summarize`, if given, as the summarize component's config over `preset` (written to
+    `workdir/cg.yaml`); `kw` as `Proxy.start`'s."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    opts = [f"cg_db={db or workdir / 'cg.sqlite3'}", *options]
+    if summarize is not None:
+        config = workdir / "cg.yaml"
+        config.write_text(yaml.safe_dump({"components": {"summarize": dict(summarize)}}))
+        opts.append(f"cg_config={config}")
+    return Proxy.start(upstream, workdir, preset=preset, options=opts, **kw)
 
 
 # -- what a client sent vs what the provider got ---------------------------------------------
@@ -269,8 +335,12 @@ def by_id(e2e_id: str) -> Any:
     return lambda r: r.header("x-e2e-id") == e2e_id
 
 
-def _comparable(items: Any) -> list[tuple[str, str]]:
-    return sorted((k.lower(), v) for k, v in items if k.lower() != "host")
+def header_pairs(
+    items: Iterable[tuple[str, str]], skip: Collection[str] = ("host",)
+) -> list[tuple[str, str]]:
+    """Headers as sorted (lower-case name, value) pairs without the names in `skip` (lower
+    case): the form in which two requests' headers are compared."""
+    return sorted((k.lower(), v) for k, v in items if k.lower() not in skip)
 
 
 def assert_forwarded_unchanged(sent: httpx.Request, got: Recorded) -> None:
@@ -278,7 +348,7 @@ def assert_forwarded_unchanged(sent: httpx.Request, got: Recorded) -> None:
     assert got.method == sent.method
     assert got.path == sent.url.raw_path.decode("ascii")
     assert got.body == sent.content, "body bytes changed on the way through the proxy"
-    assert _comparable(got.headers) == _comparable(sent.headers.multi_items())
+    assert header_pairs(got.headers) == header_pairs(sent.headers.multi_items())
 
 
 def received(provider: FakeProvider, e2e_id: str) -> Recorded:

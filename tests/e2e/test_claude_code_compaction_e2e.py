@@ -123,8 +123,7 @@ def start(fake: FakeProvider, workdir: Path, preset: str) -> Proxy:
 def test_claude_code_never_compacts_behind_the_claude_code_preset(
     claude_code: Path, fake: FakeProvider, tmp_path: Path, proxies: Any
 ) -> None:
-    proxy = start(fake, tmp_path, "claude-code")
-    proxies(proxy)
+    proxy = proxies(start(fake, tmp_path, "claude-code"))
     session = drive(claude_code, fake, proxy, tmp_path)
 
     assert session.compactions == []
@@ -150,8 +149,7 @@ def test_claude_code_never_compacts_behind_the_claude_code_preset(
 def test_control_the_same_session_without_the_proxy_acting_makes_claude_code_compact(
     claude_code: Path, fake: FakeProvider, tmp_path: Path, proxies: Any
 ) -> None:
-    proxy = start(fake, tmp_path, "off")
-    proxies(proxy)
+    proxy = proxies(start(fake, tmp_path, "off"))
     session = drive(claude_code, fake, proxy, tmp_path)
     assert session.compactions, "Claude Code never compacted: the first test proves nothing"
     assert min(session.compactions) > THRESHOLD * 0.9

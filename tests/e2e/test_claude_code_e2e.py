@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
-from typing import Any
 
 import pytest
 
@@ -23,10 +22,9 @@ from tests.e2e.agents import (
     never_saw_expand,
     start_proxy,
     summary_index,
-    wait_settled,
 )
 from tests.e2e.claude_code import VERSION
-from tests.e2e.harness import message_sources
+from tests.e2e.harness import low, message_sources
 from tests.fakeprovider import FakeProvider
 from tests.shared_request import split_shared
 
@@ -37,12 +35,7 @@ pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 PRECONNECT = {("HEAD", "/")}
 # Low enough for Claude Code's third request (6 messages) to qualify; no roll-forward, so every
 # later turn reuses the one summary.
-LOW: dict[str, Any] = {
-    "cache_state": "any",
-    "min_tokens": 10,
-    "resummarize_tokens": 1_000_000,
-    "trigger": {"min_request_frac": 0, "min_request_tokens": 0, "min_messages": 6},
-}
+LOW = low(min_messages=6, resummarize_tokens=1_000_000)
 
 
 @pytest.fixture(scope="module")
@@ -58,8 +51,7 @@ def fake() -> Iterator[FakeProvider]:
 def test_claude_code_default_preset_every_request_reaches_the_provider_byte_identical(
     claude_code, fake, tmp_path, proxies
 ):
-    proxy = start_proxy(fake.url, tmp_path, "summarize")
-    proxies(proxy)
+    proxy = proxies(start_proxy(fake.url, tmp_path, "summarize"))
     s = drive_claude(
         claude_code, fake, proxy, tmp_path, 6, {"ANTHROPIC_BASE_URL": proxy.url}, PRECONNECT
     )
@@ -109,8 +101,7 @@ def test_claude_code_default_preset_every_request_reaches_the_provider_byte_iden
 def test_claude_code_session_is_summarized_reused_and_expanded_without_claude_code_noticing(
     claude_code, fake, tmp_path, proxies
 ):
-    proxy = start_proxy(fake.url, tmp_path, "summarize", LOW)
-    proxies(proxy)
+    proxy = proxies(start_proxy(fake.url, tmp_path, "summarize", LOW))
     s = drive_claude(
         claude_code,
         fake,
@@ -120,7 +111,7 @@ def test_claude_code_session_is_summarized_reused_and_expanded_without_claude_co
         {"ANTHROPIC_BASE_URL": proxy.url},
         PRECONNECT,
         expand=True,
-        before=lambda step: wait_settled(proxy),
+        settle=True,
     )
     assert_summarized(s.turns, proxy, head=1)
     assert_expanded_once(s.turns, s.script, proxy)
@@ -144,12 +135,7 @@ def test_claude_code_session_is_summarized_reused_and_expanded_without_claude_co
 def test_claude_code_summarizer1509_never_leaves_the_summary_after_its_system_message(
     claude_code, fake, tmp_path, proxies
 ):
-    low = {
-        "min_tokens": 10,
-        "trigger": {"min_request_frac": 0, "min_request_tokens": 0, "min_messages": 6},
-    }
-    proxy = start_proxy(fake.url, tmp_path, "summarizer1509", low)
-    proxies(proxy)
+    proxy = proxies(start_proxy(fake.url, tmp_path, "summarizer1509", low(min_messages=6)))
     s = drive_claude(
         claude_code,
         fake,
@@ -158,7 +144,7 @@ def test_claude_code_summarizer1509_never_leaves_the_summary_after_its_system_me
         10,
         {"ANTHROPIC_BASE_URL": proxy.url},
         PRECONNECT,
-        before=lambda step: wait_settled(proxy),
+        settle=True,
     )
     rewritten = [t for t in s.turns if t.outcome == "rewritten"]
     assert len(rewritten) >= 3

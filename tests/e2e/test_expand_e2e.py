@@ -16,7 +16,6 @@ import json
 import re
 import sqlite3
 import threading
-import uuid
 import warnings
 from collections.abc import Callable, Iterator
 from contextlib import closing
@@ -24,24 +23,27 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import anthropic
 import httpx
-import openai
 import pytest
-import yaml
-from openai.lib.streaming.chat import ChatCompletionStreamState
 
 from cg.expand.tool import TOOL_JSON, TOOL_NAME
-from cg.wire.answers import Reply as Message
-from cg.wire.answers import render_json, render_sse
 from tests.e2e.harness import (
-    Capture,
     Proxy,
     assert_forwarded_unchanged,
     by_id,
+    low,
     message_sources,
     new_id,
     received,
+    start_summarize,
+)
+from tests.e2e.sdk_sessions import (
+    Exchange,
+    SdkClient,
+    answer,
+    anthropic_messages,
+    messages,
+    provider_message,
 )
 from tests.fakeprovider import DEFAULT_TEXT, FakeProvider, Recorded, Reply
 
@@ -52,12 +54,6 @@ with warnings.catch_warnings():
 pytestmark = pytest.mark.e2e
 
 MARKER = re.compile(r"<<cg:([0-9a-f]{24})>>")
-LOW = {
-    "cache_state": "any",
-    "min_tokens": 10,
-    "trigger": {"min_request_frac": 0, "min_request_tokens": 0, "min_messages": 4},
-}
-SYSTEM = "You are a coding agent. Ünïcödé ✓"
 FINAL = "Final answer: the failing test was test_nested ✓"
 ANTHROPIC_TOOLS = [
     {
@@ -81,141 +77,7 @@ SPAN = {"anthropic": (1, 4), "openai": (1, 5)}
 FIRST_LEN = {"anthropic": 7, "openai": 8}
 
 
-# -- transcripts -------------------------------------------------------------------------------
-
-
-def anthropic_messages(tag: str, n: int) -> list[Any]:
-    out: list[Any] = [{"role": "user", "content": f"Task {tag}: make the parser tests pass ✓"}]
-    out.append(
-        {
-            "role": "assistant",
-            "content": [
-                {"type": "text", "text": "Running the tests."},
-                {"type": "tool_use", "id": "toolu_01", "name": "Bash", "input": {"cmd": "pytest"}},
-            ],
-        }
-    )
-    out.append(
-        {
-            "role": "user",
-            "content": [
-                {"type": "tool_result", "tool_use_id": "toolu_01", "content": "FAILED test_nested"}
-            ],
-        }
-    )
-    for i in range(3, n):
-        if i % 2:
-            text = f"Step {i} of {tag[:8]}: read parser.py:{10 * i}."
-            out.append({"role": "assistant", "content": text})
-        else:
-            out.append({"role": "user", "content": f'Note {i}: keep going, "carefully" ✓.'})
-    return out[:n]
-
-
-def openai_messages(tag: str, n: int) -> list[Any]:
-    out: list[Any] = [
-        {"role": "system", "content": SYSTEM},
-        {"role": "user", "content": f"Task {tag}: make the parser tests pass ✓"},
-        {
-            "role": "assistant",
-            "content": None,
-            "tool_calls": [
-                {
-                    "id": "call_01",
-                    "type": "function",
-                    "function": {"name": "bash", "arguments": '{"cmd": "pytest"}'},
-                }
-            ],
-        },
-        {"role": "tool", "tool_call_id": "call_01", "content": "FAILED test_nested"},
-    ]
-    for i in range(4, n):
-        if i % 2:
-            out.append({"role": "user", "content": f"Note {i}: keep going ✓."})
-        else:
-            out.append({"role": "assistant", "content": f"Step {i} of {tag[:8]}: read it."})
-    return out[:n]
-
-
-def messages(dialect: str, tag: str, n: int) -> list[Any]:
-    return (anthropic_messages if dialect == "anthropic" else openai_messages)(tag, n)
-
-
 # -- the scripted model --------------------------------------------------------------------------
-
-
-def answer(rec: Recorded, message: dict[str, Any], dialect: str) -> Reply:
-    """`message` (a provider message) sent the way the request asked: SSE or JSON."""
-    body = rec.json()
-    if body.get("stream") is not True:
-        return Reply(body=render_json(Message(dialect, message)), headers=_JSON)
-    opts = body.get("stream_options")
-    if dialect == "openai" and not (isinstance(opts, dict) and opts.get("include_usage")):
-        message = {k: v for k, v in message.items() if k != "usage"}
-    return Reply(body=render_sse(Message(dialect, message)), headers=_SSE)
-
-
-_JSON = {"content-type": "application/json"}
-_SSE = {"content-type": "text/event-stream; charset=utf-8"}
-
-
-def anthropic_message(
-    n: int, text: str | None, calls: list[tuple[str, str, Any]], usage: tuple[int, int]
-) -> dict[str, Any]:
-    content: list[Any] = []
-    if calls:
-        content.append({"type": "thinking", "thinking": f"I need detail {n}.", "signature": "c2ln"})
-    if text is not None:
-        content.append({"type": "text", "text": text})
-    content += [{"type": "tool_use", "id": i, "name": nm, "input": inp} for i, nm, inp in calls]
-    return {
-        "id": f"msg_e2e{n}",
-        "type": "message",
-        "role": "assistant",
-        "model": "claude-test",
-        "content": content,
-        "stop_reason": "tool_use" if calls else "end_turn",
-        "stop_sequence": None,
-        "usage": {"input_tokens": usage[0], "output_tokens": usage[1]},
-    }
-
-
-def openai_message(
-    n: int, text: str | None, calls: list[tuple[str, str, Any]], usage: tuple[int, int]
-) -> dict[str, Any]:
-    msg: dict[str, Any] = {"role": "assistant", "content": text, "refusal": None}
-    if calls:
-        msg["tool_calls"] = [
-            {
-                "id": i,
-                "type": "function",
-                "function": {"name": nm, "arguments": json.dumps(inp)},
-            }
-            for i, nm, inp in calls
-        ]
-    return {
-        "id": f"chatcmpl-e2e{n}",
-        "object": "chat.completion",
-        "created": 1_700_000_000,
-        "model": "gpt-test",
-        "choices": [
-            {
-                "index": 0,
-                "message": msg,
-                "logprobs": None,
-                "finish_reason": "tool_calls" if calls else "stop",
-            }
-        ],
-        "usage": {
-            "prompt_tokens": usage[0],
-            "completion_tokens": usage[1],
-            "total_tokens": sum(usage),
-        },
-    }
-
-
-def build(dialect: str, *a: Any) -> dict[str, Any]:
-    return (anthropic_message if dialect == "anthropic" else openai_message)(*a)
 
 
 def tool_names(dialect: str, body: dict[str, Any]) -> list[str]:
@@ -259,7 +121,9 @@ class Model:
             return None  # a request without our tool gets the provider's default answer
         done = our_results(self.dialect, body)
         if done and not self.always:
-            return answer(rec, build(self.dialect, 99, FINAL, [], (2000, 11)), self.dialect)
+            return answer(
+                rec, provider_message(self.dialect, 99, FINAL, [], (2000, 11)), self.dialect
+            )
         m = MARKER.search(json.dumps(body["messages"], ensure_ascii=False))
         assert m is not None, "the tool was offered without a marker"
         self.calls += 1
@@ -268,7 +132,9 @@ class Model:
             own = "Bash" if self.dialect == "anthropic" else "bash"
             calls.append((f"toolu_own{self.calls}", own, {"cmd": "ls"}))
         text = f"Looking closer, round {self.calls}."
-        return answer(rec, build(self.dialect, self.calls, text, calls, (1000, 7)), self.dialect)
+        return answer(
+            rec, provider_message(self.dialect, self.calls, text, calls, (1000, 7)), self.dialect
+        )
 
 
 @pytest.fixture
@@ -287,105 +153,34 @@ def model(provider: FakeProvider) -> Iterator[Callable[..., Model]]:
 
 @pytest.fixture(scope="module")
 def xproxy(provider: FakeProvider, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Proxy]:
-    workdir = tmp_path_factory.mktemp("proxy-expand")
-    config = workdir / "cg.yaml"
-    config.write_text(yaml.safe_dump({"components": {"summarize": LOW}}))
-    p = Proxy.start(
-        provider.url,
-        workdir,
-        preset="summarize",
-        options=[f"cg_config={config}", f"cg_db={workdir / 'cg.sqlite3'}"],
-    )
-    try:
+    with start_summarize(provider.url, tmp_path_factory.mktemp("proxy-expand"), low()) as p:
         yield p
-    finally:
-        p.stop()
-    assert not p.addon_errors(), p.log_text()
 
 
 def db_of(proxy: Proxy) -> Path:
     return proxy.records.path.parent / "cg.sqlite3"
 
 
-@dataclass
-class Sent:
-    eid: str
-    request: httpx.Request
-    result: Any  # the SDK's final message / completion, as a dict
-    chunks: list[Any]  # streamed chunks (openai) or events (anthropic), as dicts
+class Agent(SdkClient):
+    """An agent whose turns carry a tool of its own (unless `tools=False`); `prime` runs turn 1."""
 
-
-class Agent:
     def __init__(self, proxy: Proxy, provider: FakeProvider, dialect: str) -> None:
-        self.proxy = proxy
+        super().__init__(proxy, dialect)
         self.provider = provider
-        self.dialect = dialect
-        self.session = uuid.uuid4().hex
-        self.capture = Capture()
-        self.http = httpx.Client(trust_env=False, event_hooks=self.capture.hooks(), timeout=30)
-        headers = {"x-context-guru-session": self.session}
-        self.sdk: Any
-        if dialect == "anthropic":
-            self.sdk = anthropic.Anthropic(
-                base_url=proxy.url, api_key="sk-e2e", http_client=self.http, max_retries=0,
-                default_headers=headers,
-            )  # fmt: skip
-        else:
-            self.sdk = openai.OpenAI(
-                base_url=f"{proxy.url}/v1", api_key="sk-e2e", http_client=self.http,
-                max_retries=0, default_headers=headers,
-            )  # fmt: skip
 
-    def __enter__(self) -> Agent:
-        return self
+    def send(self, n: int, *, stream: bool = False, tools: bool = True, **extra: Any) -> Exchange:
+        """A turn of the session's first `n` messages."""
+        if tools:
+            extra["tools"] = ANTHROPIC_TOOLS if self.dialect == "anthropic" else OPENAI_TOOLS
+        return self.turn(messages(self.dialect, self.session, n), stream=stream, **extra)
 
-    def __exit__(self, *exc: object) -> None:
-        self.http.close()
-
-    def send(self, n: int, *, stream: bool = False, tools: bool = True, **extra: Any) -> Sent:
-        eid = new_id()
-        kw: dict[str, Any] = {"messages": messages(self.dialect, self.session, n), **extra}
-        kw["extra_headers"] = {"x-e2e-id": eid}
-        chunks: list[Any] = []
-        if self.dialect == "anthropic":
-            kw.update(model="claude-test", max_tokens=64, system=SYSTEM)
-            if tools:
-                kw["tools"] = ANTHROPIC_TOOLS
-            if stream:
-                with self.sdk.messages.stream(**kw) as s:
-                    chunks = [ev.to_dict() for ev in s]
-                    result = s.get_final_message().to_dict()
-            else:
-                result = self.sdk.messages.create(**kw).to_dict()
-        else:
-            kw["model"] = "gpt-test"
-            if tools:
-                kw["tools"] = OPENAI_TOOLS
-            if stream:
-                kw["stream_options"] = {"include_usage": True}
-                state: ChatCompletionStreamState[Any] = ChatCompletionStreamState()
-                for chunk in self.sdk.chat.completions.create(**kw, stream=True):
-                    chunks.append(chunk.to_dict())
-                    state.handle_chunk(chunk)
-                result = state.current_completion_snapshot.to_dict()
-            else:
-                result = self.sdk.chat.completions.create(**kw).to_dict()
-        sent = self.capture.sent[-1]
-        assert sent.headers["x-e2e-id"] == eid
-        return Sent(eid, sent, result, chunks)
-
-    def prime(self) -> Sent:
+    def prime(self) -> Exchange:
         """Turn 1: commission a summary and wait until it is stored."""
-        before = self.proxy.stats()["summaries"]["completed"]
+        before = self.proxy.counts()
         t1 = self.send(FIRST_LEN[self.dialect])
         assert_forwarded_unchanged(t1.request, received(self.provider, t1.eid))
-        self.proxy.wait_stats(lambda s: s["summaries"]["completed"] > before)
+        self.proxy.wait_count(before, "completed")
         return t1
-
-
-def record(proxy: Proxy, eid: str) -> dict[str, Any]:
-    cg: dict[str, Any] = proxy.records.wait(eid)["cg"]
-    return cg
 
 
 def stash_keys(proxy: Proxy, session: str) -> list[str]:
@@ -411,12 +206,6 @@ def member(body: bytes, key: str) -> bytes | None:
         if k == key:
             return s[i:j].encode()
         i = j
-
-
-def result_text(dialect: str, result: dict[str, Any]) -> str:
-    if dialect == "anthropic":
-        return "".join(b["text"] for b in result["content"] if b["type"] == "text")
-    return str(result["choices"][0]["message"]["content"])
 
 
 def client_calls(dialect: str, result: dict[str, Any]) -> list[str]:
@@ -463,7 +252,7 @@ def test_the_model_expands_and_the_client_gets_the_final_answer_only(
 
     # The client: the final answer, no call to a tool it never declared; usage: the final
     # round's input side (the context as it now is) and the output of both rounds.
-    assert result_text(dialect, t2.result) == FINAL
+    assert t2.text == FINAL
     assert client_calls(dialect, t2.result) == []
     assert stop_reason(dialect, t2.result) == ("end_turn" if dialect == "anthropic" else "stop")
     assert TOOL_NAME not in json.dumps(t2.result) + json.dumps(t2.chunks)
@@ -503,7 +292,7 @@ def test_the_model_expands_and_the_client_gets_the_final_answer_only(
         assert cont.header(name) == first.header(name)
     assert cont.header("x-context-guru") is None
 
-    cg = record(xproxy, t2.eid)
+    cg = xproxy.records.cg(t2.eid)
     assert cg["outcome"] == "rewritten"
     assert cg["expand"]["injected"] is True
     assert cg["expand"]["rounds"] == 1
@@ -524,10 +313,10 @@ def test_the_loop_stops_after_three_continuations(xproxy, provider, model, diale
     assert m.calls == 4
     assert client_calls(dialect, t2.result) == []
     assert TOOL_NAME not in json.dumps(t2.result) + json.dumps(t2.chunks)
-    assert result_text(dialect, t2.result) == "Looking closer, round 4."
+    assert t2.text == "Looking closer, round 4."
     assert stop_reason(dialect, t2.result) == ("end_turn" if dialect == "anthropic" else "stop")
     assert usage(dialect, t2.result) == (1000, 4 * 7)
-    cg = record(xproxy, t2.eid)
+    cg = xproxy.records.cg(t2.eid)
     assert cg["expand"]["rounds"] == 3
     assert cg["ledger"]["rounds"] == 4
     assert cg["ledger"]["usage"]["input_tokens"] == 4 * 1000
@@ -547,7 +336,7 @@ def test_an_unknown_or_foreign_id_is_answered_no_longer_available(xproxy, provid
         _, cont = provider.wait_for(2, where=by_id(t2.eid))
         (text,) = our_results(dialect, cont.json())
         assert text.startswith(f"context_guru_expand: id '{key}' is no longer available")
-        assert result_text(dialect, t2.result) == FINAL
+        assert t2.text == FINAL
 
 
 @pytest.mark.parametrize("dialect", ["anthropic", "openai"])
@@ -563,8 +352,8 @@ def test_mixed_calls_give_the_client_its_own_call_only(xproxy, provider, model, 
         "tool_use" if dialect == "anthropic" else "tool_calls"
     )
     assert TOOL_NAME not in json.dumps(t2.result) + json.dumps(t2.chunks)
-    assert result_text(dialect, t2.result) == "Looking closer, round 1."
-    assert record(xproxy, t2.eid)["expand"]["rounds"] == 0
+    assert t2.text == "Looking closer, round 1."
+    assert xproxy.records.cg(t2.eid)["expand"]["rounds"] == 0
 
 
 # -- when the tool is not injected -------------------------------------------------------------------
@@ -603,10 +392,10 @@ def test_no_injection_without_tools_or_under_a_forced_choice(
     assert MARKER.search(got.body.decode())  # the vacuity guard: spliced, with a marker
     outside_messages(t2.request, got)
     assert TOOL_NAME.encode() not in (member(got.body, "tools") or b"")
-    cg = record(xproxy, t2.eid)
+    cg = xproxy.records.cg(t2.eid)
     assert cg["outcome"] == "rewritten"
     assert cg["expand"] == {"injected": False, "reason": reason}
-    assert result_text(dialect, t2.result) == DEFAULT_TEXT
+    assert t2.text == DEFAULT_TEXT
 
 
 @pytest.mark.parametrize("dialect", ["anthropic", "openai"])
@@ -615,7 +404,7 @@ def test_no_injection_without_a_marker(xproxy, provider, model, dialect):
     with Agent(xproxy, provider, dialect) as agent:
         t = agent.send(3)  # too short to summarize: nothing spliced, no marker
     assert_forwarded_unchanged(t.request, received(provider, t.eid))
-    cg = record(xproxy, t.eid)
+    cg = xproxy.records.cg(t.eid)
     assert cg["outcome"] == "passed_through"
     assert cg["expand"] == {"injected": False, "reason": "no resolvable marker"}
 
@@ -630,7 +419,7 @@ def test_the_injected_tool_bytes_are_identical_across_turns(xproxy, provider, di
     tools = []
     for t in (t2, t3):
         got = received(provider, t.eid)
-        assert record(xproxy, t.eid)["expand"]["injected"] is True
+        assert xproxy.records.cg(t.eid)["expand"]["injected"] is True
         raw = member(got.body, "tools")
         client = member(t.request.content, "tools")
         assert raw is not None and client is not None
@@ -668,7 +457,7 @@ def test_sse_of_a_rewritten_flow_without_the_tool_still_streams(xproxy, provider
                 gate.set()
     assert gate.is_set(), "no text delta reached the client"
     assert not reply.gate_timed_out, "the proxy buffered an SSE answer it did not need to"
-    cg = record(xproxy, eid)
+    cg = xproxy.records.cg(eid)
     assert cg["outcome"] == "rewritten"  # the vacuity guard: a rewritten flow, not a pass-through
     assert cg["expand"]["injected"] is False
 

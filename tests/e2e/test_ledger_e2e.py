@@ -16,14 +16,11 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import anthropic
-import httpx
-import openai
 import pytest
-import yaml
 
 from cg.cli import main as cli
-from tests.e2e.harness import Proxy, by_id, new_id, received
+from tests.e2e.harness import Proxy, by_id, low, new_id, received, start_summarize
+from tests.e2e.sdk_sessions import SdkClient
 from tests.fakeprovider import FakeProvider, Reply
 
 pytestmark = pytest.mark.e2e
@@ -81,32 +78,10 @@ def sessions(proxy: Proxy) -> dict[str, Any]:
 def lproxy(provider: FakeProvider, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Proxy]:
     """The `off` preset on its own SQLite file: a pure pass-through that still meters."""
     work = tmp_path_factory.mktemp("proxy-ledger")
-    p = Proxy.start(provider.url, work, preset="off", options=[f"cg_db={work / 'cg.sqlite3'}"])
-    try:
+    with Proxy.start(
+        provider.url, work, preset="off", options=[f"cg_db={work / 'cg.sqlite3'}"]
+    ) as p:
         yield p
-    finally:
-        p.stop()
-    assert not p.addon_errors(), p.log_text()
-
-
-def anthropic_client(proxy: Proxy, session: str) -> anthropic.Anthropic:
-    return anthropic.Anthropic(
-        base_url=proxy.url,
-        api_key=KEY,
-        max_retries=0,
-        default_headers={"x-context-guru-session": session},
-        http_client=httpx.Client(trust_env=False, timeout=30),
-    )
-
-
-def openai_client(proxy: Proxy, session: str) -> openai.OpenAI:
-    return openai.OpenAI(
-        base_url=f"{proxy.url}/v1",
-        api_key=KEY,
-        max_retries=0,
-        default_headers={"x-context-guru-session": session},
-        http_client=httpx.Client(trust_env=False, timeout=30),
-    )
 
 
 MSGS: list[Any] = [{"role": "user", "content": "Say hello. Ünïcödé ✓"}]
@@ -123,8 +98,8 @@ def test_a_tapped_stream_reaches_the_client_before_the_provider_finishes(lproxy,
     session = uuid.uuid4().hex
     eid = new_id()
     with (
-        anthropic_client(lproxy, session) as client,
-        client.messages.stream(
+        SdkClient(lproxy, "anthropic", key=KEY, session=session) as client,
+        client.sdk.messages.stream(
             model="claude-sonnet-5-5", max_tokens=50, messages=MSGS, extra_headers={"x-e2e-id": eid}
         ) as s,
     ):
@@ -133,7 +108,7 @@ def test_a_tapped_stream_reaches_the_client_before_the_provider_finishes(lproxy,
         final = s.get_final_message()
     assert gate.is_set() and not reply.gate_timed_out, "the proxy held the stream back"
     assert final.usage.output_tokens == A_USAGE["output_tokens"]
-    cg = lproxy.records.wait(eid)["cg"]
+    cg = lproxy.records.cg(eid)
     assert cg["outcome"] == "passed_through"
     assert cg["ledger"] == {"session": session, "rounds": 1, "usage": neutral("anthropic", A_USAGE)}
     assert sessions(lproxy)[session]["usage"]["agent"] == neutral("anthropic", A_USAGE)
@@ -173,7 +148,7 @@ def test_the_tap_changes_no_byte_of_a_stream(lproxy, provider):
         got = b"".join(r.iter_raw())
     assert got == stream
     assert received(provider, eid).body == body
-    cg = lproxy.records.wait(eid)["cg"]
+    cg = lproxy.records.cg(eid)
     assert cg["ledger"]["usage"] == {"input_tokens": 9, "cache_write_tokens": 0,
                                      "cache_read_tokens": 100, "output_tokens": 3, "requests": 1}  # fmt: skip
 
@@ -188,26 +163,17 @@ def test_each_sdks_usage_lands_in_its_sessions_ledger(lproxy, provider, dialect,
     usage = A_USAGE if dialect == "anthropic" else O_USAGE
     provider.script(Reply(usage=usage), Reply(usage=usage))
     for _ in range(2):
-        if dialect == "anthropic":
-            kw: dict[str, Any] = {"model": "claude-sonnet-5-5", "max_tokens": 50, "messages": MSGS}
-            with anthropic_client(lproxy, session) as c:
-                if stream:
-                    with c.messages.stream(**kw) as s:
-                        told = s.get_final_message().usage.output_tokens
-                else:
-                    told = c.messages.create(**kw).usage.output_tokens
-        else:
-            okw: dict[str, Any] = {"model": "gpt-6.2-sol", "messages": MSGS}
-            with openai_client(lproxy, session) as o:
-                if stream:
-                    chunks = list(
-                        o.chat.completions.create(
-                            **okw, stream=True, stream_options={"include_usage": True}
-                        )
-                    )
-                    told = next(ch.usage for ch in chunks if ch.usage).completion_tokens
-                else:
-                    told = o.chat.completions.create(**okw).usage.completion_tokens
+        with SdkClient(lproxy, dialect, key=KEY, session=session) as c:
+            if dialect == "anthropic":
+                t = c.call(stream, model="claude-sonnet-5-5", max_tokens=50, messages=MSGS)
+                told = t.result["usage"]["output_tokens"]
+            elif stream:
+                opts = {"include_usage": True}
+                t = c.call(stream, model="gpt-6.2-sol", messages=MSGS, stream_options=opts)
+                told = next(ch["usage"] for ch in t.chunks if ch.get("usage"))["completion_tokens"]
+            else:
+                t = c.call(stream, model="gpt-6.2-sol", messages=MSGS)
+                told = t.result["usage"]["completion_tokens"]
         assert told == neutral(dialect, usage)["output_tokens"]  # the client's own, untouched
     row = sessions(lproxy)[session]
     assert row["usage"] == {"agent": neutral(dialect, usage, 2), "summarizer": ZERO}
@@ -219,14 +185,11 @@ def test_each_sdks_usage_lands_in_its_sessions_ledger(lproxy, provider, dialect,
 
 def test_an_openai_stream_without_include_usage_is_counted_missing(lproxy, provider):
     before = lproxy.stats()["usage_reads"]["missing"]
-    session, eid = uuid.uuid4().hex, new_id()
-    with openai_client(lproxy, session) as o:
-        chunks: Any = o.chat.completions.create(
-            model="gpt-6.2-sol", messages=MSGS, stream=True, extra_headers={"x-e2e-id": eid}
-        )
-        text = "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices)
-    assert text
-    assert "stream_options" not in received(provider, eid).json()  # never asked for it
+    session = uuid.uuid4().hex
+    with SdkClient(lproxy, "openai", key=KEY, session=session) as o:
+        t = o.call(stream=True, model="gpt-6.2-sol", messages=MSGS)
+    assert t.text
+    assert "stream_options" not in received(provider, t.eid).json()  # never asked for it
     assert lproxy.stats()["usage_reads"]["missing"] == before + 1
     assert session not in sessions(lproxy)
 
@@ -234,12 +197,7 @@ def test_an_openai_stream_without_include_usage_is_counted_missing(lproxy, provi
 # -- agent and summarizer apart; savings after a splice ------------------------------------------
 
 
-LOW = {
-    "cache_state": "any",
-    "min_tokens": 10,
-    "resummarize_tokens": 100_000,
-    "trigger": {"min_request_frac": 0, "min_request_tokens": 0, "min_messages": 4},
-}
+LOW = low(resummarize_tokens=100_000)
 S_USAGE = {"input_tokens": 3000, "cache_read_input_tokens": 0, "output_tokens": 150}
 
 
@@ -254,30 +212,18 @@ def transcript(n: int) -> list[Any]:
 def test_agent_and_summarizer_are_booked_apart_and_a_splice_shows_savings(
     provider, tmp_path: Path, proxies, request
 ):
-    cfg = tmp_path / "cg.yaml"
-    cfg.write_text(yaml.safe_dump({"components": {"summarize": LOW}}))
-    proxy = Proxy.start(
-        provider.url,
-        tmp_path,
-        preset="summarize",
-        options=[f"cg_config={cfg}", f"cg_db={tmp_path / 'cg.sqlite3'}"],
-    )
-    proxies(proxy)
+    proxy = proxies(start_summarize(provider.url, tmp_path, LOW))
     session = uuid.uuid4().hex
-    client = anthropic_client(proxy, session)
-    request.addfinalizer(client.close)
+    client = SdkClient(proxy, "anthropic", key=KEY, session=session)
+    request.addfinalizer(client.http.close)
     provider.script_summarizer(Reply(text="<summary>They fixed the parser.</summary>",
                                      usage=S_USAGE))  # fmt: skip
     provider.script(Reply(usage=A_USAGE), Reply(usage=A_USAGE))
-    eid1 = new_id()
-    client.messages.create(model="claude-sonnet-5-5", max_tokens=50, messages=transcript(7),
-                           extra_headers={"x-e2e-id": eid1})  # fmt: skip
-    proxy.wait_stats(lambda s: s["summaries"]["completed"] >= 1)
-    eid2 = new_id()
-    client.messages.create(model="claude-sonnet-5-5", max_tokens=50, messages=transcript(9),
-                           extra_headers={"x-e2e-id": eid2})  # fmt: skip
-    assert proxy.records.wait(eid2)["cg"]["outcome"] == "rewritten"
-    assert len(provider.wait_for(1, where=by_id(eid2))) == 1
+    client.call(model="claude-sonnet-5-5", max_tokens=50, messages=transcript(7))
+    proxy.wait_count({"completed": 0}, "completed")
+    t2 = client.call(model="claude-sonnet-5-5", max_tokens=50, messages=transcript(9))
+    assert proxy.records.cg(t2.eid)["outcome"] == "rewritten"
+    assert len(provider.wait_for(1, where=by_id(t2.eid))) == 1
 
     row = sessions(proxy)[session]
     assert row["usage"]["agent"] == neutral("anthropic", A_USAGE, 2)
@@ -301,26 +247,22 @@ def test_agent_and_summarizer_are_booked_apart_and_a_splice_shows_savings(
 def test_the_ledger_survives_a_restart_and_the_cli_reads_it(provider, tmp_path: Path, capsys):
     db = tmp_path / "cg.sqlite3"
     session = uuid.uuid4().hex
-    first = Proxy.start(provider.url, tmp_path / "one", preset="off", options=[f"cg_db={db}"])
-    try:
+    with Proxy.start(
+        provider.url, tmp_path / "one", preset="off", options=[f"cg_db={db}"]
+    ) as first:
         provider.script(Reply(usage=A_USAGE))
-        with anthropic_client(first, session) as client:
-            client.messages.create(model="claude-sonnet-5-5", max_tokens=9, messages=MSGS)
+        with SdkClient(first, "anthropic", key=KEY, session=session) as client:
+            client.call(model="claude-sonnet-5-5", max_tokens=9, messages=MSGS)
         before = first.stats()["usage"]
         assert before["agent"]["requests"] >= 1
-    finally:
-        first.stop()
-    assert not first.addon_errors(), first.log_text()
 
-    second = Proxy.start(provider.url, tmp_path / "two", preset="off", options=[f"cg_db={db}"])
-    try:
+    with Proxy.start(
+        provider.url, tmp_path / "two", preset="off", options=[f"cg_db={db}"]
+    ) as second:
         assert second.stats()["usage"] == before
         assert sessions(second)[session]["usage"]["agent"] == neutral("anthropic", A_USAGE)
         assert cli(["stats", "--proxy", second.url, "--json"]) == 0
         assert json.loads(capsys.readouterr().out)["usage"] == before
-    finally:
-        second.stop()
-    assert not second.addon_errors(), second.log_text()
 
     assert cli(["sessions", "--db", str(db), "--json"]) == 0
     rows = {r["id"]: r for r in json.loads(capsys.readouterr().out)}

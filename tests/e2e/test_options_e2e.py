@@ -18,16 +18,12 @@ MB = 1024 * 1024
 def small_proxy(
     provider: FakeProvider, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Proxy]:
-    p = Proxy.start(
+    with Proxy.start(
         provider.url,
         tmp_path_factory.mktemp("proxy-small"),
         options=["cg_max_body_mb=1", "stream_large_bodies=3m"],
-    )
-    try:
+    ) as p:
         yield p
-    finally:
-        p.stop()
-    assert not p.addon_errors(), p.log_text()
 
 
 def _body(size: int) -> bytes:
@@ -52,6 +48,6 @@ def test_body_size_options_pass_through_with_reason(small_proxy, provider, size,
     got = received(provider, eid)
     assert_forwarded_unchanged(capture.only(), got)
     assert got.body == body
-    cg = small_proxy.records.wait(eid)["cg"]
+    cg = small_proxy.records.cg(eid)
     assert cg["outcome"] == "passed_through"
     assert reason in cg["reason"]

@@ -53,9 +53,7 @@ def passed(
     """The provider got exactly what was sent; return it and the flow's decision record."""
     got = received(provider, eid)
     assert_forwarded_unchanged(sent, got)
-    cg: dict[str, Any] = proxy.records.wait(eid)["cg"]
-    assert cg is not None, "a provider request got no decision record"
-    return got, cg
+    return got, proxy.records.cg(eid)
 
 
 def assert_still_serving(proxy: Proxy, provider: FakeProvider) -> None:

@@ -26,9 +26,8 @@ from tests.e2e.agents import (
     drive_claude,
     never_saw_expand,
     start_proxy,
-    wait_settled,
 )
-from tests.e2e.harness import Capture, Proxy, by_id, new_id
+from tests.e2e.harness import Capture, Proxy, by_id, header_pairs, new_id
 from tests.e2e.pki import Pki, make_pki
 from tests.e2e.sdk_agent import SdkAgent, run_scripted
 from tests.fakeprovider import DEFAULT_TEXT, FakeProvider
@@ -111,8 +110,7 @@ def hosts(proxy: Proxy) -> set[str]:
 def test_claude_code_through_https_proxy_default_preset_byte_identical(
     claude_code, fake, site, pki, tmp_path, proxies
 ):
-    proxy = start_regular(fake, site, pki, tmp_path, preset="summarize")
-    proxies(proxy)
+    proxy = proxies(start_regular(fake, site, pki, tmp_path, preset="summarize"))
     s = drive_claude(claude_code, fake, proxy, tmp_path, 6, claude_env(proxy), FIRST_PARTY)
     assert [t.outcome for t in s.turns] == ["passed_through"] * 7
     assert all(t.cg["dialect"] == "anthropic" for t in s.turns)  # decided: cg_hosts matched
@@ -123,8 +121,7 @@ def test_claude_code_through_https_proxy_default_preset_byte_identical(
 def test_claude_code_through_https_proxy_is_summarized_reused_and_expanded(
     claude_code, fake, site, pki, tmp_path, proxies
 ):
-    proxy = start_regular(fake, site, pki, tmp_path, preset="summarize", summarize=LOW)
-    proxies(proxy)
+    proxy = proxies(start_regular(fake, site, pki, tmp_path, preset="summarize", summarize=LOW))
     s = drive_claude(
         claude_code,
         fake,
@@ -134,7 +131,7 @@ def test_claude_code_through_https_proxy_is_summarized_reused_and_expanded(
         claude_env(proxy),
         FIRST_PARTY,
         expand=True,
-        before=lambda step: wait_settled(proxy),
+        settle=True,
     )
     assert_summarized(s.turns, proxy, head=1)
     assert_expanded_once(s.turns, s.script, proxy)
@@ -159,8 +156,7 @@ SDK_CASES = [
 async def test_sdk_agent_through_https_proxy_is_summarized_reused_and_expanded(
     fake, site, pki, tmp_path, proxies, https_env, dialect, is_async, stream
 ):
-    proxy = start_regular(fake, site, pki, tmp_path, preset="summarize", summarize=LOW)
-    proxies(proxy)
+    proxy = proxies(start_regular(fake, site, pki, tmp_path, preset="summarize", summarize=LOW))
     https_env(proxy)
     agent = SdkAgent(dialect, is_async=is_async, stream=stream)  # default host, from the env
     script, turns = await run_scripted(fake, proxy, tmp_path, agent)
@@ -176,8 +172,7 @@ async def test_sdk_agent_through_https_proxy_is_summarized_reused_and_expanded(
 def test_non_provider_https_traffic_passes_the_proxy_untouched(
     fake, site, pki, tmp_path, proxies, https_env
 ):
-    proxy = start_regular(fake, site, pki, tmp_path, preset="summarize", summarize=LOW)
-    proxies(proxy)
+    proxy = proxies(start_regular(fake, site, pki, tmp_path, preset="summarize", summarize=LOW))
     https_env(proxy)
     capture = Capture()
     messages = [{"role": "user", "content": f"Task {n}: Ünïcödé ✓"} for n in range(9)]
@@ -200,8 +195,8 @@ def test_non_provider_https_traffic_passes_the_proxy_untouched(
         (got,) = server.wait_for(1, where=by_id(eid))
         assert (got.method, got.path) == (sent.method, sent.url.raw_path.decode())
         assert got.body == sent.content
-        mine = sorted((k.lower(), v) for k, v in sent.headers.multi_items())
-        assert sorted((k.lower(), v) for k, v in got.headers) == mine  # Host too
+        mine = header_pairs(sent.headers.multi_items(), skip=())
+        assert header_pairs(got.headers, skip=()) == mine  # Host too
         record = proxy.records.wait(eid)
         if sent.url.host in PROVIDERS:
             assert record["cg"]["outcome"] == "passed_through", record  # decided, not rewritten

@@ -44,8 +44,7 @@ def fake() -> Iterator[FakeProvider]:
 async def test_sdk_agent_session_is_summarized_reused_and_expanded_unseen(
     fake, tmp_path, proxies, dialect, is_async, stream
 ):
-    proxy = start_proxy(fake.url, tmp_path, "summarize", LOW)
-    proxies(proxy)
+    proxy = proxies(start_proxy(fake.url, tmp_path, "summarize", LOW))
     agent = SdkAgent(dialect, is_async=is_async, stream=stream, base_url=proxy.url)
     script, turns = await run_scripted(fake, proxy, tmp_path, agent, STEPS)
     assert all(t.sent.body.startswith(b"{") for t in turns)

@@ -23,6 +23,7 @@ from tests.e2e.harness import (
     new_id,
     received,
 )
+from tests.e2e.sdk_sessions import sdk_client
 from tests.fakeprovider import DEFAULT_TEXT, FakeProvider, Reply, anthropic_error, openai_error
 
 pytestmark = pytest.mark.e2e
@@ -70,8 +71,7 @@ def _check(
     proxy: Proxy, provider: FakeProvider, capture: Capture, eid: str, dialect: str
 ) -> dict[str, Any]:
     assert_forwarded_unchanged(capture.only(), received(provider, eid))
-    record = proxy.records.wait(eid)
-    cg: dict[str, Any] = record["cg"]
+    cg = proxy.records.cg(eid)
     assert cg["dialect"] == dialect
     assert cg["outcome"] == "passed_through"
     assert cg["reason"] == "no components in the pipeline"
@@ -84,9 +84,7 @@ def _check(
 def test_anthropic_sync_create_reaches_provider_byte_identical(proxy, provider):
     capture, eid = Capture(), new_id()
     with httpx.Client(trust_env=False, event_hooks=capture.hooks()) as http:
-        client = anthropic.Anthropic(
-            base_url=proxy.url, api_key="sk-test", http_client=http, max_retries=0
-        )
+        client = sdk_client("anthropic", proxy, http, key="sk-test")
         msg = client.messages.create(
             model="claude-test",
             max_tokens=64,
@@ -104,9 +102,7 @@ def test_anthropic_sync_create_reaches_provider_byte_identical(proxy, provider):
 def test_anthropic_sync_stream_arrives_whole_and_request_is_byte_identical(proxy, provider):
     capture, eid = Capture(), new_id()
     with httpx.Client(trust_env=False, event_hooks=capture.hooks()) as http:
-        client = anthropic.Anthropic(
-            base_url=proxy.url, api_key="sk-test", http_client=http, max_retries=0
-        )
+        client = sdk_client("anthropic", proxy, http, key="sk-test")
         with client.messages.stream(
             model="claude-test",
             max_tokens=64,
@@ -127,9 +123,7 @@ async def test_anthropic_async_create_and_stream_byte_identical(proxy, provider)
     for stream in (False, True):
         capture, eid = Capture(), new_id()
         async with httpx.AsyncClient(trust_env=False, event_hooks=capture.async_hooks()) as http:
-            client = anthropic.AsyncAnthropic(
-                base_url=proxy.url, api_key="sk-test", http_client=http, max_retries=0
-            )
+            client = sdk_client("anthropic", proxy, http, key="sk-test")
             if stream:
                 events = await client.messages.create(
                     model="claude-test",
@@ -164,9 +158,7 @@ def test_anthropic_provider_error_reaches_sdk_unchanged(proxy, provider):
     provider.script(anthropic_error(400, "invalid_request_error", "messages.1: fake refusal"))
     capture, eid = Capture(), new_id()
     with httpx.Client(trust_env=False, event_hooks=capture.hooks()) as http:
-        client = anthropic.Anthropic(
-            base_url=proxy.url, api_key="sk-test", http_client=http, max_retries=0
-        )
+        client = sdk_client("anthropic", proxy, http, key="sk-test")
         with pytest.raises(anthropic.BadRequestError, match=r"messages\.1: fake refusal"):
             client.messages.create(
                 model="claude-test",
@@ -184,9 +176,7 @@ def test_anthropic_provider_error_reaches_sdk_unchanged(proxy, provider):
 def test_openai_sync_create_reaches_provider_byte_identical(proxy, provider):
     capture, eid = Capture(), new_id()
     with httpx.Client(trust_env=False, event_hooks=capture.hooks()) as http:
-        client = openai.OpenAI(
-            base_url=f"{proxy.url}/v1", api_key="sk-test", http_client=http, max_retries=0
-        )
+        client = sdk_client("openai", proxy, http, key="sk-test")
         done = client.chat.completions.create(
             model="gpt-test", messages=OPENAI_MESSAGES, extra_headers={"x-e2e-id": eid}
         )
@@ -199,9 +189,7 @@ def test_openai_sync_create_reaches_provider_byte_identical(proxy, provider):
 def test_openai_sync_stream_with_usage_arrives_whole(proxy, provider):
     capture, eid = Capture(), new_id()
     with httpx.Client(trust_env=False, event_hooks=capture.hooks()) as http:
-        client = openai.OpenAI(
-            base_url=f"{proxy.url}/v1", api_key="sk-test", http_client=http, max_retries=0
-        )
+        client = sdk_client("openai", proxy, http, key="sk-test")
         chunks = list(
             client.chat.completions.create(
                 model="gpt-test",
@@ -222,9 +210,7 @@ async def test_openai_async_create_and_stream_byte_identical(proxy, provider):
     for stream in (False, True):
         capture, eid = Capture(), new_id()
         async with httpx.AsyncClient(trust_env=False, event_hooks=capture.async_hooks()) as http:
-            client = openai.AsyncOpenAI(
-                base_url=f"{proxy.url}/v1", api_key="sk-test", http_client=http, max_retries=0
-            )
+            client = sdk_client("openai", proxy, http, key="sk-test")
             if stream:
                 chunks = await client.chat.completions.create(
                     model="gpt-test",
@@ -250,9 +236,7 @@ def test_openai_provider_500_reaches_sdk_unchanged(proxy, provider):
     provider.script(openai_error(500, "server_error", "fake overload"))
     capture, eid = Capture(), new_id()
     with httpx.Client(trust_env=False, event_hooks=capture.hooks()) as http:
-        client = openai.OpenAI(
-            base_url=f"{proxy.url}/v1", api_key="sk-test", http_client=http, max_retries=0
-        )
+        client = sdk_client("openai", proxy, http, key="sk-test")
         with pytest.raises(openai.InternalServerError, match="fake overload"):
             client.chat.completions.create(
                 model="gpt-test", messages=OPENAI_MESSAGES, extra_headers={"x-e2e-id": eid}
@@ -296,6 +280,6 @@ def test_sse_reaches_client_before_provider_finishes(proxy, provider, path, body
     assert gate.is_set(), "no text delta reached the client"
     assert not reply.gate_timed_out, "the proxy buffered the SSE stream until the provider finished"
     assert received(provider, eid).body == body
-    assert proxy.records.wait(eid)["cg"]["outcome"] == "passed_through"
+    assert proxy.records.cg(eid)["outcome"] == "passed_through"
     lines = [x for x in lines if x]
     assert lines[-1] in ("data: [DONE]", 'data: {"type":"message_stop"}')

@@ -18,17 +18,14 @@ from __future__ import annotations
 import json
 import threading
 import uuid
-from collections.abc import Callable, Iterator
-from pathlib import Path
+from collections.abc import Iterator
 from typing import Any
 
-import anthropic
 import httpx
-import openai
 import pytest
-import yaml
 
-from tests.e2e.harness import Capture, Proxy, new_id, received
+from tests.e2e.harness import Proxy, low, new_id, received, start_summarize
+from tests.e2e.sdk_sessions import EPHEMERAL, SYSTEM, SdkClient, provider_message
 from tests.fakeprovider import FakeProvider, Recorded, Reply
 from tests.promptcache import Bill, Clock
 from tests.shared_request import split_shared
@@ -38,14 +35,7 @@ pytestmark = pytest.mark.e2e
 
 KEY = "sk-shared-e2e-0001"
 WAIT = 15.0
-SYSTEM = "You are a coding agent. Ünïcödé ✓"
-EPH = {"type": "ephemeral"}
-LOW: dict[str, Any] = {
-    "cache_state": "any",
-    "min_tokens": 10,
-    "resummarize_tokens": 1_000_000,
-    "trigger": {"min_request_frac": 0, "min_request_tokens": 0, "min_messages": 4},
-}
+LOW = low(resummarize_tokens=1_000_000)
 
 
 @pytest.fixture(scope="module")
@@ -61,33 +51,6 @@ def _unscripted(fake: FakeProvider) -> Iterator[None]:
     fake.clear_script()
 
 
-@pytest.fixture
-def running() -> Iterator[Callable[[Proxy], Proxy]]:
-    started: list[Proxy] = []
-
-    def keep(p: Proxy) -> Proxy:
-        started.append(p)
-        return p
-
-    yield keep
-    for p in started:
-        p.stop()
-    for p in started:
-        assert not p.addon_errors(), p.log_text()
-
-
-def start(fake: FakeProvider, workdir: Path, summarize: dict[str, Any]) -> Proxy:
-    workdir.mkdir(parents=True, exist_ok=True)
-    config = workdir / "cg.yaml"
-    config.write_text(yaml.safe_dump({"components": {"summarize": summarize}}))
-    return Proxy.start(
-        fake.url,
-        workdir,
-        preset="summarize",
-        options=[f"cg_config={config}", f"cg_db={workdir / 'cg.sqlite3'}"],
-    )
-
-
 def summarizer_calls(fake: FakeProvider, marker: str) -> list[Recorded]:
     return [r for r in fake.requests if r.is_summarizer and marker.encode() in r.body]
 
@@ -101,60 +64,6 @@ def wait_summaries(proxy: Proxy, n: int = 1) -> dict[str, Any]:
     return summaries
 
 
-# -- clients --------------------------------------------------------------------------------------
-
-
-class Client:
-    """One official SDK client through the proxy, capturing what it put on the wire."""
-
-    def __init__(self, proxy: Proxy, dialect: str, key: str = KEY) -> None:
-        self.dialect = dialect
-        self.session = uuid.uuid4().hex
-        self.capture = Capture()
-        self.http = httpx.Client(trust_env=False, event_hooks=self.capture.hooks(), timeout=30)
-        headers = {"x-context-guru-session": self.session}
-        self.sdk: Any
-        if dialect == "anthropic":
-            self.sdk = anthropic.Anthropic(
-                base_url=proxy.url,
-                api_key=key,
-                http_client=self.http,
-                max_retries=0,
-                default_headers=headers,
-            )
-        else:
-            self.sdk = openai.OpenAI(
-                base_url=f"{proxy.url}/v1",
-                api_key=key,
-                http_client=self.http,
-                max_retries=0,
-                default_headers=headers,
-            )
-
-    def __enter__(self) -> Client:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.http.close()
-
-    def send(self, stream: bool = False, **kw: Any) -> str:
-        """One request; its `x-e2e-id`."""
-        eid = new_id()
-        kw["extra_headers"] = {"x-e2e-id": eid}
-        if self.dialect == "anthropic":
-            if stream:
-                with self.sdk.messages.stream(**kw) as s:
-                    s.get_final_message()
-            else:
-                self.sdk.messages.create(**kw)
-        elif stream:
-            for _ in self.sdk.chat.completions.create(**kw, stream=True):
-                pass
-        else:
-            self.sdk.chat.completions.create(**kw)
-        return eid
-
-
 def anthropic_request(tag: str, n: int = 9) -> dict[str, Any]:
     """An agent turn with every field the cache is keyed on: system and tools with breakpoints,
     thinking, tool_choice, and the moving breakpoint on the last message."""
@@ -166,18 +75,18 @@ def anthropic_request(tag: str, n: int = 9) -> dict[str, Any]:
         msgs.append({"role": role, "content": text})
     msgs[-1] = {
         "role": "user",
-        "content": [{"type": "text", "text": msgs[-1]["content"], "cache_control": EPH}],
+        "content": [{"type": "text", "text": msgs[-1]["content"], "cache_control": EPHEMERAL}],
     }
     return {
         "model": "claude-test",
         "max_tokens": 2048,
-        "system": [{"type": "text", "text": SYSTEM, "cache_control": EPH}],
+        "system": [{"type": "text", "text": SYSTEM, "cache_control": EPHEMERAL}],
         "tools": [
             {
                 "name": "Bash",
                 "description": "Run a command.",
                 "input_schema": {"type": "object", "properties": {"cmd": {"type": "string"}}},
-                "cache_control": EPH,
+                "cache_control": EPHEMERAL,
             }
         ],
         "tool_choice": {"type": "auto"},
@@ -216,15 +125,17 @@ def openai_request(tag: str, exchanges: int = 3) -> dict[str, Any]:
     ],
 )
 def test_the_summarizer_request_is_the_forwarded_request_plus_one_instruction(
-    fake, tmp_path, running, dialect, stream, options, changed
+    fake, tmp_path, proxies, dialect, stream, options, changed
 ):
-    proxy = running(
-        start(fake, tmp_path, {**LOW, "keep_first": 1 if dialect == "anthropic" else 2})
+    proxy = proxies(
+        start_summarize(
+            fake.url, tmp_path, {**LOW, "keep_first": 1 if dialect == "anthropic" else 2}
+        )
     )
-    with Client(proxy, dialect) as client:
+    with SdkClient(proxy, dialect, key=KEY) as client:
         tag = client.session
         body = anthropic_request(tag) if dialect == "anthropic" else openai_request(tag)
-        eid = client.send(stream=stream, **body, **options)
+        eid = client.call(stream=stream, **body, **options).eid
         forwarded = received(fake, eid)
         summaries = wait_summaries(proxy)
         assert (summaries["completed"], summaries["shared"]) == (1, 1)
@@ -251,69 +162,31 @@ def test_the_summarizer_request_is_the_forwarded_request_plus_one_instruction(
 
 
 def tool_calls_only(dialect: str) -> Reply:
-    if dialect == "anthropic":
-        return Reply.json(
-            200,
-            {
-                "id": "msg_tools",
-                "type": "message",
-                "role": "assistant",
-                "model": "claude-test",
-                "content": [
-                    {"type": "tool_use", "id": "toolu_x", "name": "Bash", "input": {"cmd": "ls"}}
-                ],
-                "stop_reason": "tool_use",
-                "stop_sequence": None,
-                "usage": {"input_tokens": 10, "output_tokens": 5},
-            },
-        )
-    return Reply.json(
-        200,
-        {
-            "id": "chatcmpl-tools",
-            "object": "chat.completion",
-            "created": 1,
-            "model": "gpt-test",
-            "choices": [
-                {
-                    "index": 0,
-                    "message": {
-                        "role": "assistant",
-                        "content": None,
-                        "tool_calls": [
-                            {
-                                "id": "call_x",
-                                "type": "function",
-                                "function": {"name": "shell", "arguments": "{}"},
-                            }
-                        ],
-                    },
-                    "finish_reason": "tool_calls",
-                }
-            ],
-            "usage": {"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15},
-        },
-    )
+    """A summarizer's answer with one tool call and nothing else (no text, no thinking)."""
+    call = ("toolu_x", "Bash", {"cmd": "ls"}) if dialect == "anthropic" else ("call_x", "shell", {})
+    return Reply.json(200, provider_message(dialect, 0, None, [call], (10, 5), thinking=False))
 
 
 @pytest.mark.parametrize("dialect", ["anthropic", "openai"])
 def test_an_answer_with_only_tool_calls_falls_back_once_to_the_standalone_prompt(
-    fake, tmp_path, running, dialect
+    fake, tmp_path, proxies, dialect
 ):
-    proxy = running(
-        start(fake, tmp_path, {**LOW, "keep_first": 1 if dialect == "anthropic" else 2})
+    proxy = proxies(
+        start_summarize(
+            fake.url, tmp_path, {**LOW, "keep_first": 1 if dialect == "anthropic" else 2}
+        )
     )
     fake.script_summarizer(tool_calls_only(dialect))
-    with Client(proxy, dialect) as client:
+    with SdkClient(proxy, dialect, key=KEY) as client:
         tag = client.session
         body = anthropic_request(tag) if dialect == "anthropic" else openai_request(tag)
-        forwarded = received(fake, client.send(**body))
+        forwarded = received(fake, client.call(**body).eid)
         summaries = wait_summaries(proxy)
         assert (summaries["completed"], summaries["fallback"], summaries["shared"]) == (1, 1, 0)
         # The next turn splices the fallback's summary.
         body["messages"] = [*body["messages"], {"role": "assistant", "content": "ok"}]
         body["messages"].append({"role": "user", "content": "go on"})
-        spliced = received(fake, client.send(**body))
+        spliced = received(fake, client.call(**body).eid)
     shared, standalone = summarizer_calls(fake, f"Task {tag}:")
     split_shared(forwarded.body, shared.body, dialect)
     prompt = standalone.json()["messages"][0]["content"]
@@ -327,11 +200,11 @@ def test_an_answer_with_only_tool_calls_falls_back_once_to_the_standalone_prompt
     ("model", "path"),
     [({"share_cache": "never"}, "standalone"), ({"share_cache": "always"}, "shared")],
 )
-def test_share_cache_option_chooses_the_request(fake, tmp_path, running, model, path):
-    proxy = running(start(fake, tmp_path, {**LOW, "model": model}))
-    with Client(proxy, "anthropic") as client:
+def test_share_cache_option_chooses_the_request(fake, tmp_path, proxies, model, path):
+    proxy = proxies(start_summarize(fake.url, tmp_path, {**LOW, "model": model}))
+    with SdkClient(proxy, "anthropic", key=KEY) as client:
         tag = client.session
-        client.send(**anthropic_request(tag))
+        client.call(**anthropic_request(tag))
         summaries = wait_summaries(proxy)
     assert (summaries["completed"], summaries[path]) == (1, 1)
     (call,) = summarizer_calls(fake, f"Task {tag}:")
@@ -341,22 +214,22 @@ def test_share_cache_option_chooses_the_request(fake, tmp_path, running, model, 
 def test_share_cache_always_with_a_config_model_refuses_to_start(fake, tmp_path):
     model = {"source": "config", "model": "cheap", "share_cache": "always"}
     with pytest.raises(RuntimeError) as e:
-        start(fake, tmp_path, {**LOW, "model": model})
+        start_summarize(fake.url, tmp_path, {**LOW, "model": model})
     assert "model.share_cache" in str(e.value) and "source: incoming" in str(e.value)
 
 
 # -- when: once the commissioning answer has begun -------------------------------------------------
 
 
-def test_the_call_goes_once_the_answer_has_begun_while_it_still_streams(fake, tmp_path, running):
-    proxy = running(start(fake, tmp_path, LOW))
+def test_the_call_goes_once_the_answer_has_begun_while_it_still_streams(fake, tmp_path, proxies):
+    proxy = proxies(start_summarize(fake.url, tmp_path, LOW))
     gate = threading.Event()
     reply = Reply(gate=gate)
     fake.script(reply)
-    with Client(proxy, "anthropic") as client:
+    with SdkClient(proxy, "anthropic", key=KEY) as client:
         tag = client.session
         done = threading.Thread(
-            target=client.send, kwargs={"stream": True, **anthropic_request(tag)}, daemon=True
+            target=client.call, kwargs={"stream": True, **anthropic_request(tag)}, daemon=True
         )
         done.start()
         try:
@@ -374,15 +247,15 @@ def test_the_call_goes_once_the_answer_has_begun_while_it_still_streams(fake, tm
 
 
 def test_no_summarizer_request_reaches_the_provider_before_the_answers_headers(
-    fake, tmp_path, running
+    fake, tmp_path, proxies
 ):
-    proxy = running(start(fake, tmp_path, LOW))
+    proxy = proxies(start_summarize(fake.url, tmp_path, LOW))
     hold = threading.Event()  # never set: the reply is held for hold_timeout, a slow server
     reply = Reply(hold=hold, hold_timeout=1.0)
     fake.script(reply)
-    with Client(proxy, "anthropic") as client:
+    with SdkClient(proxy, "anthropic", key=KEY) as client:
         tag = client.session
-        client.send(**anthropic_request(tag))
+        client.call(**anthropic_request(tag))
         wait_summaries(proxy)
     assert reply.hold_timed_out  # vacuity: the answer really was held, headers and all
     (call,) = summarizer_calls(fake, f"Task {tag}:")
@@ -413,9 +286,9 @@ def shared_bills(fake: FakeProvider, proxy: Proxy, dialect: str, key: str) -> tu
         assert r.status_code == 200
         agent = received(fake, headers["x-e2e-id"])
     else:
-        with Client(proxy, "openai", key) as client:
+        with SdkClient(proxy, "openai", key=key) as client:
             body = openai_request(client.session, exchanges=150)
-            agent = received(fake, client.send(**body))
+            agent = received(fake, client.call(**body).eid)
     assert wait_summaries(proxy)["completed"] == 1
     (call,) = [
         r
@@ -428,18 +301,20 @@ def shared_bills(fake: FakeProvider, proxy: Proxy, dialect: str, key: str) -> tu
 
 @pytest.mark.parametrize("dialect", ["anthropic", "openai"])
 def test_the_shared_call_reads_at_least_90_percent_of_its_input_from_the_cache(
-    fake, tmp_path, running, dialect
+    fake, tmp_path, proxies, dialect
 ):
     keep = {"keep_first": 1 if dialect == "anthropic" else 2}
-    shared = running(start(fake, tmp_path / "auto", {**LOW, **keep}))
+    shared = proxies(start_summarize(fake.url, tmp_path / "auto", {**LOW, **keep}))
     agent, call = shared_bills(fake, shared, dialect, f"sk-auto-{dialect}")
     assert agent.prompt_tokens > 10_000  # a session grown large: the cache matters
     assert call.read_share >= 0.90, call
     assert call.read >= agent.prompt_tokens * 0.9  # it is the agent's transcript that was read
 
     # Vacuity guard: the standalone prompt, on the same session, reads (almost) none of it.
-    never = running(
-        start(fake, tmp_path / "never", {**LOW, **keep, "model": {"share_cache": "never"}})
+    never = proxies(
+        start_summarize(
+            fake.url, tmp_path / "never", {**LOW, **keep, "model": {"share_cache": "never"}}
+        )
     )
     agent2, standalone = shared_bills(fake, never, dialect, f"sk-never-{dialect}")
     assert agent2.prompt_tokens == agent.prompt_tokens

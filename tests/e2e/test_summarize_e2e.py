@@ -16,28 +16,26 @@ import json
 import re
 import socket
 import threading
-import time
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import anthropic
 import httpx
-import openai
 import pytest
-import yaml
 
 from tests.e2e.harness import (
-    Capture,
     Proxy,
     assert_forwarded_unchanged,
     by_id,
+    header_pairs,
+    low,
     message_sources,
-    new_id,
     received,
+    start_summarize,
 )
+from tests.e2e.sdk_sessions import Exchange, SdkClient, anthropic_messages, openai_messages
 from tests.fakeprovider import (
     DEFAULT_TEXT,
     FakeProvider,
@@ -54,219 +52,38 @@ HEADER = "=== History Summary ==="
 MARKER = re.compile(r"<<cg:([0-9a-f]+)>>")
 AGENT_KEY = "sk-agent-e2e-0001"
 CHEAP_KEY = "sk-cheap-e2e-0002"
-SUMMARY_WAIT = 10.0
 # Triggers low enough for a dozen short messages; reuse until 200 new tokens pile up.
-LOW = {
-    "cache_state": "any",
-    "min_tokens": 10,
-    "resummarize_tokens": 200,
-    "trigger": {"min_request_frac": 0, "min_request_tokens": 0, "min_messages": 4},
-}
+LOW = low(resummarize_tokens=200)
 NEVER = {**LOW, "model": {"share_cache": "never"}}
-BIG = " ".join(f"detail-{i}" for i in range(300))  # a message worth far more than 200 tokens
-SYSTEM = 'You are a coding agent. Ünïcödé, "quotes", </script> and 🚀 survive byte-for-byte.'
 
 
-# -- transcripts -------------------------------------------------------------------------------
+# -- an agent -----------------------------------------------------------------------------------
 
 
-def anthropic_messages(tag: str, n: int, big_at: int | None = None) -> list[Any]:
-    """n messages (n odd: the last is a user turn), with one tool exchange at [1, 2]."""
-    out: list[Any] = []
-    for i in range(n):
-        if i == 0:
-            text = f"Task {tag}: make the parser tests pass. Ünïcödé ✓"
-            out.append({"role": "user", "content": text})
-        elif i == 1:
-            call = {
-                "type": "tool_use",
-                "id": "toolu_01",
-                "name": "Bash",
-                "input": {"cmd": "pytest"},
-            }
-            out.append({"role": "assistant", "content": [{"type": "text", "text": "Tests."}, call]})
-        elif i == 2:
-            result = {"type": "tool_result", "tool_use_id": "toolu_01", "content": "1 failed"}
-            out.append({"role": "user", "content": [result]})
-        elif i % 2:
-            text = f"Step {i}: I read parser.py around line {10 * i}."
-            out.append({"role": "assistant", "content": text + (" " + BIG if i == big_at else "")})
-        else:
-            out.append({"role": "user", "content": f'Note {i}: keep going, "carefully" ✓.'})
-    return out
+class Agent(SdkClient):
+    """An agent with its own key whose system prompt carries a cache breakpoint, as agents that
+    want the prompt cache set one: the shared-cache summarizer (`share_cache: auto`) shares only
+    a cache that was written."""
 
-
-def openai_messages(tag: str, n: int) -> list[Any]:
-    """[system, task, call, tool, ...], n even: the last is a user turn."""
-    out: list[Any] = [
-        {"role": "system", "content": SYSTEM},
-        {"role": "user", "content": f"Task {tag}: make the parser tests pass. Ünïcödé ✓"},
-        {
-            "role": "assistant",
-            "content": None,
-            "tool_calls": [
-                {
-                    "id": "call_01",
-                    "type": "function",
-                    "function": {"name": "bash", "arguments": '{"cmd": "pytest"}'},
-                }
-            ],
-        },
-        {"role": "tool", "tool_call_id": "call_01", "content": "1 failed"},
-    ]
-    for i in range(4, n):
-        if i % 2:
-            out.append({"role": "user", "content": f"Note {i}: keep going ✓."})
-        else:
-            out.append({"role": "assistant", "content": f"Step {i}: I read parser.py."})
-    return out[:n]
-
-
-# -- an agent: one SDK client with a session, capturing what it sends -----------------------------
-
-
-@dataclass
-class Turn:
-    eid: str
-    sent: httpx.Request
-    text: str
-    seconds: float
-
-
-class Agent:
-    def __init__(
-        self,
-        proxy: Proxy,
-        dialect: str,
-        session: str | None = None,
-        key: str = AGENT_KEY,
-        model: str | None = None,
-    ) -> None:
-        self.dialect = dialect
-        self.session = session or uuid.uuid4().hex
-        self.model = model or ("claude-test" if dialect == "anthropic" else "gpt-test")
-        self.capture = Capture()
-        self.http = httpx.Client(trust_env=False, event_hooks=self.capture.hooks(), timeout=30)
-        headers = {"x-context-guru-session": self.session}
-        self.sdk: Any
-        if dialect == "anthropic":
-            self.sdk = anthropic.Anthropic(
-                base_url=proxy.url,
-                api_key=key,
-                http_client=self.http,
-                max_retries=0,
-                default_headers=headers,
-            )
-        else:
-            self.sdk = openai.OpenAI(
-                base_url=f"{proxy.url}/v1",
-                api_key=key,
-                http_client=self.http,
-                max_retries=0,
-                default_headers=headers,
-            )
-
-    def __enter__(self) -> Agent:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.http.close()
-
-    def send(self, messages: list[Any], stream: bool = False) -> Turn:
-        eid = new_id()
-        extra = {"x-e2e-id": eid}
-        t0 = time.monotonic()
-        if self.dialect == "anthropic":
-            kw: dict[str, Any] = {
-                "model": self.model,
-                "max_tokens": 64,
-                # A breakpoint, as agents that want the prompt cache set one: the shared-cache
-                # summarizer (`share_cache: auto`) shares only a cache that was written.
-                "system": [
-                    {"type": "text", "text": SYSTEM, "cache_control": {"type": "ephemeral"}}
-                ],
-                "messages": messages,
-                "extra_headers": extra,
-            }
-            if stream:
-                with self.sdk.messages.stream(**kw) as s:
-                    text = "".join(s.text_stream)
-            else:
-                text = self.sdk.messages.create(**kw).content[0].text
-        else:
-            kw = {"model": self.model, "messages": messages, "extra_headers": extra}
-            if stream:
-                chunks = self.sdk.chat.completions.create(**kw, stream=True)
-                text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
-            else:
-                text = self.sdk.chat.completions.create(**kw).choices[0].message.content
-        seconds = time.monotonic() - t0
-        sent = self.capture.sent[-1]
-        assert sent.headers["x-e2e-id"] == eid
-        return Turn(eid, sent, text, seconds)
+    def __init__(self, proxy: Proxy, dialect: str, session: str | None = None) -> None:
+        super().__init__(proxy, dialect, key=AGENT_KEY, session=session, breakpoint=True)
 
 
 # -- proxies -----------------------------------------------------------------------------------
 
 
-def start(
-    upstream: str,
-    workdir: Path,
-    summarize: dict[str, Any],
-    *,
-    preset: str = "summarize",
-    db: Path | None = None,
-    env: dict[str, str] | None = None,
-) -> Proxy:
-    workdir.mkdir(parents=True, exist_ok=True)
-    config = workdir / "cg.yaml"
-    config.write_text(yaml.safe_dump({"components": {"summarize": summarize}}))
-    db = db or workdir / "cg.sqlite3"
-    return Proxy.start(
-        upstream,
-        workdir,
-        preset=preset,
-        options=[f"cg_config={config}", f"cg_db={db}"],
-        env=env,
-    )
-
-
-@pytest.fixture
-def running() -> Iterator[Callable[[Proxy], Proxy]]:
-    """Register a proxy a test started: stopped (by PID) at the end, its log free of errors."""
-    started: list[Proxy] = []
-
-    def keep(p: Proxy) -> Proxy:
-        started.append(p)
-        return p
-
-    yield keep
-    for p in started:
-        p.stop()
-    for p in started:
-        assert not p.addon_errors(), p.log_text()
-
-
 @pytest.fixture(scope="module")
 def sproxy(provider: FakeProvider, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Proxy]:
     """The summarize preset, incoming model source, triggers lowered."""
-    p = start(provider.url, tmp_path_factory.mktemp("proxy-summarize"), LOW)
-    try:
+    with start_summarize(provider.url, tmp_path_factory.mktemp("proxy-summarize"), LOW) as p:
         yield p
-    finally:
-        p.stop()
-    assert not p.addon_errors(), p.log_text()
 
 
 @pytest.fixture(scope="module")
 def nproxy(provider: FakeProvider, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Proxy]:
     """As `sproxy`, with `model.share_cache: never`: the standalone prompt only."""
-    p = start(provider.url, tmp_path_factory.mktemp("proxy-never"), NEVER)
-    try:
+    with start_summarize(provider.url, tmp_path_factory.mktemp("proxy-never"), NEVER) as p:
         yield p
-    finally:
-        p.stop()
-    assert not p.addon_errors(), p.log_text()
 
 
 @pytest.fixture(scope="module")
@@ -295,26 +112,10 @@ def summaries_of(fake: FakeProvider, tag: str) -> list[Recorded]:
     return [r for r in fake.requests if about(tag)(r)]
 
 
-def counts(proxy: Proxy) -> dict[str, int]:
-    s = proxy.stats()
-    return {**{k: v for k, v in s.items() if isinstance(v, int)}, **s["summaries"]}
-
-
-def wait_count(proxy: Proxy, before: dict[str, int], key: str, by: int = 1) -> dict[str, int]:
-    """Wait until stats counter `key` (top level or summaries.*) has moved by `by`."""
-
-    def moved(s: dict[str, Any]) -> bool:
-        flat = {**s, **s["summaries"]}
-        return bool(flat[key] >= before[key] + by)
-
-    proxy.wait_stats(moved, SUMMARY_WAIT)
-    return counts(proxy)
-
-
-def spliced(turn: Turn, got: Recorded, head: int, cut: int) -> bytes:
+def spliced(turn: Exchange, got: Recorded, head: int, cut: int) -> bytes:
     """Assert the provider got [client head, one new message, client tail from `cut`] with every
     byte outside the new message as the client sent it; return the new message's bytes."""
-    spre, sent, spost = message_sources(turn.sent.content)
+    spre, sent, spost = message_sources(turn.request.content)
     gpre, recv, gpost = message_sources(got.body)
     assert gpre == spre, "bytes before `messages` changed"
     assert gpost == spost, "bytes after `messages` changed"
@@ -343,15 +144,7 @@ def summary_parts(summary: bytes) -> tuple[str, str]:
 def same_headers_but_length(sent: httpx.Request, got: Recorded) -> None:
     """The addon adds, drops and changes no header of an agent request (but content-length)."""
     skip = {"host", "content-length"}
-    mine = sorted((k.lower(), v) for k, v in sent.headers.multi_items() if k.lower() not in skip)
-    theirs = sorted((k.lower(), v) for k, v in got.headers if k.lower() not in skip)
-    assert theirs == mine
-
-
-def record(proxy: Proxy, turn: Turn) -> dict[str, Any]:
-    cg: dict[str, Any] = proxy.records.wait(turn.eid)["cg"]
-    assert cg is not None
-    return cg
+    assert header_pairs(got.headers, skip) == header_pairs(sent.headers.multi_items(), skip)
 
 
 def component(cg: dict[str, Any]) -> dict[str, Any]:
@@ -370,20 +163,20 @@ def test_commission_splice_reuse_and_roll_forward(path, sproxy, nproxy, provider
     sproxy = sproxy if path == "shared" else nproxy
     with Agent(sproxy, "anthropic") as agent:
         tag = agent.session
-        c0 = counts(sproxy)
+        c0 = sproxy.counts()
 
         # Turn 1 qualifies: it forwards untouched and commissions a summary of [1, 4).
-        t1 = agent.send(anthropic_messages(tag, 7))
+        t1 = agent.turn(anthropic_messages(tag, 7))
         assert t1.text == DEFAULT_TEXT
         got1 = received(provider, t1.eid)
-        assert_forwarded_unchanged(t1.sent, got1)
+        assert_forwarded_unchanged(t1.request, got1)
         assert got1.header("x-context-guru") is None
-        cg1 = record(sproxy, t1)
+        cg1 = sproxy.records.cg(t1.eid)
         assert cg1["outcome"] == "passed_through"
         assert cg1["session"] == tag
         assert component(cg1)["commission"] == "trigger fired"
         assert component(cg1)["span"] == [1, 4]
-        c1 = wait_count(sproxy, c0, "completed")
+        c1 = sproxy.wait_count(c0, "completed")
         assert c1["commissioned"] == c0["commissioned"] + 1
         assert (c1["failed"], c1["timed_out"]) == (c0["failed"], c0["timed_out"])
         assert c1[path] == c0[path] + 1
@@ -414,40 +207,40 @@ def test_commission_splice_reuse_and_roll_forward(path, sproxy, nproxy, provider
             assert "Note 4" not in prompt.split("<conversation>")[1]  # the tail is not summarized
 
         # Turn 2 splices: [m0, summary, m4 …] with every retained byte as the client sent it.
-        t2 = agent.send(anthropic_messages(tag, 9))
+        t2 = agent.turn(anthropic_messages(tag, 9))
         assert t2.text == DEFAULT_TEXT
         got2 = received(provider, t2.eid)
         summary = spliced(t2, got2, head=1, cut=4)
         text, key = summary_parts(summary)
         assert "Fake summary #" in text
-        same_headers_but_length(t2.sent, got2)
-        cg2 = record(sproxy, t2)
+        same_headers_but_length(t2.request, got2)
+        cg2 = sproxy.records.cg(t2.eid)
         assert cg2["outcome"] == "rewritten"
         assert component(cg2)["checkpoint"] == {"covered": [1, 4], "key": key}
         assert (cg2["messages_in"], cg2["messages_out"]) == (9, 7)
-        c2 = counts(sproxy)
+        c2 = sproxy.counts()
         assert c2["reused"] == c1["reused"] + 1
         assert c2["rewritten"] == c1["rewritten"] + 1
         assert c2["tokens_before"] > c1["tokens_before"]
 
         # Turn 3 (streamed) re-emits the byte-identical summary, with no model call.
-        t3 = agent.send(anthropic_messages(tag, 11), stream=True)
+        t3 = agent.turn(anthropic_messages(tag, 11), stream=True)
         assert t3.text == DEFAULT_TEXT
         got3 = received(provider, t3.eid)
         assert got3.json()["stream"] is True
         assert spliced(t3, got3, head=1, cut=4) == summary
         assert len(summaries_of(provider, tag)) == 1
-        assert record(sproxy, t3)["outcome"] == "rewritten"
+        assert sproxy.records.cg(t3.eid)["outcome"] == "rewritten"
 
         # Turn 4: 300+ new tokens in the middle roll the checkpoint forward, off the hot path;
         # the old summary keeps serving this very turn.
-        t4 = agent.send(anthropic_messages(tag, 13, big_at=9))
+        t4 = agent.turn(anthropic_messages(tag, 13, big_at=9))
         got4 = received(provider, t4.eid)
         assert spliced(t4, got4, head=1, cut=4) == summary
-        comp4 = component(record(sproxy, t4))
+        comp4 = component(sproxy.records.cg(t4.eid))
         assert comp4["commission"].startswith("rolling forward")
         assert comp4["middle_tokens"] > LOW["resummarize_tokens"]
-        c4 = wait_count(sproxy, c2, "completed")
+        c4 = sproxy.wait_count(c2, "completed")
         roll = summaries_of(provider, tag)
         assert len(roll) == 2
         old = text.split("<summary>\n")[1].split("\n</summary>")[0]
@@ -471,38 +264,38 @@ def test_commission_splice_reuse_and_roll_forward(path, sproxy, nproxy, provider
             assert "Step 3: I read" not in conversation  # only what the old summary did not cover
 
         # Turn 5 splices the new summary, now covering [1, 10).
-        t5 = agent.send(anthropic_messages(tag, 15, big_at=9))
+        t5 = agent.turn(anthropic_messages(tag, 15, big_at=9))
         got5 = received(provider, t5.eid)
         summary2 = spliced(t5, got5, head=1, cut=10)
         _, key2 = summary_parts(summary2)
         assert summary2 != summary
         assert key2 != key
-        assert component(record(sproxy, t5))["checkpoint"]["covered"] == [1, 10]
+        assert component(sproxy.records.cg(t5.eid))["checkpoint"]["covered"] == [1, 10]
         assert len(summaries_of(provider, tag)) == 2
-        assert counts(sproxy)["commissioned"] == c4["commissioned"]
+        assert sproxy.counts()["commissioned"] == c4["commissioned"]
 
 
 def test_two_sessions_never_share_a_checkpoint(sproxy, provider):
     tag = uuid.uuid4().hex  # the same transcript in both sessions: only the header differs
     with Agent(sproxy, "anthropic") as a, Agent(sproxy, "anthropic") as b:
-        c0 = counts(sproxy)
+        c0 = sproxy.counts()
         provider.script_summarizer(Reply(text="<summary>Only session A's summary.</summary>"))
-        ta = a.send(anthropic_messages(tag, 7))
-        c1 = wait_count(sproxy, c0, "completed")
+        ta = a.turn(anthropic_messages(tag, 7))
+        c1 = sproxy.wait_count(c0, "completed")
 
         provider.script_summarizer(Reply(text="<summary>Only session B's summary.</summary>"))
-        tb = b.send(anthropic_messages(tag, 7))
-        assert tb.sent.content == ta.sent.content
-        assert_forwarded_unchanged(tb.sent, received(provider, tb.eid))
-        cgb = record(sproxy, tb)
+        tb = b.turn(anthropic_messages(tag, 7))
+        assert tb.request.content == ta.request.content
+        assert_forwarded_unchanged(tb.request, received(provider, tb.eid))
+        cgb = sproxy.records.cg(tb.eid)
         assert cgb["outcome"] == "passed_through"
-        assert cgb["session"] == b.session != record(sproxy, ta)["session"]
+        assert cgb["session"] == b.session != sproxy.records.cg(ta.eid)["session"]
         assert component(cgb)["commission"] == "trigger fired"
-        wait_count(sproxy, c1, "completed")
+        sproxy.wait_count(c1, "completed")
         assert len(summaries_of(provider, tag)) == 2
 
         for agent, own, other in ((a, "A", "B"), (b, "B", "A"), (a, "A", "B")):
-            t = agent.send(anthropic_messages(tag, 9))
+            t = agent.turn(anthropic_messages(tag, 9))
             text, _ = summary_parts(spliced(t, received(provider, t.eid), head=1, cut=4))
             assert f"Only session {own}'s summary." in text
             assert f"session {other}'s" not in text
@@ -516,23 +309,23 @@ def test_two_sessions_never_share_a_checkpoint(sproxy, provider):
 def test_a_400_to_the_rewrite_resends_the_original_once(sproxy, provider, stream):
     with Agent(sproxy, "anthropic") as agent:
         tag = agent.session
-        c0 = counts(sproxy)
-        agent.send(anthropic_messages(tag, 7))
-        c1 = wait_count(sproxy, c0, "completed")
+        c0 = sproxy.counts()
+        agent.turn(anthropic_messages(tag, 7))
+        c1 = sproxy.wait_count(c0, "completed")
 
         refusal = "messages.1: fake shape refusal of the rewrite"
         provider.script(anthropic_error(400, "invalid_request_error", refusal))
-        t2 = agent.send(anthropic_messages(tag, 9), stream=stream)
+        t2 = agent.turn(anthropic_messages(tag, 9), stream=stream)
         assert t2.text == DEFAULT_TEXT  # the answer to the re-sent original
 
         first, second = provider.wait_for(2, where=by_id(t2.eid))
         summary_parts(spliced(t2, first, head=1, cut=4))  # the rewrite was really sent
-        assert second.body == t2.sent.content  # then the client's exact bytes
+        assert second.body == t2.request.content  # then the client's exact bytes
         hop = {"host", "content-length", "connection"}
-        assert sorted((k.lower(), v) for k, v in second.headers if k.lower() not in hop) == sorted(
-            (k.lower(), v) for k, v in t2.sent.headers.multi_items() if k.lower() not in hop
+        assert header_pairs(second.headers, hop) == header_pairs(
+            t2.request.headers.multi_items(), hop
         )
-        cg = record(sproxy, t2)
+        cg = sproxy.records.cg(t2.eid)
         assert cg["outcome"] == "retried_original"
         assert cg["provider_400"] == refusal
         # The re-sent original's answer is booked, as a turn sent unchanged (the 400 had none).
@@ -540,21 +333,21 @@ def test_a_400_to_the_rewrite_resends_the_original_once(sproxy, provider, stream
         with sproxy.client() as c:
             mine = [s for s in c.get("/_cg/sessions").json()["sessions"] if s["id"] == tag]
         assert mine[0]["savings"]["rewritten_turns"] == 0
-        c2 = counts(sproxy)
+        c2 = sproxy.counts()
         assert c2["retried_original"] == c1["retried_original"] + 1
         assert len(provider.wait_for(2, where=by_id(t2.eid))) == 2  # re-sent once, no more
 
 
 def test_a_400_to_an_untouched_request_is_not_retried(sproxy, provider):
     with Agent(sproxy, "anthropic") as agent:
-        c0 = counts(sproxy)
+        c0 = sproxy.counts()
         provider.script(anthropic_error(400, "invalid_request_error", "the client's own bug"))
         with pytest.raises(anthropic.BadRequestError, match="the client's own bug"):
-            agent.send(anthropic_messages(agent.session, 3))
+            agent.turn(anthropic_messages(agent.session, 3))
         eid = agent.capture.sent[-1].headers["x-e2e-id"]
         assert len(provider.wait_for(1, where=by_id(eid))) == 1
-        assert sproxy.records.wait(eid)["cg"]["outcome"] == "passed_through"
-        assert counts(sproxy)["retried_original"] == c0["retried_original"]
+        assert sproxy.records.cg(eid)["outcome"] == "passed_through"
+        assert sproxy.counts()["retried_original"] == c0["retried_original"]
 
 
 # -- a failing summarizer is a counted no-op ----------------------------------------------------
@@ -567,22 +360,22 @@ def test_summarizer_500s_are_retried_then_counted_failed(sproxy, provider):
     provider.script_summarizer(first, Reply.json(503, {}), Reply.json(500, {}))
     with Agent(sproxy, "anthropic") as agent:
         tag = agent.session
-        c0 = counts(sproxy)
+        c0 = sproxy.counts()
         try:
-            t1 = agent.send(anthropic_messages(tag, 7))
+            t1 = agent.turn(anthropic_messages(tag, 7))
             provider.wait_for(1, where=about(tag))
             assert not first.answered.is_set()  # the turn did not wait for the summarizer
             assert t1.text == DEFAULT_TEXT
-            assert_forwarded_unchanged(t1.sent, received(provider, t1.eid))
+            assert_forwarded_unchanged(t1.request, received(provider, t1.eid))
         finally:
             gate.set()
-        c1 = wait_count(sproxy, c0, "failed")
+        c1 = sproxy.wait_count(c0, "failed")
         assert len(summaries_of(provider, tag)) == 3  # retried, under one deadline
         assert (c1["completed"], c1["timed_out"]) == (c0["completed"], c0["timed_out"])
 
-        t2 = agent.send(anthropic_messages(tag, 9))  # no checkpoint: nothing to splice
-        assert_forwarded_unchanged(t2.sent, received(provider, t2.eid))
-        wait_count(sproxy, c1, "completed")  # it commissions afresh, and that one succeeds
+        t2 = agent.turn(anthropic_messages(tag, 9))  # no checkpoint: nothing to splice
+        assert_forwarded_unchanged(t2.request, received(provider, t2.eid))
+        sproxy.wait_count(c1, "completed")  # it commissions afresh, and that one succeeds
 
 
 def test_a_blank_summary_is_counted_failed_and_never_spliced(sproxy, provider):
@@ -590,41 +383,43 @@ def test_a_blank_summary_is_counted_failed_and_never_spliced(sproxy, provider):
     provider.script_summarizer(Reply(text="  "), Reply(text="  "))
     with Agent(sproxy, "anthropic") as agent:
         tag = agent.session
-        c0 = counts(sproxy)
-        t1 = agent.send(anthropic_messages(tag, 7))
+        c0 = sproxy.counts()
+        t1 = agent.turn(anthropic_messages(tag, 7))
         assert t1.text == DEFAULT_TEXT
-        c1 = wait_count(sproxy, c0, "failed")
+        c1 = sproxy.wait_count(c0, "failed")
         assert c1["completed"] == c0["completed"]
         assert c1["fallback"] == c0["fallback"] + 1
         assert len(summaries_of(provider, tag)) == 2  # once shared, once standalone: no more
-        t2 = agent.send(anthropic_messages(tag, 9))
-        assert_forwarded_unchanged(t2.sent, received(provider, t2.eid))
-        assert record(sproxy, t2)["outcome"] == "passed_through"
-        wait_count(sproxy, c1, "completed")
-        t3 = agent.send(anthropic_messages(tag, 11))  # the next, good summary is spliced
+        t2 = agent.turn(anthropic_messages(tag, 9))
+        assert_forwarded_unchanged(t2.request, received(provider, t2.eid))
+        assert sproxy.records.cg(t2.eid)["outcome"] == "passed_through"
+        sproxy.wait_count(c1, "completed")
+        t3 = agent.turn(anthropic_messages(tag, 11))  # the next, good summary is spliced
         text, _ = summary_parts(spliced(t3, received(provider, t3.eid), head=1, cut=6))
         assert "Fake summary #" in text
 
 
-def test_a_hanging_summarizer_times_out_without_holding_a_turn(provider, tmp_path, running):
-    proxy = running(start(provider.url, tmp_path, LOW, env={"CONTEXT_GURU_SUMMARIZE_TIMEOUT": "1"}))
+def test_a_hanging_summarizer_times_out_without_holding_a_turn(provider, tmp_path, proxies):
+    proxy = proxies(
+        start_summarize(provider.url, tmp_path, LOW, env={"CONTEXT_GURU_SUMMARIZE_TIMEOUT": "1"})
+    )
     gate = threading.Event()
     held = Reply(hold=gate, hold_timeout=15.0)
     provider.script_summarizer(held)
     with Agent(proxy, "anthropic") as agent:
         tag = agent.session
         try:
-            t1 = agent.send(anthropic_messages(tag, 7))
-            after_t1 = counts(proxy)
+            t1 = agent.turn(anthropic_messages(tag, 7))
+            after_t1 = proxy.counts()
             provider.wait_for(1, where=about(tag))
-            t2 = agent.send(anthropic_messages(tag, 9))
+            t2 = agent.turn(anthropic_messages(tag, 9))
             assert not held.answered.is_set(), "a turn waited for the summarizer"
             for t in (t1, t2):
                 assert t.text == DEFAULT_TEXT
-                assert_forwarded_unchanged(t.sent, received(provider, t.eid))
+                assert_forwarded_unchanged(t.request, received(provider, t.eid))
             assert t1.seconds < 1.0  # less than the summarizer's deadline
             assert after_t1["timed_out"] == 0  # turn 1 was answered before the deadline
-            c = wait_count(proxy, after_t1, "timed_out")
+            c = proxy.wait_count(after_t1, "timed_out")
             assert not held.answered.is_set()  # the proxy gave up on its own
             assert (c["failed"], c["completed"]) == (0, 0)
         finally:
@@ -632,33 +427,35 @@ def test_a_hanging_summarizer_times_out_without_holding_a_turn(provider, tmp_pat
         assert held.answered.wait(10)
 
 
-def test_an_unreachable_summarizer_is_counted_failed(provider, tmp_path, running):
+def test_an_unreachable_summarizer_is_counted_failed(provider, tmp_path, proxies):
     model = {"source": "config", "provider": "anthropic", "model": "cheap-1"}
     model["base_url"] = f"http://127.0.0.1:{closed_port()}"
-    proxy = running(start(provider.url, tmp_path, {**LOW, "model": model}))
+    proxy = proxies(start_summarize(provider.url, tmp_path, {**LOW, "model": model}))
     with Agent(proxy, "anthropic") as agent:
-        t1 = agent.send(anthropic_messages(agent.session, 7))
+        t1 = agent.turn(anthropic_messages(agent.session, 7))
         assert t1.text == DEFAULT_TEXT
-        assert_forwarded_unchanged(t1.sent, received(provider, t1.eid))
-        c = wait_count(proxy, {"failed": 0}, "failed")
+        assert_forwarded_unchanged(t1.request, received(provider, t1.eid))
+        c = proxy.wait_count({"failed": 0}, "failed")
         assert (c["commissioned"], c["completed"], c["timed_out"]) == (1, 0, 0)
-        t2 = agent.send(anthropic_messages(agent.session, 9))
-        assert_forwarded_unchanged(t2.sent, received(provider, t2.eid))
+        t2 = agent.turn(anthropic_messages(agent.session, 9))
+        assert_forwarded_unchanged(t2.request, received(provider, t2.eid))
     assert summaries_of(provider, agent.session) == []
 
 
-def test_a_credential_httpx_cannot_send_is_counted_failed(provider, cheap, tmp_path, running):
+def test_a_credential_httpx_cannot_send_is_counted_failed(provider, cheap, tmp_path, proxies):
     """A key with a non-ASCII character fails inside httpx (UnicodeEncodeError): still a no-op."""
     env = {
         "CHEAP_MODEL": "cheap-1",
         "CHEAP_MODEL_BASE_URL": cheap.url,
         "CHEAP_MODEL_API_KEY": "sk-cheap\u2013pasted",
     }
-    proxy = running(start(provider.url, tmp_path, {**LOW, "model": {"source": "config"}}, env=env))
+    proxy = proxies(
+        start_summarize(provider.url, tmp_path, {**LOW, "model": {"source": "config"}}, env=env)
+    )
     with Agent(proxy, "anthropic") as agent:
-        t1 = agent.send(anthropic_messages(agent.session, 7))
+        t1 = agent.turn(anthropic_messages(agent.session, 7))
         assert t1.text == DEFAULT_TEXT
-        c = wait_count(proxy, {"failed": 0}, "failed")
+        c = proxy.wait_count({"failed": 0}, "failed")
         assert (c["completed"], c["timed_out"]) == (0, 0)
     assert not any("pasted" in line for line in proxy.log)
     assert summaries_of(cheap, agent.session) == []
@@ -668,26 +465,26 @@ def test_a_credential_httpx_cannot_send_is_counted_failed(provider, cheap, tmp_p
 
 
 def test_a_restarted_proxy_splices_the_stored_summary_with_no_model_call(
-    provider, tmp_path, running
+    provider, tmp_path, proxies
 ):
     db = tmp_path / "shared.sqlite3"
-    first = running(start(provider.url, tmp_path / "a", LOW, db=db))
+    first = proxies(start_summarize(provider.url, tmp_path / "a", LOW, db=db))
     session = uuid.uuid4().hex
     with Agent(first, "anthropic", session=session) as agent:
-        agent.send(anthropic_messages(session, 7))
-        wait_count(first, {"completed": 0}, "completed")
-        t2 = agent.send(anthropic_messages(session, 9))
+        agent.turn(anthropic_messages(session, 7))
+        first.wait_count({"completed": 0}, "completed")
+        t2 = agent.turn(anthropic_messages(session, 9))
         summary = spliced(t2, received(provider, t2.eid), head=1, cut=4)
         summary_parts(summary)
     first.stop()
 
-    second = running(start(provider.url, tmp_path / "b", LOW, db=db))
+    second = proxies(start_summarize(provider.url, tmp_path / "b", LOW, db=db))
     assert second.port != 0
     with Agent(second, "anthropic", session=session) as agent:
-        t3 = agent.send(anthropic_messages(session, 11))
+        t3 = agent.turn(anthropic_messages(session, 11))
         assert spliced(t3, received(provider, t3.eid), head=1, cut=4) == summary
-        assert record(second, t3)["outcome"] == "rewritten"
-    c = counts(second)
+        assert second.records.cg(t3.eid)["outcome"] == "rewritten"
+    c = second.counts()
     assert (c["commissioned"], c["reused"]) == (0, 1)
     assert len(summaries_of(provider, session)) == 1
 
@@ -757,7 +554,7 @@ SOURCES = [
 
 
 @pytest.mark.parametrize("src", SOURCES, ids=[s.name for s in SOURCES])
-def test_config_source_summarizes_with_the_cheap_endpoint(provider, cheap, tmp_path, running, src):
+def test_config_source_summarizes_with_the_cheap_endpoint(provider, cheap, tmp_path, proxies, src):
     model = dict(src.model)
     env = dict(src.env)
     base = cheap.url + src.base
@@ -765,14 +562,14 @@ def test_config_source_summarizes_with_the_cheap_endpoint(provider, cheap, tmp_p
         model["base_url"] = base
     else:
         env["CHEAP_MODEL_BASE_URL"] = base
-    proxy = running(start(provider.url, tmp_path, {**LOW, "model": model}, env=env))
+    proxy = proxies(start_summarize(provider.url, tmp_path, {**LOW, "model": model}, env=env))
     with Agent(proxy, src.agent) as agent:
         tag = agent.session
         make = anthropic_messages if src.agent == "anthropic" else openai_messages
         n, head, cut = (7, 1, 4) if src.agent == "anthropic" else (8, 1, 5)
-        t1 = agent.send(make(tag, n))
-        assert_forwarded_unchanged(t1.sent, received(provider, t1.eid))
-        wait_count(proxy, {"completed": 0}, "completed")
+        t1 = agent.turn(make(tag, n))
+        assert_forwarded_unchanged(t1.request, received(provider, t1.eid))
+        proxy.wait_count({"completed": 0}, "completed")
 
         (job,) = summaries_of(cheap, tag)
         assert job.path == src.path
@@ -784,10 +581,10 @@ def test_config_source_summarizes_with_the_cheap_endpoint(provider, cheap, tmp_p
         assert (job.header("anthropic-version") is not None) == (src.path == "/v1/messages")
         assert summaries_of(provider, tag) == []
 
-        t2 = agent.send(make(tag, n + 2))
+        t2 = agent.turn(make(tag, n + 2))
         text, _ = summary_parts(spliced(t2, received(provider, t2.eid), head=head, cut=cut))
         assert "Fake summary #" in text
-        assert record(proxy, t2)["outcome"] == "rewritten"
+        assert proxy.records.cg(t2.eid)["outcome"] == "rewritten"
 
     # Neither credential is written anywhere: log, decision records, the SQLite files.
     written = [proxy.log_text().encode(), proxy.records.path.read_bytes()]
@@ -801,7 +598,7 @@ def test_config_source_summarizes_with_the_cheap_endpoint(provider, cheap, tmp_p
 
 def test_a_bad_summarize_timeout_refuses_to_start_naming_the_variable(provider, tmp_path):
     with pytest.raises(RuntimeError) as e:
-        start(provider.url, tmp_path, LOW, env={"CONTEXT_GURU_SUMMARIZE_TIMEOUT": "soon"})
+        start_summarize(provider.url, tmp_path, LOW, env={"CONTEXT_GURU_SUMMARIZE_TIMEOUT": "soon"})
     assert "CONTEXT_GURU_SUMMARIZE_TIMEOUT: not a number of seconds (got 'soon')" in str(e.value)
 
 
@@ -809,23 +606,19 @@ def test_a_bad_summarize_timeout_refuses_to_start_naming_the_variable(provider, 
 
 
 def test_summarizer1509_on_openai_summarizes_every_turn_and_keeps_system_and_task(
-    provider, tmp_path, running
+    provider, tmp_path, proxies
 ):
-    low = {
-        "min_tokens": 10,
-        "trigger": {"min_request_frac": 0, "min_request_tokens": 0, "min_messages": 4},
-    }
-    proxy = running(start(provider.url, tmp_path, low, preset="summarizer1509"))
+    proxy = proxies(start_summarize(provider.url, tmp_path, low(), preset="summarizer1509"))
     with Agent(proxy, "openai") as agent:
         tag = agent.session
-        t1 = agent.send(openai_messages(tag, 8))
-        assert_forwarded_unchanged(t1.sent, received(provider, t1.eid))
-        assert component(record(proxy, t1))["span"] == [2, 5]
-        c = wait_count(proxy, {"completed": 0}, "completed")
+        t1 = agent.turn(openai_messages(tag, 8))
+        assert_forwarded_unchanged(t1.request, received(provider, t1.eid))
+        assert component(proxy.records.cg(t1.eid))["span"] == [2, 5]
+        c = proxy.wait_count({"completed": 0}, "completed")
 
         summaries: list[bytes] = []
         for turn, n in enumerate((10, 12, 14), start=2):
-            t = agent.send(openai_messages(tag, n))
+            t = agent.turn(openai_messages(tag, n))
             # Spliced from the previous turn's summary, which covered up to its tail.
             got = received(provider, t.eid)
             summary = spliced(t, got, head=2, cut=n - 5)
@@ -834,9 +627,9 @@ def test_summarizer1509_on_openai_summarizes_every_turn_and_keeps_system_and_tas
             assert json.loads(recv[0])["role"] == "system"
             assert json.loads(recv[1])["content"].startswith(f"Task {tag}:")
             summaries.append(summary)
-            comp = component(record(proxy, t))
+            comp = component(proxy.records.cg(t.eid))
             assert comp["commission"].startswith("no reuse")
-            c = wait_count(proxy, c, "completed")
+            c = proxy.wait_count(c, "completed")
             assert len(summaries_of(provider, tag)) == turn  # a model call every eligible turn
         assert len(set(summaries)) == 3, "the summary bytes did not change from turn to turn"
 
