@@ -73,13 +73,13 @@ def response(output: list[Any], usage: Any = USAGE, status: str = "completed") -
     }
 
 
-REASONING = {
+REASONING: dict[str, Any] = {
     "id": "rs_1",
     "type": "reasoning",
     "summary": [{"type": "summary_text", "text": "**Looking up** the stash."}],
     "encrypted_content": "gAAAAAbc",
 }
-EXPAND = {
+EXPAND: dict[str, Any] = {
     "id": "fc_1",
     "type": "function_call",
     "status": "completed",
@@ -87,7 +87,7 @@ EXPAND = {
     "call_id": "call_X1",
     "name": "context_guru_expand",
 }
-EXEC = {
+EXEC: dict[str, Any] = {
     "id": "fc_2",
     "type": "function_call",
     "status": "completed",
@@ -95,7 +95,7 @@ EXEC = {
     "call_id": "call_X2",
     "name": "exec_command",
 }
-CUSTOM = {
+CUSTOM: dict[str, Any] = {
     "id": "ctc_1",
     "type": "custom_tool_call",
     "status": "completed",
@@ -103,7 +103,7 @@ CUSTOM = {
     "name": "exec",
     "input": 'text("hi")',
 }
-MESSAGE = {
+MESSAGE: dict[str, Any] = {
     "id": "msg_1",
     "type": "message",
     "status": "completed",
@@ -251,9 +251,9 @@ def test_a_failed_response_is_the_providers_error_and_an_incomplete_one_is_an_an
 
 
 def test_not_a_responses_stream_or_body() -> None:
-    with pytest.raises(ResponseParseError, match="no response.created"):
+    with pytest.raises(ResponseParseError, match=r"no response\.created"):
         parse_sse("responses", b"data: {}\n\n")
-    with pytest.raises(ResponseParseError, match="'object' is 'chat.completion'"):
+    with pytest.raises(ResponseParseError, match=r"'object' is 'chat\.completion'"):
         parse_json("responses", b'{"object":"chat.completion","choices":[]}')
 
 
