@@ -172,7 +172,7 @@ def api_stream(resp: dict[str, Any]) -> bytes:
 
 def sdk_output(final: Response) -> list[Any]:
     """The SDK's output items as JSON, without the keys its parsing helpers add."""
-    items: list[Any] = final.to_dict(mode="json", exclude_unset=True)["output"]
+    items: list[Any] = json.loads(final.to_json(exclude_unset=True))["output"]
     for item in items:
         item.pop("parsed_arguments", None)
         for part in item.get("content") or []:
