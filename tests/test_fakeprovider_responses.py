@@ -123,7 +123,7 @@ def test_the_api_s_400s_for_broken_pairs(
             "code": None,
         }
     }
-    with client(fake) as c, pytest.raises(openai.BadRequestError, match="No tool|reasoning"):
+    with client(fake) as c, pytest.raises(openai.BadRequestError, match=r"No tool|reasoning"):
         c.responses.create(model="m", input=items)
 
 
