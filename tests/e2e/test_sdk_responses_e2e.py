@@ -24,6 +24,8 @@ import openai
 import pytest
 
 from cg.expand.tool import TOOL_JSON, TOOL_NAME
+from cg.wire.answers import Reply as Answer
+from cg.wire.answers import render_sse
 from tests.e2e.harness import (
     Capture,
     Proxy,
@@ -170,6 +172,27 @@ def test_the_event_stream_reaches_the_client_before_the_provider_finishes(
                 gate.set()
     assert gate.is_set() and not reply.gate_timed_out
     assert received(provider, eid).body == body
+
+
+def test_a_truncated_event_stream_reaches_the_client_as_sent_and_is_counted(
+    proxy: Proxy, provider: FakeProvider
+) -> None:
+    """The provider's stream ends before `response.completed`: the client gets exactly the
+    events sent (the SDK then says the stream was cut), and the answer's missing usage is
+    counted, never invented."""
+    whole = render_sse(Answer("responses", provider_message("responses", 5, "partial", [], (9, 1))))
+    cut = whole[: whole.index(b"event: response.output_item.done")]
+    frames = [f + b"\n\n" for f in cut.split(b"\n\n") if f]
+    provider.script(Reply(frames=frames))
+    before = proxy.stats()["usage_reads"]
+    eid = new_id()
+    body = json.dumps({"model": "m", "input": ITEMS, "stream": True}).encode()
+    with proxy.client() as c:
+        r = c.post("/v1/responses", content=body, headers={"x-e2e-id": eid})
+    assert r.content == b"".join(frames)
+    assert proxy.records.cg(eid)["outcome"] == "passed_through"
+    after = proxy.wait_stats(lambda s: s["usage_reads"]["missing"] > before["missing"])
+    assert after["usage_reads"]["read"] == before["read"]
 
 
 # -- a summarized session --------------------------------------------------------------------------
