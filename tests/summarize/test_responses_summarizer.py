@@ -251,3 +251,17 @@ def test_the_usage_tap_reads_a_rendered_responses_stream_in_small_chunks() -> No
         input_tokens=176, cache_read_tokens=1024, output_tokens=40, requests=1
     )
     assert tap.model == "gpt-5.1-codex" and not tap.truncated
+
+
+def test_the_standalone_prompt_is_grounded_in_codexs_user_turns(store: Store) -> None:
+    """The task and the latest user turn of a Codex transcript (`input_text` parts) are what
+    the summary is written toward; tool outputs are masked, calls shown."""
+    job = codex_job(store, grow("middle", 3)[2])
+    prompt = job.prompt(config(keep_first=2, keep_last=3))
+    first = prompt.split("<first_user_turn>\n")[1].split("\n</first_user_turn>")[0]
+    assert first.startswith("<environment_context>")
+    assert "Run a few shell commands step by step" in prompt.split("<conversation>")[0]
+    conversation = prompt.split("<conversation>")[1]
+    assert "[tool_call exec_command]" in conversation
+    assert "<masked_tool_output>" in conversation
+    assert "Process exited with code 0" not in conversation
