@@ -2,6 +2,8 @@
 
     POST …/v1/messages           Anthropic Messages: a `message` JSON, or SSE when "stream": true
     POST …/v1/chat/completions   OpenAI Chat Completions: a `chat.completion`, or chunk SSE
+    POST …/v1/responses          OpenAI Responses: a `response`, or its event stream
+                                 (tests/responses_api.py renders both)
     GET  anything else           200, a JSON echo of method and path (HEAD: its headers only)
     other                        404, a JSON error
 
@@ -41,6 +43,7 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
+from tests import responses_api
 from tests.promptcache import Bill, PromptCache, TooManyBreakpoints
 
 DEFAULT_TEXT = "Hello from the fake provider, streamed in pieces."
@@ -127,6 +130,12 @@ def openai_error(status: int, kind: str, message: str) -> Reply:
     )
 
 
+# The provider endpoints by path suffix, and the dialect each speaks.
+PROVIDER_PATHS = {
+    "/v1/messages": "anthropic",
+    "/v1/chat/completions": "openai",
+    "/v1/responses": "responses",
+}
 _JSON = {"content-type": "application/json"}
 _SSE = {"content-type": "text/event-stream; charset=utf-8", "cache-control": "no-cache"}
 _ids = itertools.count(1)
@@ -333,8 +342,8 @@ class _Handler(BaseHTTPRequestHandler):
         )
         provider._record(rec)
         bare = self.path.split("?", 1)[0].rstrip("/")
-        if self.command == "POST" and bare.endswith(("/v1/messages", "/v1/chat/completions")):
-            dialect = "anthropic" if bare.endswith("/v1/messages") else "openai"
+        if self.command == "POST" and bare.endswith(tuple(PROVIDER_PATHS)):
+            dialect = next(d for p, d in PROVIDER_PATHS.items() if bare.endswith(p))
             reply = provider._next_reply(rec)
             try:
                 if reply.hold is not None:
@@ -411,6 +420,9 @@ class _Handler(BaseHTTPRequestHandler):
             self._send(bad.status, bad.headers, bad.body or b"")
             return
         model = str(req.get("model", "fake-model"))
+        if dialect == "responses":
+            self._responses(model, req, reply, bill)
+            return
         if req.get("stream") is not True:
             make = _anthropic_message if dialect == "anthropic" else _openai_completion
             self._send(
@@ -451,6 +463,29 @@ class _Handler(BaseHTTPRequestHandler):
             if gated and is_delta and reply.gate is not None:
                 gated = False
                 reply.gate_timed_out = not reply.gate.wait(GATE_TIMEOUT)
+        self._chunk(b"")
+
+    def _responses(self, model: str, req: dict[str, Any], reply: Reply, bill: Bill) -> None:
+        """The default Responses answer: one assistant message carrying `reply.text`."""
+        text = reply.text
+        out = responses_api.usage(bill.prompt_tokens, _out_tokens(text), cached=bill.read)
+        item = responses_api.message_item(f"msg_fake{next(_ids):06d}", text)
+        response = responses_api.response_object(
+            f"resp_fake{next(_ids):06d}", model, [item], reply.usage or out, req
+        )
+        if req.get("stream") is not True:
+            headers = {**_JSON, **reply.headers}
+            self._send(reply.status, headers, _dumps(response), reply.after_headers)
+            return
+        self.send_response(reply.status)
+        for k, v in {**_SSE, **reply.headers}.items():
+            self.send_header(k, v)
+        self.send_header("transfer-encoding", "chunked")
+        self.end_headers()
+        if reply.after_headers is not None:
+            reply.after_headers()
+        for frame in responses_api.stream_frames(response):
+            self._chunk(frame.encode())
         self._chunk(b"")
 
     def _chunk(self, data: bytes) -> None:
