@@ -1,6 +1,6 @@
 """The OpenAI Responses API as the provider speaks it, for fakes: an independent oracle.
 
-Written from the API's reference and real traffic (../shared/fixtures/codex-0.169.0/), never from
+Written from the API's reference and real traffic (tests/fixtures/codex-0.169.0/), never from
 `cg/`, so a test can check the proxy's Responses handling against it.
 
     response = response_object(model, output_items, usage)    # the `response` object

@@ -2,8 +2,8 @@
 (tests/codex_script.py): what they send is what the API sends, and they refuse what it refuses.
 
 The stream and the JSON are read back with the official `openai` SDK's own types, and the rules
-are checked against real Codex 0.169.0 requests (../shared/fixtures/codex-0.169.0/), which the
-API accepted as they are.
+are checked against real Codex 0.169.0 requests (tests/fixtures/codex-0.169.0/): a valid
+history breaks none of them.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from tests import responses_api as api
 from tests.codex_script import CodexScript, Step, is_compaction, request_kind, session
 from tests.fakeprovider import Recorded
 
-FIXTURES = Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "codex-0.169.0"
+FIXTURES = Path(__file__).resolve().parent / "fixtures" / "codex-0.169.0"
 # The SDK's model of each event, by its `type`.
 EVENTS: dict[str, type[BaseModel]] = {
     typing.get_args(m.model_fields["type"].annotation)[0]: m
