@@ -18,7 +18,8 @@ A step's answer is a `reasoning` item (a summary and `encrypted_content` the scr
 an optional assistant message (a preamble), and its `exec_command` function calls — several are
 parallel calls — which Codex really runs. The answer is the API's event stream
 (tests/responses_api.py) when the request says `stream: true`, else the `response` JSON; its
-`usage` is the request as its bytes would bill it (bytes / 4 input tokens).
+`usage` is as the bytes would bill it: the request's bytes / 4 input tokens, the output items'
+bytes / 4 output tokens (plus `output_tokens`, to model a longer answer).
 
 Like the API, the script answers 400 `invalid_request_error` (in the API's words) to a request
 that has a call without its output, an output without its call, a reasoning item without the
@@ -318,8 +319,8 @@ class CodexScript:
         return items
 
     def _reply(self, rec: Recorded, body: dict[str, Any], output: list[Any], n: int) -> Reply:
-        calls = sum(1 for x in output if x.get("type") == "function_call")
-        usage = api.usage(len(rec.body) // 4, 20 + 15 * calls + self.output_tokens)
+        # Billed as the bytes go: the request's bytes / 4 in, the output items' bytes / 4 out.
+        usage = api.usage(len(rec.body) // 4, len(api.dumps(output)) // 4 + self.output_tokens)
         response = api.response_object(
             f"resp_{_hex(f'{self.tag}|resp|{n}')}", str(body.get("model")), output, usage, body
         )
