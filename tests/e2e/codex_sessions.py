@@ -227,9 +227,12 @@ def drive_codex(
     config: dict[str, Any] | None = None,
     settle: bool = False,
     timeout: float = 60.0,
+    base_url: str | None = None,
+    env: dict[str, str] | None = None,
 ) -> CodexSession:
-    """One `codex exec` run (or `exec resume --last`) of `script` through `proxy` (its tap, in
-    reverse mode: the provider's `base_url` is the proxy's), audited request by request.
+    """One `codex exec` run (or `exec resume --last`) of `script` through `proxy` (its tap; by
+    default in reverse mode: the provider's `base_url` is the proxy's; a regular proxy passes
+    the real `base_url` and `env` with HTTPS_PROXY and the CA), audited request by request.
     Codex must finish without an error and the script must have refused nothing. `settle`:
     before each step, wait until no summary is in flight (`wait_settled`)."""
     if settle:
@@ -242,8 +245,9 @@ def drive_codex(
             codex,
             prompt or f"{script.tag}: run the scripted steps, one command each.",
             workdir,
-            proxy.url + "/v1",
+            base_url or proxy.url + "/v1",
             config=config,
+            env=env,
             resume=resume,
             timeout=timeout,
         )
