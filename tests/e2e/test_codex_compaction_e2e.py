@@ -28,11 +28,16 @@ import yaml
 
 from tests.codex_script import CodexScript, request_kind, session
 from tests.e2e.agents import start_proxy
-from tests.e2e.codex_sessions import CodexSession, drive_codex
+from tests.e2e.codex_sessions import (
+    NEEDS_CODEX_PRESET,
+    NEEDS_RESPONSES,
+    CodexSession,
+    drive_codex,
+)
 from tests.e2e.harness import Proxy, low
 from tests.fakeprovider import FakeProvider
 
-pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+pytestmark = [pytest.mark.e2e, pytest.mark.slow, NEEDS_RESPONSES, NEEDS_CODEX_PRESET]
 
 WINDOW = 50_000  # Codex's `model_context_window`, and the proxy's window for the model
 THRESHOLD = 45_000  # where Codex compacts: 90% of the window, in the fake's bytes / 4

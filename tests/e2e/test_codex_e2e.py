@@ -25,6 +25,7 @@ from tests.codex_script import CodexScript, request_kind
 from tests.e2e.agents import start_proxy
 from tests.e2e.codex import VERSION
 from tests.e2e.codex_sessions import (
+    NEEDS_RESPONSES,
     RESPONSES,
     assert_codex_expanded_once,
     assert_codex_summarized,
@@ -38,7 +39,7 @@ from tests.e2e.codex_sessions import (
 from tests.e2e.harness import low
 from tests.fakeprovider import FakeProvider
 
-pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+pytestmark = [pytest.mark.e2e, pytest.mark.slow, NEEDS_RESPONSES]
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "codex-0.169.0"
 # Low enough for Codex's third request to qualify; no roll-forward, so every later turn reuses

@@ -20,6 +20,7 @@ import pytest
 from tests.codex_script import CodexScript
 from tests.e2e.agents import LOW, start_proxy
 from tests.e2e.codex_sessions import (
+    NEEDS_RESPONSES,
     assert_codex_expanded_once,
     assert_codex_summarized,
     codex_steps,
@@ -30,7 +31,7 @@ from tests.e2e.pki import Pki, make_pki
 from tests.e2e.test_regular_proxy_e2e import hosts, mitm_ca
 from tests.fakeprovider import FakeProvider
 
-pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+pytestmark = [pytest.mark.e2e, pytest.mark.slow, NEEDS_RESPONSES]
 
 HOST = "api.openai.com"
 BASE_URL = f"https://{HOST}/v1"
