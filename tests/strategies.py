@@ -25,6 +25,7 @@ SETTINGS = settings(
 
 Dialect = Literal["anthropic", "openai"]
 DIALECT_NAMES: list[Dialect] = ["anthropic", "openai"]
+AnyDialect = Literal["anthropic", "openai", "responses"]
 Json = Any
 
 # --------------------------------------------------------------------------------------------
@@ -290,8 +291,10 @@ def a_document_block(draw: st.DrawFn) -> dict[str, Json]:
 
 @st.composite
 def a_unknown_block(draw: st.DrawFn) -> dict[str, Json]:
+    """A block type no dialect knows (yet): a request holding one passes through untouched
+    (SPEC §10), so valid transcripts never hold one; tests put it in on purpose."""
     block: dict[str, Json] = draw(st.dictionaries(ident, small_json, max_size=3))
-    block["type"] = "x_future_" + draw(ident)  # a block type no dialect knows (yet)
+    block["type"] = "x_future_" + draw(ident)
     return block
 
 
@@ -301,7 +304,7 @@ def a_user(draw: st.DrawFn) -> dict[str, Json]:
         return {"role": "user", "content": draw(text)}
     blocks = draw(
         st.lists(
-            st.one_of(a_text_block(), a_image_block(), a_document_block(), a_unknown_block()),
+            st.one_of(a_text_block(), a_image_block(), a_document_block()),
             min_size=1,
             max_size=4,
         )
@@ -558,7 +561,7 @@ def mutated_messages(draw: st.DrawFn, dialect: Dialect) -> list[Json]:
 
 @dataclass(frozen=True)
 class Sample:
-    dialect: Dialect
+    dialect: AnyDialect
     body: dict[str, Json]
     text: str
     style: Style
@@ -569,7 +572,8 @@ class Sample:
 
     @property
     def messages(self) -> list[Json]:
-        msgs: list[Json] = self.body["messages"]
+        """The transcript: `messages`, or a Responses body's `input` items."""
+        msgs: list[Json] = self.body["input" if self.dialect == "responses" else "messages"]
         return msgs
 
 
@@ -649,3 +653,129 @@ def bodies(
     body = {k: fields[k] for k in order}
     s = style if style is not None else draw(styles)
     return Sample(d, body, dumps(body, s), s)
+
+
+# --------------------------------------------------------------------------------------------
+# The Responses API: `input` items
+# --------------------------------------------------------------------------------------------
+
+
+def r_message(role: str, body: str, typed: bool = True, parts: bool = True) -> dict[str, Json]:
+    """A message item: typed (`"type": "message"`) or an EasyInputMessage, with string or part
+    content (`input_text`, or `output_text` for the assistant)."""
+    part = "output_text" if role == "assistant" else "input_text"
+    content: Json = [{"type": part, "text": body}] if parts else body
+    item: dict[str, Json] = {"type": "message"} if typed else {}
+    item.update({"role": role, "content": content})
+    return item
+
+
+@st.composite
+def r_reasoning(draw: st.DrawFn, ids: _Ids) -> dict[str, Json]:
+    summary = draw(st.lists(text, max_size=2))
+    return {
+        "type": "reasoning",
+        "id": "rs_" + ids.new(draw),
+        "summary": [{"type": "summary_text", "text": t} for t in summary],
+        "content": None,
+        "encrypted_content": "gAAAA" + draw(ident),
+    }
+
+
+@st.composite
+def r_turn(draw: st.DrawFn, ids: _Ids) -> list[dict[str, Json]]:
+    """One model turn: maybe a reasoning item, then a message, or k parallel calls (function or
+    custom) followed by their k outputs, in any order."""
+    out: list[dict[str, Json]] = []
+    if draw(st.booleans()):
+        out.append(draw(r_reasoning(ids)))
+    kind = draw(st.sampled_from(["message", "function", "custom", "web_search"]))
+    if kind == "message":
+        out.append(r_message("assistant", draw(text), typed=draw(st.booleans())))
+        return out
+    if kind == "web_search":
+        out.append(
+            {
+                "type": "web_search_call",
+                "id": "ws_" + ids.new(draw),
+                "status": "completed",
+                "action": {"type": "search", "query": draw(text)},
+            }
+        )
+        return out
+    calls = [ids.new(draw) for _ in range(draw(st.integers(1, 3)))]
+    for cid in calls:
+        if kind == "function":
+            out.append(
+                {
+                    "type": "function_call",
+                    "name": draw(ident),
+                    "arguments": json.dumps({"cmd": draw(text)}),
+                    "call_id": cid,
+                }
+            )
+        else:
+            out.append(
+                {"type": "custom_tool_call", "name": "exec", "input": draw(text), "call_id": cid}
+            )
+    for cid in draw(st.permutations(calls)):
+        otype = "function_call_output" if kind == "function" else "custom_tool_call_output"
+        output: Json = draw(
+            st.one_of(text_any, st.builds(lambda t: [{"type": "input_text", "text": t}], text))
+        )
+        out.append({"type": otype, "call_id": cid, "output": output})
+    return out
+
+
+@st.composite
+def responses_items(
+    draw: st.DrawFn, min_turns: int = 0, max_turns: int = 6, lead: int | None = None
+) -> list[Json]:
+    """A valid `input`: 0-3 leading developer/system items (an `additional_tools` item among
+    them, sometimes), the task, then model turns and user notes."""
+    ids = _Ids("call_")
+    items: list[Json] = []
+    n_lead = draw(st.integers(0, 3)) if lead is None else lead
+    for k in range(n_lead):
+        if k == 0 and draw(st.integers(0, 3)) == 0:
+            items.append(
+                {
+                    "type": "additional_tools",
+                    "role": "developer",
+                    "tools": [{"type": "function", "name": "exec", "parameters": {}}],
+                }
+            )
+        else:
+            role = draw(st.sampled_from(["developer", "system"]))
+            items.append(r_message(role, draw(text), typed=draw(st.booleans())))
+    items.append(r_message("user", draw(text), parts=draw(st.booleans())))
+    for _ in range(draw(st.integers(min_turns, max_turns))):
+        items.extend(draw(r_turn(ids)))
+        if draw(st.integers(0, 2)) == 0:
+            items.append(r_message("user", draw(text), typed=draw(st.booleans())))
+    return items
+
+
+@st.composite
+def responses_bodies(
+    draw: st.DrawFn, min_turns: int = 0, max_turns: int = 6, style: Style | None = None
+) -> Sample:
+    """A Responses request body in random key order, serialised in a random style."""
+    fields: dict[str, Json] = {
+        "model": draw(st.sampled_from(["gpt-5.1-codex", "my-local-model"])),
+        "input": draw(responses_items(min_turns, max_turns)),
+    }
+    options: dict[str, st.SearchStrategy[Json]] = {
+        "instructions": text,
+        "tools": st.just([{"type": "function", "name": "exec", "parameters": {}}]),
+        "stream": st.booleans(),
+        "store": st.booleans(),
+        "prompt_cache_key": ident,
+        "include": st.just(["reasoning.encrypted_content"]),
+        "x_unknown": small_json,
+    }
+    fields.update({k: draw(v) for k, v in options.items() if draw(st.booleans())})
+    order = draw(st.permutations(sorted(fields)))
+    body = {k: fields[k] for k in order}
+    s = style if style is not None else draw(styles)
+    return Sample("responses", body, dumps(body, s), s)

@@ -47,6 +47,14 @@ class Component(Protocol):
 
 
 @runtime_checkable
+class Invalidates(Protocol):
+    """A component that keeps per-conversation state (a checkpoint) and must forget it when the
+    agent compacts its own history. Returns what it forgot (for the record), or None."""
+
+    def invalidate(self, req: RequestContext) -> str | None: ...
+
+
+@runtime_checkable
 class Commissioner(Protocol):
     """A component whose steps may commission work: the caller runs `complete` off the hot
     path, or `abandon`s a job it cannot run."""

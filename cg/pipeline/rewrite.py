@@ -12,13 +12,13 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from cg.expand.tool import InjectMode, append_tool, inject_reason
-from cg.pipeline.contract import Component, RequestContext
+from cg.pipeline.contract import Component, Invalidates, RequestContext
 from cg.pipeline.runner import PipelineResult, run_pipeline
 from cg.state.session import session_of
 from cg.state.store import Store
 from cg.wire.body import BodyIndex, BodyRejected, MessageCache, index_body
 from cg.wire.dialects import Dialect
-from cg.wire.shape import check_wire_roles, introduced, validate_shape
+from cg.wire.shape import check_wire_roles, introduced, separated, validate_shape
 from cg.wire.splice import is_identity, plan_sources, plan_views, splice_text
 
 Outcome = Literal["passed_through", "rewritten", "failed_open"]
@@ -49,8 +49,14 @@ def rewrite_body(
     now: float | None = None,
     cache: MessageCache | None = None,
     expand: ExpandPolicy | None = None,
+    agent_compaction: str | None = None,
 ) -> Rewrite:
-    """Run one request body through the pipeline. `headers` are read, never stored."""
+    """Run one request body through the pipeline. `headers` are read, never stored.
+
+    `agent_compaction`: the request is the agent compacting its own history (why we know): it
+    passes through untouched, and each component that keeps per-conversation state forgets it
+    (`Invalidates`), since the history that follows is the agent's own summary.
+    """
     t0 = time.perf_counter()
     timings: dict[str, float] = {}
     record: dict[str, Any] = {"dialect": dialect.name, "timings_ms": timings}
@@ -82,11 +88,20 @@ def rewrite_body(
         if before:
             record["input_violations"] = [v.to_json() for v in before]
 
-        if not components:
+        if not components and agent_compaction is None:
             return done("passed_through", "no components in the pipeline")
         sid = session_of(headers or {}, index)
         record["session"] = sid.id
         req = RequestContext(index, sid.id, headers or {}, time.time() if now is None else now)
+        if agent_compaction is not None:
+            forgot = [c.invalidate(req) for c in components if isinstance(c, Invalidates)]
+            record["invalidated"] = [f for f in forgot if f]
+            return done("passed_through", agent_compaction)
+        if before and dialect.strict_input:
+            # The provider will refuse it (or has its own reading of it): it answers as it would.
+            return done(
+                "passed_through", f"the input already breaks {before[0].rule}: {before[0].message}"
+            )
         result = run_pipeline(components, req)
         record["components"] = result.records
         t = lap("pipeline", t)
@@ -96,8 +111,10 @@ def rewrite_body(
             text = splice_text(index, result.plan)
             t = lap("splice", t)
             record["messages_out"] = len(result.plan)
+            sources = plan_sources(result.plan)
             after = validate_shape(plan_views(index, result.plan), dialect)
-            bad = introduced(before, after, plan_sources(result.plan))
+            after += separated(index.views, sources, dialect)
+            bad = introduced(before, after, sources)
             if bad:
                 lap("validate", t)
                 record["violations"] = [v.to_json() for v in bad]

@@ -49,7 +49,7 @@ from cg.summarize.triggers import (
     shipped_windows,
 )
 from cg.wire.body import BodyIndex
-from cg.wire.dialects import MessageView
+from cg.wire.dialects import DIALECTS, MessageView
 from cg.wire.splice import Insert, Keep, Plan, is_identity
 
 Outcome = Literal["completed", "blank", "failed", "timed_out", "no_model"]
@@ -204,6 +204,18 @@ class Summarize:
 
     # -- the hot path --------------------------------------------------------------------------
 
+    def invalidate(self, req: RequestContext) -> str | None:
+        """The agent is compacting this conversation itself: its checkpoint no longer describes
+        what the agent will send next. (A summary still in flight stores a checkpoint whose
+        covered prefix the compacted history does not repeat: the next turn finds it diverged.)"""
+        index = req.index
+        if not index.messages:
+            return None
+        conv = conversation_key(req.session, self.facts.of(index, 0).digest)
+        had = self.store.get_checkpoint(conv) is not None
+        self.store.delete_checkpoint(conv)
+        return f"checkpoint of {conv}" if had else None
+
     def apply(self, req: RequestContext, plan: Plan) -> Step:
         index = req.index
         n = len(index.messages)
@@ -215,7 +227,7 @@ class Summarize:
         ttl = prev.cache_ttl if prev is not None and prev.cache_ttl else CACHE_TTL_DEFAULT
 
         views = index.views
-        span = select_span(views, self.cfg.keep_first, self.cfg.keep_last)
+        span = select_span(views, self.cfg.keep_first, self.cfg.keep_last, index.dialect.pairing)
         if isinstance(span, str):
             return Step(None, span)
         stats = self.facts.all(index)
@@ -264,7 +276,7 @@ class Summarize:
         detail["tokens"] = facts.request_tokens
         if step.plan is not None and cp is not None:
             removed = sum(s.tokens for s in stats[cp.head_count : cp.head_count + cp.covered_count])
-            summary_tokens = self.tokens.count_text(json.loads(cp.message)["content"])
+            summary_tokens = self.tokens.count_text(index.dialect.view(json.loads(cp.message)).text)
             detail["tokens_after"] = facts.request_tokens - removed + summary_tokens
             detail["reused"] = True
         detail["window"] = facts.window
@@ -312,7 +324,7 @@ class Summarize:
         if mode == "full" and cp.key and not self.store.has_stash(cp.key, owner(cp.session)):
             # Degrade honestly: the marker now says the original expired, and stays so.
             text = summary_text(cp.summary, mode, cp.key, cp.covered_count, expired=True)
-            msg = Insert.message({"role": "user", "content": text}, index.dialect)
+            msg = Insert.message(index.dialect.user_message(text), index.dialect)
             cp = replace(cp, key=None, message=msg.json)
             self.store.put_checkpoint(cp)
             detail["stash"] = "expired"
@@ -402,10 +414,9 @@ class Summarize:
             if mode == "full":
                 key = stash_key(job.sources)
                 self.store.put_stash(key, job.session, job.sources, job.dialect)
-            from cg.wire.dialects import DIALECTS
-
+            dialect = DIALECTS[job.dialect]
             text = summary_text(summary, mode, key, len(job.sources))
-            message = Insert.message({"role": "user", "content": text}, DIALECTS[job.dialect])
+            message = Insert.message(dialect.user_message(text), dialect)
             self.store.put_checkpoint(
                 Checkpoint(
                     session=job.conversation,

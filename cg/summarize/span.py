@@ -4,6 +4,12 @@ The head retreats and the tail moves so that no tool exchange is split across a 
 user-role summary never follows a mid-array system message (SPEC §5.3). Orphan repair (§5.4) is
 the safety net behind those rules: it cuts a tool result whose call is gone, block by block, and
 never invents a placeholder.
+
+Responses items (`_select_items`): the leading system items (developer/system messages, an
+`additional_tools` item among them) are always kept and `keep_first` counts after them; no
+boundary falls where it would separate a call from its output (by `call_id`, parallel calls and
+their outputs included) or a `reasoning` item from the item after it; an `additional_tools`
+item is never summarized.
 """
 
 from __future__ import annotations
@@ -13,6 +19,7 @@ from dataclasses import dataclass
 
 from cg.wire.body import BodyIndex
 from cg.wire.dialects import MessageView
+from cg.wire.dialects.base import Pairing
 from cg.wire.splice import Cut, Keep, Piece, Plan, plan_views
 
 
@@ -28,11 +35,16 @@ def _is_result(v: MessageView) -> bool:
     return bool(v.tool_result_ids) and v.role in ("user", "tool")
 
 
-def select_span(views: Sequence[MessageView], keep_first: int, keep_last: int) -> Span | str:
-    """The span to summarize, or the reason there is none."""
+def select_span(
+    views: Sequence[MessageView], keep_first: int, keep_last: int, pairing: Pairing = "run"
+) -> Span | str:
+    """The span to summarize, or the reason there is none. `pairing` is the dialect's
+    (`Dialect.pairing`): items that pair by id (the Responses API) follow `_select_items`."""
     n = len(views)
     if keep_first < 0 or keep_last < 0:
         raise ValueError("keep_first and keep_last must be >= 0")
+    if pairing == "id":
+        return _select_items(views, keep_first, keep_last)
     if n <= keep_first + keep_last:
         return f"transcript of {n} messages is within keep_first + keep_last"
     head = keep_first
@@ -62,6 +74,71 @@ def select_span(views: Sequence[MessageView], keep_first: int, keep_last: int) -
     return Span(head, end)
 
 
+def leading_system(views: Sequence[MessageView]) -> int:
+    """How many items open the list as its system prompt: developer/system messages and an
+    `additional_tools` item among them."""
+    n = 0
+    while n < len(views) and views[n].is_system:
+        n += 1
+    return n
+
+
+def crossings(views: Sequence[MessageView]) -> list[bool]:
+    """`out[p]`: a cut before item p (between p - 1 and p, p = 0..len) would split a call from
+    its output (an unanswered call reaches to the end) or a reasoning item from its successor."""
+    n = len(views)
+    answered: dict[str, list[int]] = {}
+    for i, v in enumerate(views):
+        for t in v.tool_result_ids:
+            answered.setdefault(t, []).append(i)
+    diff = [0] * (n + 2)
+    for c, v in enumerate(views):
+        for t in v.tool_call_ids:
+            a = next((i for i in answered.get(t, ()) if i > c), n)
+            diff[c + 1] += 1
+            diff[a + 1] -= 1
+    out: list[bool] = []
+    open_ = 0
+    for p in range(n + 1):
+        open_ += diff[p]
+        out.append(open_ > 0 or (p > 0 and views[p - 1].binds_next))
+    return out
+
+
+def _select_items(views: Sequence[MessageView], keep_first: int, keep_last: int) -> Span | str:
+    """The span of a Responses `input`: `keep_first` counts after the leading system items
+    (the system prompt is never summarized); each boundary moves off any cut that would split a
+    call from its output or a reasoning item from its successor (the head back, the tail on);
+    a span holding an `additional_tools` item is refused."""
+    n = len(views)
+    lead = leading_system(views)
+    if n <= lead + keep_first + keep_last:
+        return (
+            f"transcript of {n} items is within its {lead} leading system items + keep_first "
+            "+ keep_last"
+        )
+    cross = crossings(views)
+    head = lead + keep_first
+    while head > lead and cross[head]:
+        head -= 1
+    end = n - keep_last
+    advanced = end
+    while advanced < n and cross[advanced]:
+        advanced += 1
+    if advanced < n or keep_last == 0:
+        end = advanced
+    else:
+        # Advancing would leave no tail: keep the latest exchange whole in the tail instead.
+        while end > head and cross[end]:
+            end -= 1
+    if end <= head:
+        return "no span between head and tail"
+    pinned = next((i for i in range(head, end) if views[i].pinned), None)
+    if pinned is not None:
+        return f"input[{pinned}] ({views[pinned].kind}) lies in the span: it is never summarized"
+    return Span(head, end)
+
+
 def repair_orphans(index: BodyIndex, plan: Plan) -> Plan:
     """Cut every tool result whose call is not in the message that opens its run.
 
@@ -69,7 +146,9 @@ def repair_orphans(index: BodyIndex, plan: Plan) -> Plan:
     if nothing else is left. OpenAI: the `role: tool` message is dropped.
     """
     views = plan_views(index, plan)
-    anthropic = index.dialect.name == "anthropic"
+    if index.dialect.pairing == "id":
+        return _repair_items(plan, views)
+    anthropic = index.dialect.pairing == "next"
     out: list[Piece] = []
     opener_calls: set[str] = set()
     prev: MessageView | None = None
@@ -95,4 +174,15 @@ def repair_orphans(index: BodyIndex, plan: Plan) -> Plan:
             out.append(Cut(piece.index, frozenset(drop)))
             prev = v
         # else: nothing left but orphans; the message is dropped whole
+    return out
+
+
+def _repair_items(plan: Plan, views: list[MessageView]) -> Plan:
+    """Items paired by id: an output item whose call is not earlier in the plan goes whole."""
+    out: list[Piece] = []
+    called: set[str] = set()
+    for piece, v in zip(plan, views, strict=True):
+        called.update(v.tool_call_ids)
+        if all(r in called for r in v.tool_result_ids):
+            out.append(piece)
     return out

@@ -1,5 +1,8 @@
 """The raw message index: one request body, decoded once, with the span of every message.
 
+The transcript array is the dialect's `array_key`: `messages`, or the Responses API's `input`
+(whose items are indexed as messages: a view each, calls and outputs included).
+
 `index_body` is the only place a provider body is parsed on the hot path. Anything it cannot read
 with certainty raises `BodyRejected`, whose reason goes into the decision record while the body
 passes through untouched.
@@ -111,8 +114,9 @@ def index_body(raw: bytes, dialect: Dialect, cache: MessageCache | None = None) 
         offered.extend(cache.offer(dialect)(t, first) if cache is not None else ())
         return offered
 
+    key = dialect.array_key
     try:
-        members = walk_document(text, arrays=("messages",), known=known)
+        members = walk_document(text, arrays=(key,), known=known)
     except (JsonSpanError, RecursionError) as e:
         raise BodyRejected(f"malformed JSON: {e}") from None
     by_key: dict[str, Member] = {}
@@ -120,11 +124,14 @@ def index_body(raw: bytes, dialect: Dialect, cache: MessageCache | None = None) 
         if m.key in by_key:
             raise BodyRejected(f"duplicate top-level key {m.key!r}")
         by_key[m.key] = m
-    msgs = by_key.get("messages")
+    refused = dialect.refuse(by_key)
+    if refused:
+        raise BodyRejected(refused)
+    msgs = by_key.get(key)
     if msgs is None:
-        raise BodyRejected("no 'messages' field")
+        raise BodyRejected(f"no {key!r} field")
     if msgs.array is None:
-        raise BodyRejected(f"'messages' is a {type(msgs.value).__name__}, not an array")
+        raise BodyRejected(f"{key!r} is a {type(msgs.value).__name__}, not an array")
     out: list[RawMessage] = []
     for n, el in enumerate(msgs.array.elements):
         if n < len(offered) and el.value is offered[n][1]:
@@ -140,12 +147,13 @@ def index_body(raw: bytes, dialect: Dialect, cache: MessageCache | None = None) 
 
 
 def _message(dialect: Dialect, n: int, el: Element) -> RawMessage:
+    key = dialect.array_key
     if not isinstance(el.value, dict):
-        raise BodyRejected(f"messages[{n}] is not an object (got {type(el.value).__name__})")
+        raise BodyRejected(f"{key}[{n}] is not an object (got {type(el.value).__name__})")
     try:
         view = dialect.view(el.value)
     except MessageShapeError as e:
-        raise BodyRejected(f"messages[{n}]: {e}") from None
-    if view.role not in dialect.wire_roles:
-        raise BodyRejected(f"messages[{n}] has unknown role {view.role!r}")
+        raise BodyRejected(f"{key}[{n}]: {e}") from None
+    if view.kind == "message" and view.role not in dialect.wire_roles:
+        raise BodyRejected(f"{key}[{n}] has unknown role {view.role!r}")
     return RawMessage(el.start, el.end, el.value, view)

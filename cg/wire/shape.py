@@ -10,6 +10,13 @@ reads like the 400 it prevented:
     no-blank-content     no message is blank (with each dialect's documented exception)
     wire-role            (bytes) every role in `messages` is one the provider accepts
 
+The Responses API's items pair calls and outputs by id anywhere later in `input`, and bind a
+`reasoning` item to the item after it (`_item_rules`, `separated`):
+
+    reasoning-successor  a reasoning item is followed by a model item, and an item that came
+                         with a reasoning item still follows it
+    unique-ids           no two items share an id, no two calls (or outputs) a call id
+
 Consecutive same-role messages are deliberately not a violation: the summary is a user message
 that often follows another user message, and providers accept that.
 """
@@ -46,11 +53,13 @@ def _dialect(dialect: Dialect | str) -> Dialect:
 def validate_shape(
     messages: Sequence[MessageView | Any], dialect: Dialect | str
 ) -> list[Violation]:
-    """Every violation of the four list rules; accepts views or parsed message dicts."""
+    """Every violation of the list rules; accepts views or parsed message dicts."""
     d = _dialect(dialect)
     views = _views(messages, d)
+    if d.pairing == "id":
+        return _item_rules(views, d)
     n = len(views)
-    anthropic = d.name == "anthropic"
+    anthropic = d.pairing == "next"
     out: list[Violation] = []
     for i, v in enumerate(views):
         if i > 0 and v.is_system and i + 1 < n and views[i + 1].role != "assistant":
@@ -95,26 +104,87 @@ def validate_shape(
     return out
 
 
-def check_wire_roles(body: bytes, dialect: Dialect | str) -> list[Violation]:
-    """Read the final bytes and report every role in `messages` the provider would refuse."""
+def _item_rules(views: list[MessageView], d: Dialect) -> list[Violation]:
+    """The rules of an item list whose calls and outputs pair by id (the Responses API):
+
+    answered-tool-use     every call is answered by an output with its id, later in the list
+    paired-tool-result    every output answers a call earlier in the list
+    reasoning-successor   a reasoning item is followed by a model item (the one it came with)
+    no-blank-content      no message item is blank
+    unique-ids            no two items share an `id`, no two calls (or outputs) a call id
+    """
+    n = len(views)
+    out: list[Violation] = []
+    answered_at: dict[str, int] = {}
+    for i, v in enumerate(views):
+        for t in v.tool_result_ids:
+            answered_at.setdefault(t, i)
+    seen_ids: set[str] = set()
+    called: set[str] = set()
+    outputs: set[str] = set()
+    for i, v in enumerate(views):
+        if v.item_id is not None:
+            if v.item_id in seen_ids:
+                out.append(Violation(i, "unique-ids", d.msg_duplicate(i, v.item_id), (v.item_id,)))
+            seen_ids.add(v.item_id)
+        for t in v.tool_call_ids:
+            if t in called:
+                out.append(Violation(i, "unique-ids", d.msg_duplicate_call(i, t), (t,)))
+            called.add(t)
+            if answered_at.get(t, -1) <= i:
+                out.append(Violation(i, "answered-tool-use", d.msg_unanswered(i, [t], v), (t,)))
+        for t in v.tool_result_ids:
+            if t in outputs:
+                out.append(Violation(i, "unique-ids", d.msg_duplicate_call(i, t), (t,)))
+            outputs.add(t)
+            if t not in called:
+                out.append(Violation(i, "paired-tool-result", d.msg_unpaired(i, [t], v), (t,)))
+        if v.binds_next and not (i + 1 < n and views[i + 1].role == "assistant"):
+            out.append(Violation(i, "reasoning-successor", d.msg_reasoning(i, v)))
+        if v.blank:
+            out.append(Violation(i, "no-blank-content", d.msg_blank(i)))
+    return out
+
+
+def separated(
+    before: Sequence[MessageView], after_sources: Sequence[str], dialect: Dialect | str
+) -> list[Violation]:
+    """Items the plan moved away from the reasoning item they came with.
+
+    `before` are the input's views; `after_sources` names each output item's source (`m{i}`,
+    or `new#k` for an inserted one, see `cg.wire.splice.plan_sources`). An input item that
+    followed a `binds_next` item must still follow it in the output: the provider refuses it
+    alone ("… was provided without its required 'reasoning' item").
+    """
     d = _dialect(dialect)
+    out: list[Violation] = []
+    for k, src in enumerate(after_sources):
+        if not src.startswith("m"):
+            continue
+        i = int(src[1:])
+        if i > 0 and before[i - 1].binds_next and (k == 0 or after_sources[k - 1] != f"m{i - 1}"):
+            out.append(Violation(k, "reasoning-successor", d.msg_separated(k, before[i])))
+    return out
+
+
+def check_wire_roles(body: bytes, dialect: Dialect | str) -> list[Violation]:
+    """Read the final bytes and report every role in the transcript array (`messages`, or
+    `input`) that the provider would refuse."""
+    d = _dialect(dialect)
+    key = d.array_key
     try:
         doc = json.loads(body)
-        messages = doc["messages"]
+        messages = doc[key]
         if not isinstance(messages, list):
-            raise TypeError("'messages' is not an array")
+            raise TypeError(f"{key!r} is not an array")
     except (ValueError, KeyError, TypeError) as e:
         return [Violation(-1, "wire-json", f"the body sent is not readable JSON: {e}")]
     out: list[Violation] = []
-    allowed = " or ".join(repr(r) for r in sorted(d.wire_roles))
     for i, m in enumerate(messages):
-        role = m.get("role") if isinstance(m, dict) else None
-        if role not in d.wire_roles:
-            out.append(
-                Violation(
-                    i, "wire-role", f"messages.{i}.role: Input should be {allowed}", (str(role),)
-                )
-            )
+        problem = d.role_error(m)
+        if problem is not None:
+            role = m.get("role") if isinstance(m, dict) else None
+            out.append(Violation(i, "wire-role", f"{key}.{i}.{problem}", (str(role),)))
     return out
 
 

@@ -231,17 +231,26 @@ def test_bad_input_passes_through_with_a_reason(
     assert toy.calls == 0  # never reached the pipeline
 
 
-def test_unknown_block_types_are_kept_byte_for_byte() -> None:
-    odd = {
-        "role": "user",
-        "content": [{"type": "x_new", "v": "\u2603"}, {"type": "text", "text": "t"}],
+@pytest.mark.parametrize("at", [0, 3, 6], ids=["head", "span", "tail"])
+def test_an_unknown_block_type_anywhere_passes_the_request_through(at: int) -> None:
+    """Issue 12: `{"type": "mystery_block"}` in the head, the span or the tail: the request is
+    forwarded byte-identical and the record names the block, where it sat in the middle of a
+    transcript the same pipeline does summarize without it."""
+    msgs: list[Any] = [
+        *CHAT[:5],
+        {"role": "assistant", "content": "a"},
+        {"role": "user", "content": "t"},
+    ]
+    raw = json.dumps({"messages": msgs}, ensure_ascii=True).encode()
+    assert rewrite_body(raw, ANTHROPIC, [summarize_middle()]).outcome == "rewritten"  # guard
+    msgs[at] = {
+        "role": msgs[at]["role"],
+        "content": [{"type": "mystery_block", "v": "\u2603"}, {"type": "text", "text": "t"}],
     }
-    msgs = [*CHAT[:5], {"role": "assistant", "content": "a"}, odd]
     raw = json.dumps({"messages": msgs}, ensure_ascii=True).encode()
     r = rewrite_body(raw, ANTHROPIC, [summarize_middle()])
-    assert r.outcome == "rewritten" and r.body is not None
-    assert index_body(r.body, ANTHROPIC).source(3) == index_body(raw, ANTHROPIC).source(6)
-    assert b'"x_new", "v": "\\u2603"' in r.body
+    assert r.outcome == "passed_through" and r.body is None
+    assert r.record["reason"] == f"messages[{at}]: unknown content block type 'mystery_block'"
 
 
 @SETTINGS

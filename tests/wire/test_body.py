@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import given
@@ -136,20 +137,45 @@ def test_deeply_nested_body_is_rejected_not_crashed() -> None:
         index_body(raw, ANTHROPIC)
 
 
-def test_unknown_block_types_are_indexed_not_rejected() -> None:
-    raw = json.dumps(
-        {
-            "messages": [
-                {"role": "user", "content": [{"type": "x_new", "blob": [1, {"a": None}]}]},
-                {
-                    "role": "assistant",
-                    "content": [{"type": "mystery"}, {"type": "text", "text": "k"}],
-                },
-            ]
-        }
-    ).encode()
-    idx = index_body(raw, ANTHROPIC)
-    assert [v.block_types for v in idx.views] == [("x_new",), ("mystery", "text")]
+@pytest.mark.parametrize(
+    "dialect,body,where",
+    [
+        (
+            ANTHROPIC,
+            {
+                "messages": [
+                    {"role": "user", "content": "task"},
+                    {"role": "assistant", "content": [{"type": "mystery_block"}]},
+                    {"role": "user", "content": "go on"},
+                ]
+            },
+            "messages[1]: unknown content block type 'mystery_block'",
+        ),
+        (
+            OPENAI,
+            {
+                "messages": [
+                    {"role": "user", "content": [{"type": "x_new", "x": 1}]},
+                    {"role": "assistant", "content": "ok"},
+                ]
+            },
+            "messages[0]: unknown content part type 'x_new'",
+        ),
+        (
+            ANTHROPIC,
+            {"messages": [{"role": "user", "content": "t"}, {"role": "narrator", "content": "x"}]},
+            "messages[1] has unknown role 'narrator'",
+        ),
+    ],
+)
+def test_unknown_content_anywhere_rejects_the_body_with_the_reason(
+    dialect: Any, body: Any, where: str
+) -> None:
+    """SPEC §10 / issue 12: a block type, part type or role the addon does not know may carry a
+    rule of its own, so the whole request passes through; the reason names it."""
+    with pytest.raises(BodyRejected) as e:
+        index_body(json.dumps(body).encode(), dialect)
+    assert str(e.value) == where
 
 
 # --------------------------------------------------------------------------------------------

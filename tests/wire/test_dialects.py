@@ -28,7 +28,7 @@ def test_anthropic_every_block_type() -> None:
         {"type": "tool_use", "id": "toolu_1", "name": "bash", "input": {"cmd": "ls ü"}},
         {"type": "tool_use", "id": "toolu_2", "name": "read", "input": {}},
         {"type": "server_tool_use", "id": "srvtoolu_1", "name": "web_search", "input": {}},
-        {"type": "x_from_the_future", "anything": [1, 2]},
+        {"type": "web_search_tool_result", "tool_use_id": "srvtoolu_1", "content": []},
     ]
     v = ANTHROPIC.view({"role": "assistant", "content": content})
     assert v.form == "blocks"
@@ -39,7 +39,7 @@ def test_anthropic_every_block_type() -> None:
         "tool_use",
         "tool_use",
         "server_tool_use",
-        "x_from_the_future",
+        "web_search_tool_result",
     )
     assert v.tool_call_ids == ("toolu_1", "toolu_2")  # server tools are not client tool calls
     assert v.tool_result_ids == ()
@@ -47,7 +47,7 @@ def test_anthropic_every_block_type() -> None:
     assert v.blocks[0] == BlockView("thinking", "let me think", False)
     assert v.blocks[1] == BlockView("redacted_thinking", "[redacted_thinking]")
     assert v.blocks[3].text == '[tool_use bash] {"cmd": "ls ü"}'
-    assert v.blocks[6] == BlockView("x_from_the_future", "[x_from_the_future]")
+    assert v.blocks[6] == BlockView("web_search_tool_result", "[web_search_tool_result]")
     assert "let me think" in v.text and "I'll run it" in v.text
 
 
@@ -265,7 +265,12 @@ def test_content_blocks_key() -> None:
         ("POST", "/v1/messages/batches", None),
         ("POST", "/v1/messages/batches/msgbatch_1/cancel", None),
         ("POST", "/v1/completions", None),
-        ("POST", "/v1/responses", None),
+        ("POST", "/v1/responses", "responses"),
+        ("POST", "/openai/v1/responses?x=1", "responses"),
+        ("POST", "/v1/responses/compact", None),
+        ("POST", "/v1/responses/resp_123/cancel", None),
+        ("GET", "/v1/responses/resp_123", None),
+        ("GET", "/v1/responses", None),
         ("POST", "/v1/chat/completions/abc", None),
         ("POST", "/xv1/messages", None),
         ("POST", "/", None),

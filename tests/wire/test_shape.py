@@ -262,7 +262,7 @@ def test_anthropic_empty_assistant_exception_is_narrow(msgs: Msgs) -> None:
         ],
         [{"type": "redacted_thinking", "data": "xx"}, {"type": "text", "text": "k"}],
         [{"type": "thinking", "thinking": "hmm", "signature": "s"}, {"type": "text", "text": "k"}],
-        [{"type": "x_future", "blob": ""}],
+        [{"type": "container_upload", "file_id": "file_1"}],
         [{"type": "document", "source": {"type": "text", "media_type": "text/plain", "data": "d"}}],
     ],
 )

@@ -1,7 +1,8 @@
 """Wire formats, one module each, and routing a request to one of them.
 
 Dialect ─┬─ Anthropic   POST …/v1/messages
-         └─ OpenAI      POST …/v1/chat/completions
+         ├─ OpenAI      POST …/v1/chat/completions
+         └─ Responses   POST …/v1/responses
 """
 
 from __future__ import annotations
@@ -15,17 +16,20 @@ from cg.wire.dialects.base import (
     MessageView,
 )
 from cg.wire.dialects.openai import OpenAI
+from cg.wire.dialects.responses import Responses
 
 ANTHROPIC = Anthropic()
 OPENAI = OpenAI()
-DIALECTS: dict[str, Dialect] = {d.name: d for d in (ANTHROPIC, OPENAI)}
+RESPONSES = Responses()
+DIALECTS: dict[str, Dialect] = {d.name: d for d in (ANTHROPIC, OPENAI, RESPONSES)}
 
 
 def route(method: str, path: str) -> Dialect | None:
     """The dialect of a provider request, or None for anything we must not touch.
 
     The path suffix is matched (query string ignored), so a `/anthropic/v1/messages` prefix
-    works; `…/v1/messages/count_tokens` and batch endpoints do not match.
+    works; `…/v1/messages/count_tokens`, `…/v1/responses/compact`, `…/v1/responses/{id}` and
+    batch endpoints do not match.
     """
     if method.upper() != "POST":
         return None
@@ -40,6 +44,7 @@ __all__ = [
     "ANTHROPIC",
     "DIALECTS",
     "OPENAI",
+    "RESPONSES",
     "SYSTEM_ROLES",
     "BlockView",
     "Dialect",

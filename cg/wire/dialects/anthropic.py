@@ -17,6 +17,7 @@ from cg.wire.dialects.base import (
     Dialect,
     MessageShapeError,
     MessageView,
+    Pairing,
     is_blank_text,
     message_role,
 )
@@ -57,10 +58,43 @@ def _result_text(content: Any) -> str:
     return ""
 
 
+# The content block types of a request's messages that the addon knows, and knows to be safe to
+# keep or summarize with the message they sit in: every pairing rule among them is one the shape
+# rules model (tool_use/tool_result across messages; a server tool's use and result within one
+# assistant message). A block type not listed here may carry a pairing rule of its own (a new
+# server-side block is exactly where the next provider 400 comes from), so a request holding one
+# anywhere passes through untouched (SPEC §10). `tool_result` contents are not checked: they go
+# wherever their block goes.
+KNOWN_BLOCKS = frozenset(
+    {
+        "text",
+        "image",
+        "document",
+        "search_result",
+        "thinking",
+        "redacted_thinking",
+        "tool_use",
+        "tool_result",
+        "server_tool_use",
+        "web_search_tool_result",
+        "web_fetch_tool_result",
+        "code_execution_tool_result",
+        "bash_code_execution_tool_result",
+        "text_editor_code_execution_tool_result",
+        "tool_search_tool_result",
+        "container_upload",
+        "mcp_tool_use",
+        "mcp_tool_result",
+    }
+)
+
+
 def _block(block: Any) -> BlockView:
     if not isinstance(block, dict) or not isinstance(block.get("type"), str):
         raise MessageShapeError("a content block is not an object with a string 'type'")
     kind: str = block["type"]
+    if kind not in KNOWN_BLOCKS:
+        raise MessageShapeError(f"unknown content block type {kind!r}")
     if kind == "text":
         text = block.get("text")
         return BlockView(kind, text if isinstance(text, str) else "", is_blank_text(text))
@@ -80,7 +114,7 @@ def _block(block: Any) -> BlockView:
             _result_text(block.get("content")),
             tool_result_id=rid if isinstance(rid, str) else "",
         )
-    # redacted_thinking, image, document, server tools and anything newer: kept, never dropped.
+    # redacted_thinking, image, document, server tools: kept with their message, never dropped.
     return BlockView(kind, f"[{kind}]")
 
 
@@ -88,6 +122,7 @@ class Anthropic(Dialect):
     name: ClassVar[str] = "anthropic"
     path_suffix: ClassVar[str] = "/v1/messages"
     wire_roles: ClassVar[frozenset[str]] = frozenset({"user", "assistant", "system"})
+    pairing: ClassVar[Pairing] = "next"
 
     def view(self, message: Any) -> MessageView:
         role = message_role(message)
@@ -128,14 +163,14 @@ class Anthropic(Dialect):
             blank=blank,
         )
 
-    def msg_unanswered(self, i: int, ids: list[str]) -> str:
+    def msg_unanswered(self, i: int, ids: list[str], view: MessageView | None = None) -> str:
         return (
             f"messages.{i}: `tool_use` ids were found without `tool_result` blocks immediately "
             f"after: {', '.join(ids)}. Each `tool_use` block must have a corresponding "
             "`tool_result` block in the next message."
         )
 
-    def msg_unpaired(self, i: int, ids: list[str]) -> str:
+    def msg_unpaired(self, i: int, ids: list[str], view: MessageView | None = None) -> str:
         return (
             f"messages.{i}.content: unexpected `tool_use_id` found in `tool_result` blocks: "
             f"{', '.join(ids)}. Each `tool_result` block must have a corresponding `tool_use` "

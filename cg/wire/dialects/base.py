@@ -6,13 +6,16 @@ and the splice works from the original bytes. Nothing here is ever serialised ba
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
 
 from cg.wire.reply import Call, JsonObject
 
 ContentForm = Literal["string", "blocks", "null", "missing", "other"]
+# How a tool result finds its call: in the next message (anthropic), in the run of `tool`
+# messages after the calling message (openai), or by id anywhere earlier (responses items).
+Pairing = Literal["next", "run", "id"]
 
 SYSTEM_ROLES = frozenset({"system", "developer"})
 
@@ -38,6 +41,13 @@ class MessageView:
 
     `text` is a readable rendering for summaries and token counts. `blank` follows SPEC §4 rule
     4: blank content as a whole, or any text/thinking block that is blank.
+
+    Responses items add three facts (the defaults fit a chat message): `kind`, the item's
+    `type` (`message`, `reasoning`, `function_call`, …) and `item_id`, its `id`, for the
+    provider's wording; `binds_next`, an item the provider refuses without the item right after
+    it (a `reasoning` item), so no cut may fall between the two; `pinned`, an item that must
+    never be summarized away (an `additional_tools` item: the tools it declares are available
+    from it on).
     """
 
     role: str
@@ -47,6 +57,10 @@ class MessageView:
     tool_call_ids: tuple[str, ...]
     tool_result_ids: tuple[str, ...]
     blank: bool
+    kind: str = "message"
+    item_id: str | None = None
+    binds_next: bool = False
+    pinned: bool = False
 
     @property
     def is_system(self) -> bool:
@@ -72,9 +86,36 @@ class Dialect:
     name: ClassVar[str]
     path_suffix: ClassVar[str]
     wire_roles: ClassVar[frozenset[str]]
+    # The top-level key of the transcript array: `messages`, or the Responses API's `input`.
+    array_key: ClassVar[str] = "messages"
+    pairing: ClassVar[Pairing] = "run"
+    # SPEC §4 rule 1 (a mid-array system message is followed by an assistant turn): Anthropic's,
+    # applied to Chat Completions too; the Responses API places developer items anywhere.
+    system_position: ClassVar[bool] = True
+    # A request that already breaks a shape rule passes through untouched (the provider answers
+    # it as it would) instead of being rewritten around the breakage.
+    strict_input: ClassVar[bool] = False
 
     def view(self, message: Any) -> MessageView:
         raise NotImplementedError
+
+    def refuse(self, members: Mapping[str, Any]) -> str | None:
+        """Why a whole request (its top-level members, `cg.wire.jsonspan.Member`s by key) is
+        not one to rewrite, or None: history the addon cannot see, say."""
+        return None
+
+    def role_error(self, message: Any) -> str | None:
+        """What is wrong with the role of one element of the transcript array as sent (read
+        from the final bytes), or None when the provider accepts it."""
+        role = message.get("role") if isinstance(message, dict) else None
+        if role in self.wire_roles:
+            return None
+        allowed = " or ".join(repr(r) for r in sorted(self.wire_roles))
+        return f"role: Input should be {allowed}"
+
+    def user_message(self, text: str) -> dict[str, Any]:
+        """A new user message carrying `text` (the summary, the summarizer's instruction)."""
+        return {"role": "user", "content": text}
 
     def content_blocks_key(self) -> str:
         """The key whose array holds a message's blocks; block cuts happen inside it."""
@@ -84,14 +125,26 @@ class Dialect:
     def msg_system_position(self, i: int) -> str:
         return f"messages.{i}: role 'system' must precede an 'assistant' message or end the array"
 
-    def msg_unanswered(self, i: int, ids: list[str]) -> str:
+    def msg_unanswered(self, i: int, ids: list[str], view: MessageView | None = None) -> str:
         raise NotImplementedError
 
-    def msg_unpaired(self, i: int, ids: list[str]) -> str:
+    def msg_unpaired(self, i: int, ids: list[str], view: MessageView | None = None) -> str:
         raise NotImplementedError
 
     def msg_blank(self, i: int) -> str:
         raise NotImplementedError
+
+    def msg_reasoning(self, i: int, view: MessageView) -> str:
+        return f"input[{i}]: a reasoning item was provided without its required following item"
+
+    def msg_separated(self, i: int, view: MessageView) -> str:
+        return f"input[{i}]: an item was provided without its required reasoning item"
+
+    def msg_duplicate(self, i: int, item_id: str) -> str:
+        return f"input[{i}]: duplicate item id {item_id}"
+
+    def msg_duplicate_call(self, i: int, call_id: str) -> str:
+        return f"input[{i}]: duplicate call id {call_id}"
 
     def blank_allowed(self, view: MessageView, is_last: bool) -> bool:
         """A blank message the provider nevertheless accepts (dialect-specific exceptions)."""
@@ -125,6 +178,11 @@ class Dialect:
     def assistant_turn(self, message: JsonObject) -> JsonObject:
         """The assistant message to append to the request for a continuation round."""
         raise NotImplementedError
+
+    def assistant_turns(self, message: JsonObject) -> list[JsonObject]:
+        """Everything of the answer to append for a continuation round: one assistant message
+        in a chat dialect; every output item (reasoning included) in the Responses API."""
+        return [self.assistant_turn(message)]
 
     def result_turns(self, results: list[tuple[str, str]]) -> list[JsonObject]:
         """The messages answering tool calls, `(call id, text)` each."""

@@ -38,11 +38,17 @@ from cg.wire.reply import (
     sse_events,
 )
 
+# The content part types of Chat Completions messages; a request holding any other part type
+# passes through untouched (SPEC §10: unknown content is never cut).
+KNOWN_PARTS = frozenset({"text", "image_url", "input_audio", "file", "refusal"})
+
 
 def _part(part: Any) -> BlockView:
     if not isinstance(part, dict) or not isinstance(part.get("type"), str):
         raise MessageShapeError("a content part is not an object with a string 'type'")
     kind: str = part["type"]
+    if kind not in KNOWN_PARTS:
+        raise MessageShapeError(f"unknown content part type {kind!r}")
     if kind == "text":
         text = part.get("text")
         return BlockView(kind, text if isinstance(text, str) else "", is_blank_text(text))
@@ -126,14 +132,14 @@ class OpenAI(Dialect):
             blank=blank,
         )
 
-    def msg_unanswered(self, i: int, ids: list[str]) -> str:
+    def msg_unanswered(self, i: int, ids: list[str], view: MessageView | None = None) -> str:
         return (
             f"messages.[{i}]: An assistant message with 'tool_calls' must be followed by tool "
             "messages responding to each 'tool_call_id'. The following tool_call_ids did not "
             f"have response messages: {', '.join(ids)}"
         )
 
-    def msg_unpaired(self, i: int, ids: list[str]) -> str:
+    def msg_unpaired(self, i: int, ids: list[str], view: MessageView | None = None) -> str:
         return (
             f"messages.[{i}].role: Invalid parameter: messages with role 'tool' must be a "
             "response to a preceeding message with 'tool_calls'."

@@ -1,0 +1,579 @@
+"""The OpenAI Responses API: `POST …/v1/responses`; the transcript is the `input` array of items.
+
+Requests: a read-only view of each input item. The system prompt is the top-level `instructions`
+or the leading developer/system items (Codex sends no `instructions`: its first item is a
+`developer` message). Calls and their outputs are separate items paired by `call_id`, answered
+anywhere later (parallel calls come as all calls, then all outputs); a `reasoning` item is bound
+to the item right after it (the provider refuses either without the other).
+
+What passes through untouched, with the reason: a string `input` (one user turn: nothing to
+summarize), a `previous_response_id` or a `conversation` (the history lives at the provider), an
+`item_reference` or a `compaction` item (an item the addon cannot read), and any item type,
+message role or content part type the addon does not know (it may carry a pairing rule of its
+own: unknown content is never cut).
+
+Answers: the `response` object, JSON or rebuilt from its event stream (`response.created`,
+`response.output_item.added` / `.done`, the text, argument, input and reasoning deltas,
+`response.completed` / `.incomplete` / `.failed`, `error`), edited, and streamed back as the API
+streams it.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator, Mapping
+from typing import Any, ClassVar, cast
+
+from cg.wire.dialects.base import (
+    BlockView,
+    Dialect,
+    MessageShapeError,
+    MessageView,
+    Pairing,
+    is_blank_text,
+)
+from cg.wire.reply import (
+    Call,
+    Json,
+    JsonObject,
+    ProviderError,
+    ResponseParseError,
+    as_index,
+    as_object,
+    clone,
+    dumps,
+    is_count,
+    json_pieces,
+    loads_json,
+    pieces,
+    sse_event,
+    sse_events,
+)
+
+MESSAGE_ROLES = frozenset({"user", "assistant", "system", "developer"})
+# Client-side calls, each answered by an output item carrying its call id, and how the
+# provider names them in its refusals ("No tool output found for function call call_…").
+CALLS = {
+    "function_call": "function call",
+    "custom_tool_call": "custom tool call",
+    "local_shell_call": "local shell call",
+    "shell_call": "shell call",
+    "apply_patch_call": "apply patch call",
+    "computer_call": "computer call",
+    "mcp_approval_request": "MCP approval request",
+}
+OUTPUTS = {
+    "function_call_output": "function call output",
+    "custom_tool_call_output": "custom tool call output",
+    "local_shell_call_output": "local shell call output",
+    "shell_call_output": "shell call output",
+    "apply_patch_call_output": "apply patch call output",
+    "computer_call_output": "computer call output",
+    "mcp_approval_response": "MCP approval response",
+}
+# Where each call or output item keeps the id that pairs it (an MCP approval pairs by the
+# request's own `id`; a local shell output names its call in `call_id`, older ones in `id`).
+_CALL_ID = {"mcp_approval_request": ("id",)}
+_OUTPUT_ID = {
+    "mcp_approval_response": ("approval_request_id",),
+    "local_shell_call_output": ("call_id", "id"),
+}
+# Items the provider ran itself (no output item answers them): kept or summarized like text.
+SERVER_ITEMS = frozenset(
+    {
+        "web_search_call",
+        "file_search_call",
+        "image_generation_call",
+        "code_interpreter_call",
+        "mcp_call",
+        "mcp_list_tools",
+    }
+)
+# History the addon cannot read: the request passes through untouched.
+HIDDEN_ITEMS = {
+    "item_reference": "an item_reference (the item lives at the provider; the addon cannot see it)",
+    "compaction": "a compaction item (encrypted history the addon cannot read)",
+    "compaction_trigger": "a compaction_trigger (a compaction request)",
+}
+KNOWN_PARTS = frozenset(
+    {"input_text", "input_image", "input_file", "input_audio", "output_text", "refusal"}
+)
+# The answer's client-side calls, which the client (or the continuation loop) must answer.
+CLIENT_CALLS = frozenset(CALLS) - {"mcp_approval_request"}
+
+
+def _text_of_part(part: Any) -> BlockView:
+    if not isinstance(part, dict) or not isinstance(part.get("type"), str):
+        raise MessageShapeError("a content part is not an object with a string 'type'")
+    kind: str = part["type"]
+    if kind not in KNOWN_PARTS:
+        raise MessageShapeError(f"unknown content part type {kind!r}")
+    if kind in ("input_text", "output_text"):
+        text = part.get("text")
+        return BlockView(kind, text if isinstance(text, str) else "", is_blank_text(text))
+    if kind == "refusal":
+        text = part.get("refusal")
+        return BlockView(kind, text if isinstance(text, str) else "", is_blank_text(text))
+    return BlockView(kind, f"[{kind}]")
+
+
+def _output_text(output: Any) -> str:
+    """A tool output as text: a string, or the text of its parts (images named, not shown)."""
+    if isinstance(output, str):
+        return output
+    if isinstance(output, list):
+        out = []
+        for p in output:
+            if isinstance(p, dict) and isinstance(p.get("text"), str):
+                out.append(p["text"])
+            elif isinstance(p, dict):
+                out.append(dumps(p) if "stdout" in p or "outcome" in p else f"[{p.get('type')}]")
+        return "\n".join(out)
+    return dumps(output) if output is not None else ""
+
+
+def _id_at(item: dict[str, Any], keys: tuple[str, ...], kind: str) -> str:
+    for k in keys:
+        v = item.get(k)
+        if isinstance(v, str) and v:
+            return v
+    raise MessageShapeError(f"a {kind} item has no string {keys[0]!r}")
+
+
+def _call_text(item: dict[str, Any], kind: str) -> str:
+    if kind == "function_call":
+        return f"[tool_call {item.get('name')}] {_str(item.get('arguments'))}"
+    if kind == "custom_tool_call":
+        return f"[tool_call {item.get('name')}] {_str(item.get('input'))}"
+    if kind == "mcp_approval_request":
+        return f"[mcp_approval_request {item.get('name')}] {_str(item.get('arguments'))}"
+    body = {k: v for k, v in item.items() if k in ("action", "operation")}
+    return f"[tool_call {kind.removesuffix('_call')}] {dumps(body)}"
+
+
+def _str(v: Any) -> str:
+    return v if isinstance(v, str) else dumps(v)
+
+
+def _message(item: dict[str, Any], kind: str, item_id: str | None) -> MessageView:
+    role = item.get("role")
+    if not isinstance(role, str):
+        raise MessageShapeError("a message item has no string 'role'")
+    if role not in MESSAGE_ROLES:
+        raise MessageShapeError(f"unknown role {role!r}")
+    content = item.get("content")
+    if isinstance(content, str):
+        return MessageView(
+            role, content, "string", (), (), (), is_blank_text(content), kind, item_id
+        )
+    if not isinstance(content, list):
+        raise MessageShapeError(
+            f"a message's 'content' is not a string or an array (got {type(content).__name__})"
+        )
+    blocks = tuple(_text_of_part(p) for p in content)
+    blank = all(b.blank or (b.type in ("input_text", "output_text") and not b.text) for b in blocks)
+    text = "\n".join(b.text for b in blocks if b.text)
+    return MessageView(role, text, "blocks", blocks, (), (), blank, kind, item_id)
+
+
+class Responses(Dialect):
+    name: ClassVar[str] = "responses"
+    path_suffix: ClassVar[str] = "/v1/responses"
+    wire_roles: ClassVar[frozenset[str]] = MESSAGE_ROLES
+    array_key: ClassVar[str] = "input"
+    pairing: ClassVar[Pairing] = "id"
+    system_position: ClassVar[bool] = False
+    strict_input: ClassVar[bool] = True
+
+    def refuse(self, members: Mapping[str, Any]) -> str | None:
+        for key, what in (
+            ("previous_response_id", "the history lives at the provider"),
+            ("conversation", "the history lives in a provider-side conversation"),
+        ):
+            m = members.get(key)
+            if m is not None and m.value is not None:
+                return f"{key} is set: {what}, which the addon cannot see"
+        inp = members.get("input")
+        if inp is not None and isinstance(inp.value, str):
+            return "'input' is a string: a single user turn, nothing to summarize"
+        return None
+
+    def view(self, item: Any) -> MessageView:
+        if not isinstance(item, dict):
+            raise MessageShapeError(f"an input item is a {type(item).__name__}, not an object")
+        kind = item.get("type")
+        raw_id = item.get("id")
+        item_id = raw_id if isinstance(raw_id, str) else None
+        if kind is None:
+            if "role" not in item:
+                raise MessageShapeError("an input item has neither 'type' nor 'role'")
+            return _message(item, "message", item_id)  # an EasyInputMessage: {role, content}
+        if not isinstance(kind, str):
+            raise MessageShapeError("an input item's 'type' is not a string")
+        if kind == "message":
+            return _message(item, kind, item_id)
+        if kind == "reasoning":
+            summary = item.get("summary")
+            texts = [
+                s["text"]
+                for s in summary or []
+                if isinstance(s, dict) and isinstance(s.get("text"), str)
+            ]
+            text = "[reasoning] " + "\n".join(texts) if texts else "[reasoning]"
+            return MessageView(
+                "assistant", text, "other", (), (), (), False, kind, item_id, binds_next=True
+            )
+        if kind in CALLS:
+            cid = _id_at(item, _CALL_ID.get(kind, ("call_id",)), kind)
+            return MessageView(
+                "assistant", _call_text(item, kind), "other", (), (cid,), (), False, kind, item_id
+            )
+        if kind in OUTPUTS:
+            cid = _id_at(item, _OUTPUT_ID.get(kind, ("call_id",)), kind)
+            out = item.get("output", item.get("approve"))
+            return MessageView(
+                "tool", _output_text(out), "other", (), (), (cid,), False, kind, item_id
+            )
+        if kind in SERVER_ITEMS:
+            detail = item.get("action") or item.get("arguments") or item.get("code") or ""
+            text = f"[{kind}] {_str(detail)}" if detail else f"[{kind}]"
+            return MessageView("assistant", text, "other", (), (), (), False, kind, item_id)
+        if kind == "additional_tools":
+            tools = item.get("tools")
+            names = [
+                str(t.get("name") or t.get("type")) for t in tools or [] if isinstance(t, dict)
+            ]
+            return MessageView(
+                "developer",
+                "[additional_tools] " + ", ".join(names),
+                "other",
+                (),
+                (),
+                (),
+                False,
+                kind,
+                item_id,
+                pinned=True,
+            )
+        if kind in HIDDEN_ITEMS:
+            raise MessageShapeError(HIDDEN_ITEMS[kind])
+        raise MessageShapeError(f"unknown item type {kind!r}")
+
+    def role_error(self, item: Any) -> str | None:
+        if not isinstance(item, dict):
+            return "an input item is not an object"
+        if item.get("type") not in (None, "message"):
+            return None  # calls, outputs, reasoning: no role to check
+        return super().role_error(item)
+
+    def user_message(self, text: str) -> dict[str, Any]:
+        """A typed message item with one `input_text` part: the form Codex sends its own user
+        turns in, which every Responses server accepts."""
+        return {
+            "type": "message",
+            "role": "user",
+            "content": [{"type": "input_text", "text": text}],
+        }
+
+    # -- the provider's wording (param "input"; see README "Shape rules" for the sources) -----
+
+    def msg_unanswered(self, i: int, ids: list[str], view: MessageView | None = None) -> str:
+        what = CALLS.get(view.kind if view else "", "function call")
+        return f"No tool output found for {what} {', '.join(ids)}."
+
+    def msg_unpaired(self, i: int, ids: list[str], view: MessageView | None = None) -> str:
+        what = OUTPUTS.get(view.kind if view else "", "function call output")
+        return f"No tool call found for {what} with call_id {', '.join(ids)}."
+
+    def msg_blank(self, i: int) -> str:
+        return f"Invalid 'input[{i}].content': a message item must have non-empty content."
+
+    def msg_reasoning(self, i: int, view: MessageView) -> str:
+        return (
+            f"Item '{view.item_id or f'input[{i}]'}' of type 'reasoning' was provided without "
+            "its required following item."
+        )
+
+    def msg_separated(self, i: int, view: MessageView) -> str:
+        return (
+            f"Item '{view.item_id or f'input[{i}]'}' of type '{view.kind}' was provided "
+            "without its required 'reasoning' item."
+        )
+
+    def msg_duplicate(self, i: int, item_id: str) -> str:
+        return (
+            f"Duplicate item found with id {item_id}. Remove duplicate items from your input "
+            "and try again."
+        )
+
+    def msg_duplicate_call(self, i: int, call_id: str) -> str:
+        return f"input[{i}]: call_id {call_id} is used by an earlier item of the same kind."
+
+    # -- answers --------------------------------------------------------------------------------
+
+    input_usage_keys: ClassVar[tuple[str, ...]] = ("input_tokens", "input_tokens_details")
+
+    def answer_error(self, doc: JsonObject) -> bool:
+        """An error body (`{"error": {…}}`), or a response object that failed."""
+        return bool(doc.get("error")) or doc.get("status") == "failed"
+
+    def check_answer(self, doc: JsonObject) -> None:
+        if doc.get("object") != "response":
+            raise ResponseParseError(
+                f"response body: 'object' is {doc.get('object')!r}, not 'response'"
+            )
+        output = doc.get("output")
+        if not isinstance(output, list):
+            raise ResponseParseError("response body: 'output' is not a list")
+        for i, item in enumerate(output):
+            if not isinstance(as_object(item, f"output[{i}]").get("type"), str):
+                raise ResponseParseError(f"output[{i}]: 'type' is not a string")
+
+    def parse_stream(self, body: bytes) -> JsonObject:
+        return _parse_sse(body)
+
+    def calls(self, message: JsonObject) -> list[Call]:
+        """The client-side calls among the output items (function, custom, shell, patch,
+        computer); a function call's arguments that are not a JSON object stay a string."""
+        out: list[Call] = []
+        for item in message.get("output") or []:
+            if not isinstance(item, dict) or item.get("type") not in CLIENT_CALLS:
+                continue
+            kind = item["type"]
+            cid = str(item.get("call_id", ""))
+            if kind == "function_call":
+                args = item.get("arguments", "")
+                value: JsonObject | str = args if isinstance(args, str) else dumps(args)
+                if isinstance(args, str):
+                    try:
+                        parsed = json.loads(args) if args.strip() else {}
+                    except ValueError:
+                        parsed = None
+                    if isinstance(parsed, dict):
+                        value = parsed
+                out.append(Call(cid, str(item.get("name", "")), value))
+            elif kind == "custom_tool_call":
+                out.append(Call(cid, str(item.get("name", "")), _str(item.get("input", ""))))
+            else:
+                out.append(Call(cid, kind.removesuffix("_call"), dumps(item)))
+        return out
+
+    def strip_calls(self, message: JsonObject, name: str) -> None:
+        """Drop the function calls to `name` from `output`, and the `reasoning` item right
+        before each: the client would re-send it on its next turn, and the provider refuses a
+        reasoning item without the item that followed it."""
+        output = message.get("output")
+        if not isinstance(output, list):
+            return
+        drop: set[int] = set()
+        for i, item in enumerate(output):
+            if (
+                isinstance(item, dict)
+                and item.get("type") == "function_call"
+                and item.get("name") == name
+            ):
+                drop.add(i)
+                j = i - 1
+                while (
+                    j >= 0 and isinstance(output[j], dict) and output[j].get("type") == "reasoning"
+                ):
+                    drop.add(j)
+                    j -= 1
+        if drop:
+            message["output"] = [it for i, it in enumerate(output) if i not in drop]
+
+    def assistant_turn(self, message: JsonObject) -> JsonObject:
+        items = self.assistant_turns(message)
+        if len(items) != 1:
+            raise ValueError("a Responses answer is appended as its items (assistant_turns)")
+        return items[0]
+
+    def assistant_turns(self, message: JsonObject) -> list[JsonObject]:
+        """Every output item as returned, reasoning (with its `encrypted_content`) included,
+        the way a client continues a Responses tool loop by hand."""
+        return [clone(item) for item in message.get("output") or [] if isinstance(item, dict)]
+
+    def result_turns(self, results: list[tuple[str, str]]) -> list[JsonObject]:
+        """One `function_call_output` item per call."""
+        return [
+            {"type": "function_call_output", "call_id": i, "output": text} for i, text in results
+        ]
+
+    def frames(self, message: JsonObject) -> Iterator[str]:
+        return _frames(message)
+
+    def settle_usage(self, usage: JsonObject) -> None:
+        """`total_tokens` is input + output."""
+        inp, out = usage.get("input_tokens"), usage.get("output_tokens")
+        if "total_tokens" in usage and is_count(inp) and is_count(out):
+            usage["total_tokens"] = cast(int, inp) + cast(int, out)
+
+
+# -- answers --------------------------------------------------------------------------------------
+
+TERMINAL = ("response.completed", "response.incomplete", "response.failed")
+
+
+def _parse_sse(body: bytes) -> JsonObject:
+    """The response the stream describes: the terminal event's `response`, with its `output`
+    taken from the `response.output_item.done` items when the terminal event carries none (some
+    servers leave it empty). A stream without a terminal event is truncated."""
+    start: JsonObject | None = None
+    items: dict[int, JsonObject] = {}
+    final: JsonObject | None = None
+    for n, (name, data) in enumerate(sse_events(body), 1):
+        where = f"SSE event {n} ({name or 'unnamed'})"
+        if data.strip() == "[DONE]":
+            continue
+        obj = as_object(loads_json(data, where), where)
+        kind = obj.get("type") or name
+        if kind == "error":
+            raise ProviderError(f"provider error event: {dumps(obj)[:300]}", obj)
+        if final is not None:
+            continue  # nothing after the terminal event belongs to the response
+        if kind in ("response.created", "response.in_progress", "response.queued"):
+            if start is None:
+                start = as_object(obj.get("response"), f"{where}.response")
+            continue
+        if kind in ("response.output_item.added", "response.output_item.done"):
+            if start is None:
+                raise ResponseParseError(f"{where}: {kind} before response.created")
+            i = as_index(obj.get("output_index"), f"{where}.output_index")
+            item = as_object(obj.get("item"), f"{where}.item")
+            if kind.endswith(".done") or i not in items:
+                items[i] = clone(item)
+            continue
+        if kind in TERMINAL:
+            final = clone(as_object(obj.get("response"), f"{where}.response"))
+            if kind == "response.failed":
+                raise ProviderError(f"response.failed: {dumps(final.get('error'))[:300]}", obj)
+            continue
+        # Deltas and the `.done` of parts: the item's `.done` and the terminal event carry the
+        # whole; new event types may appear, and the API asks clients to ignore them.
+    if final is None:
+        raise ResponseParseError(
+            "the stream ended before response.completed (truncated)"
+            if start is not None
+            else "no response.created event: not a Responses stream"
+        )
+    output = final.get("output")
+    if (not isinstance(output, list) or not output) and items:
+        final["output"] = [items[i] for i in sorted(items)]
+    elif not isinstance(output, list):
+        final["output"] = []
+    return final
+
+
+class _Seq:
+    def __init__(self) -> None:
+        self.n = 0
+
+    def __call__(self, kind: str, data: JsonObject) -> str:
+        out = sse_event(kind, {"type": kind, "sequence_number": self.n, **data})
+        self.n += 1
+        return out
+
+
+def _item_start(item: JsonObject) -> JsonObject:
+    """An item as `response.output_item.added` announces it: in progress, its text empty."""
+    start: JsonObject = clone(item)
+    kind = item.get("type")
+    if "status" in start:
+        start["status"] = "in_progress"
+    if kind == "message":
+        start["content"] = []
+    elif kind == "function_call":
+        start["arguments"] = ""
+    elif kind == "custom_tool_call":
+        start["input"] = ""
+    elif kind == "reasoning":
+        start["summary"] = []
+    return start
+
+
+def _item_frames(seq: _Seq, i: int, item: Json) -> Iterator[str]:
+    if not isinstance(item, dict):
+        return
+    kind = item.get("type")
+    iid = item.get("id")
+    at = {"output_index": i}
+    yield seq("response.output_item.added", {**at, "item": _item_start(item)})
+    where = {"item_id": iid, **at}
+    if kind == "message":
+        for c, part in enumerate(item.get("content") or []):
+            if not isinstance(part, dict):
+                continue
+            ptype = part.get("type")
+            text_key = (
+                "text" if ptype == "output_text" else "refusal" if ptype == "refusal" else None
+            )
+            empty = clone(part)
+            if text_key and isinstance(part.get(text_key), str):
+                empty[text_key] = ""
+            yield seq("response.content_part.added", {**where, "content_index": c, "part": empty})
+            if ptype == "output_text" and isinstance(part.get("text"), str):
+                for p in pieces(part["text"]) if part["text"] else []:
+                    yield seq(
+                        "response.output_text.delta",
+                        {**where, "content_index": c, "delta": p, "logprobs": []},
+                    )
+                yield seq(
+                    "response.output_text.done",
+                    {**where, "content_index": c, "text": part["text"], "logprobs": []},
+                )
+            elif ptype == "refusal" and isinstance(part.get("refusal"), str):
+                for p in pieces(part["refusal"]) if part["refusal"] else []:
+                    yield seq("response.refusal.delta", {**where, "content_index": c, "delta": p})
+                yield seq(
+                    "response.refusal.done",
+                    {**where, "content_index": c, "refusal": part["refusal"]},
+                )
+            yield seq("response.content_part.done", {**where, "content_index": c, "part": part})
+    elif kind == "function_call" and isinstance(item.get("arguments"), str):
+        args = item["arguments"]
+        for p in json_pieces(args) if args else []:
+            yield seq("response.function_call_arguments.delta", {**where, "delta": p})
+        yield seq(
+            "response.function_call_arguments.done",
+            {**where, "name": item.get("name"), "arguments": args},
+        )
+    elif kind == "custom_tool_call" and isinstance(item.get("input"), str):
+        inp = item["input"]
+        for p in pieces(inp) if inp else []:
+            yield seq("response.custom_tool_call_input.delta", {**where, "delta": p})
+        yield seq("response.custom_tool_call_input.done", {**where, "input": inp})
+    elif kind == "reasoning":
+        for s, part in enumerate(item.get("summary") or []):
+            if not isinstance(part, dict) or not isinstance(part.get("text"), str):
+                continue
+            at_s = {**where, "summary_index": s}
+            yield seq(
+                "response.reasoning_summary_part.added", {**at_s, "part": {**part, "text": ""}}
+            )
+            for p in pieces(part["text"]) if part["text"] else []:
+                yield seq("response.reasoning_summary_text.delta", {**at_s, "delta": p})
+            yield seq("response.reasoning_summary_text.done", {**at_s, "text": part["text"]})
+            yield seq("response.reasoning_summary_part.done", {**at_s, "part": part})
+    yield seq("response.output_item.done", {**at, "item": item})
+
+
+def _frames(m: JsonObject) -> Iterator[str]:
+    seq = _Seq()
+    status = m.get("status")
+    start = clone(m)
+    start["status"] = "in_progress"
+    start["output"] = []
+    if "usage" in start:
+        start["usage"] = None
+    for key in ("incomplete_details", "error"):
+        if key in start:
+            start[key] = None
+    yield seq("response.created", {"response": start})
+    yield seq("response.in_progress", {"response": start})
+    for i, item in enumerate(m.get("output") or []):
+        yield from _item_frames(seq, i, item)
+    end = {
+        "incomplete": "response.incomplete",
+        "failed": "response.failed",
+    }.get(status if isinstance(status, str) else "", "response.completed")
+    yield seq(end, {"response": m})
