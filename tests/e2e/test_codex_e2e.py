@@ -25,6 +25,7 @@ from tests.codex_script import CodexScript, request_kind
 from tests.e2e.agents import start_proxy
 from tests.e2e.codex import VERSION
 from tests.e2e.codex_sessions import (
+    NEEDS_CODEX_PRESET,
     NEEDS_RESPONSES,
     RESPONSES,
     assert_codex_expanded_once,
@@ -65,7 +66,7 @@ def headers(sent: Any) -> dict[str, str]:
 # -- the default preset: nothing changes ---------------------------------------------------------
 
 
-@pytest.mark.parametrize("preset", ["auto", "summarize"])
+@pytest.mark.parametrize("preset", [pytest.param("auto", marks=NEEDS_CODEX_PRESET), "summarize"])
 def test_codex_default_presets_leave_every_request_byte_identical(
     codex, fake, tmp_path, proxies, preset
 ):
