@@ -104,10 +104,10 @@ def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-# `cg_preset: auto` (the default): Claude Code's requests get the first, every other request the
-# second (SPEC §9).
+# `cg_preset: auto` (the default): Claude Code's requests get `claude-code`, Codex CLI's `codex`,
+# every other request the last one, `summarize` (SPEC §9).
 AUTO = "auto"
-AUTO_PRESETS = ("claude-code", "summarize")
+AUTO_PRESETS = ("claude-code", "codex", "summarize")
 
 
 def preset_names() -> list[str]:
@@ -117,7 +117,7 @@ def preset_names() -> list[str]:
 def load_presets(
     preset: str, config_file: str | None, known_components: Sequence[str]
 ) -> dict[str, Config]:
-    """The config of each preset a `cg_preset` value names: both of `AUTO_PRESETS` for `auto`,
+    """The config of each preset a `cg_preset` value names: all of `AUTO_PRESETS` for `auto`,
     else the one; the `cg_config` file is merged over each."""
     names = AUTO_PRESETS if preset == AUTO else (preset,)
     return {name: load_config(name, config_file, known_components) for name in names}

@@ -123,9 +123,9 @@ def test_the_summarize_preset_now_acts_in_time_too(store: Store) -> None:
 # -- cg_preset: auto -----------------------------------------------------------------------------
 
 
-def test_auto_loads_claude_code_and_summarize() -> None:
+def test_auto_loads_claude_code_codex_and_summarize() -> None:
     configs = load_presets(AUTO, None, ["summarize"])
-    assert list(configs) == ["claude-code", "summarize"]
+    assert list(configs) == ["claude-code", "codex", "summarize"]
     assert configs["claude-code"] != configs["summarize"]
 
 
@@ -155,7 +155,12 @@ def _flow(headers: dict[str, str]) -> Any:
             "claude-code",
             "auto: user-agent: claude-cli/",
         ),
-        (None, {"user-agent": "Anthropic/Python 0.40.0"}, "summarize", "auto: not Claude Code"),
+        (
+            None,
+            {"user-agent": "Anthropic/Python 0.40.0"},
+            "summarize",
+            "auto: neither Claude Code nor Codex",
+        ),
         ("summarize", fixture_headers(CC16), "summarize", "cg_preset"),
         ("claude-code", {}, "claude-code", "cg_preset"),
     ],

@@ -2,7 +2,9 @@
 ourselves, re-send, and give the client only the final answer.
 
     response calls only context_guru_expand  ->  resolve ids, append [assistant, results] to the
-                                                 body that was sent, re-send (at most 3 rounds)
+                                                 body that was sent (Responses: every output
+                                                 item, then a function_call_output per call),
+                                                 re-send (at most 3 rounds)
     response mixes it with the client's calls ->  the expand calls are stripped; the client's
                                                  own calls go back to it (it must answer them)
     loop cap reached / a round fails          ->  the last good answer, expand calls stripped
@@ -28,7 +30,7 @@ from cg.expand.tool import TOOL_NAME
 from cg.state.store import valid_key
 from cg.wire.answers import (
     Reply,
-    assistant_message,
+    assistant_messages,
     client_usage,
     parse_json,
     parse_sse,
@@ -87,7 +89,8 @@ def expand_ids(reply: Reply) -> list[tuple[str, str]] | None:
 
 
 def append_messages(dialect: str, body: str, messages: list[dict[str, Any]]) -> str:
-    """`body` with `messages` appended to its `messages` array; every other byte unchanged.
+    """`body` with `messages` appended to its transcript array (`messages`, or a Responses
+    request's `input`); every other byte unchanged.
 
     The new elements go right after the last one, joined by the array's own separator, so
     whatever whitespace the body had between and around its messages stays as it was.
@@ -138,7 +141,7 @@ async def run(
         try:
             results = [(call_id, answer(key, resolve)) for call_id, key in ids]
             body = append_messages(
-                dialect, body, [assistant_message(reply), *tool_results(dialect, results)]
+                dialect, body, [*assistant_messages(reply), *tool_results(dialect, results)]
             )
             req = agent_request(
                 client, "POST", url, agent_headers, body.encode("utf-8"), drop=_DROP

@@ -47,6 +47,18 @@ TOOL_JSON = {
         },
         separators=(",", ":"),
     ),
+    # The Responses API's function tool is flat, and strict unless told otherwise: a strict
+    # schema closes its objects (`additionalProperties: false`) and requires every property.
+    "responses": json.dumps(
+        {
+            "type": "function",
+            "name": TOOL_NAME,
+            "description": _DESCRIPTION,
+            "parameters": {**_SCHEMA, "additionalProperties": False},
+            "strict": True,
+        },
+        separators=(",", ":"),
+    ),
 }
 
 
@@ -83,7 +95,7 @@ def declares(dialect: str, tools: Any, name: str = TOOL_NAME) -> bool:
     for t in tools:
         if not isinstance(t, dict):
             continue
-        tname = t.get("name") if dialect == "anthropic" else (t.get("function") or {}).get("name")
+        tname = t.get("name") if dialect != "openai" else (t.get("function") or {}).get("name")
         if tname == name:
             return True
     return False

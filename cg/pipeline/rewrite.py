@@ -154,6 +154,18 @@ def _inject(
         # `"tools": null` and the like: nothing to append to (OpenAI clients send null).
         record["expand"] = {"injected": False, "reason": "the request's tools is not an array"}
         return text, False
+    if (
+        policy.mode != "never"
+        and not (tools is not None and tools.value)
+        and any(v.kind == "additional_tools" for v in index.views)
+    ):
+        # Codex declares its tools in an input item; a top-level `tools` array beside it would
+        # change how the request's tools are rendered, for a tool the model was never told of.
+        record["expand"] = {
+            "injected": False,
+            "reason": "the tools live in an additional_tools item, not in tools",
+        }
+        return text, False
     ok, why = inject_reason(
         policy.mode,
         index.dialect.name,

@@ -31,7 +31,7 @@ from cg.expand.tool import TOOL_NAME
 from cg.pipeline.contract import Commissioner, Component
 from cg.pipeline.rewrite import ExpandPolicy, rewrite_body
 from cg.proxy import control
-from cg.proxy.agents import CLAUDE_CODE, claude_code
+from cg.proxy.agents import CLAUDE_CODE, CODEX, claude_code, codex, codex_compaction
 from cg.proxy.meter import Meter
 from cg.proxy.resend import resend
 from cg.proxy.stats import Stats
@@ -86,8 +86,9 @@ class ContextGuru:
             str,
             AUTO,
             "context-guru preset: auto (default: claude-code for requests carrying Claude "
-            "Code's own headers, summarize for everything else), or a name from presets/ "
-            "(summarize, claude-code, summarizer1509, off) applied to all traffic.",
+            "Code's own headers, codex for Codex CLI's, summarize for everything else), or a "
+            "name from presets/ (summarize, claude-code, codex, summarizer1509, off) applied to "
+            "all traffic.",
         )
         loader.add_option(
             "cg_config",
@@ -190,14 +191,19 @@ class ContextGuru:
         """The pipeline of requests no rule picks another for (`summarize` under auto)."""
         return self.pipelines.get(self.preset, [])
 
-    def pipeline_for(self, headers: Any) -> tuple[str, list[Component], str]:
+    def pipeline_for(
+        self, headers: Any, dialect: str | None = None
+    ) -> tuple[str, list[Component], str]:
         """(preset, its pipeline, why) for one request: under `auto`, Claude Code's own headers
-        pick `claude-code`; a preset the user named applies to everything."""
+        pick `claude-code` and Codex's `codex`; a preset the user named applies to everything."""
         if len(self.pipelines) > 1:
             why = claude_code(headers)
             if why is not None and CLAUDE_CODE in self.pipelines:
                 return CLAUDE_CODE, self.pipelines[CLAUDE_CODE], f"auto: {why}"
-            return self.preset, self.components, "auto: not Claude Code"
+            why = codex(headers, dialect)
+            if why is not None and CODEX in self.pipelines:
+                return CODEX, self.pipelines[CODEX], f"auto: {why}"
+            return self.preset, self.components, "auto: neither Claude Code nor Codex"
         return self.preset, self.components, "cg_preset"
 
     def _open_store(self, config: Config, cg_db: str) -> Store:
@@ -282,7 +288,7 @@ class ContextGuru:
                     "reason": f"cannot decode body: {e}",
                 }
             if raw is not None:
-                preset, components, why = self.pipeline_for(req.headers)
+                preset, components, why = self.pipeline_for(req.headers, dialect.name)
                 result = rewrite_body(
                     raw,
                     dialect,
@@ -290,6 +296,7 @@ class ContextGuru:
                     headers=req.headers,
                     cache=self.cache,
                     expand=self.expand,
+                    agent_compaction=codex_compaction(req.headers),
                 )
                 record = result.record
                 index = result.index

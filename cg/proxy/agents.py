@@ -1,18 +1,27 @@
 """Which agent sent a request, told from its own headers (SPEC §9: `cg_preset: auto`).
 
-Claude Code compacts its own transcript near the window, so its traffic gets the `claude-code`
-preset's thresholds out of the box; everything else gets `summarize`'s. Claude Code (and the
-Claude Agent SDK, which runs it) marks every request it sends: `x-claude-code-session-id`, a
-`user-agent` of `claude-cli/…`, and `x-app: cli`. Only headers are read, never a credential.
+Claude Code and Codex CLI compact their own transcripts near the window, so their traffic gets
+the `claude-code` and `codex` presets' thresholds out of the box; everything else gets
+`summarize`'s. Claude Code (and the Claude Agent SDK, which runs it) marks every request it
+sends: `x-claude-code-session-id`, a `user-agent` of `claude-cli/…`, and `x-app: cli`. Codex
+marks its own: `originator: codex_exec` (`codex_cli_rs`, `codex_vscode`, … by front end), a
+`user-agent` of `codex_exec/0.169.0 (…)`, `x-codex-turn-metadata`, and `session-id`. Only
+headers are read, never a credential.
+
+Codex's own compaction request (`x-codex-turn-metadata` with `request_kind: "compaction"`) is
+told apart too: it passes through untouched (`codex_compaction`).
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 
 from cg.state.session import header
 
 CLAUDE_CODE = "claude-code"
+CODEX = "codex"
+CODEX_METADATA = "x-codex-turn-metadata"
 
 
 def claude_code(headers: Mapping[str, str]) -> str | None:
@@ -21,4 +30,36 @@ def claude_code(headers: Mapping[str, str]) -> str | None:
         return "x-claude-code-session-id"
     if (header(headers, "user-agent") or "").startswith("claude-cli/"):
         return "user-agent: claude-cli/"
+    return None
+
+
+def codex(headers: Mapping[str, str], dialect: str | None = None) -> str | None:
+    """Why this request is Codex CLI's (the header that says so), or None. A bare `session-id`
+    header counts only on a Responses request (the name is generic; Codex speaks only that)."""
+    if (header(headers, "originator") or "").strip().startswith("codex_"):
+        return "originator: codex_"
+    if (header(headers, "user-agent") or "").startswith("codex_"):
+        return "user-agent: codex_"
+    if header(headers, CODEX_METADATA) is not None:
+        return CODEX_METADATA
+    if dialect == "responses" and (header(headers, "session-id") or "").strip():
+        return "session-id"
+    return None
+
+
+def codex_compaction(headers: Mapping[str, str]) -> str | None:
+    """The reason to pass a request through when it is Codex compacting its own history
+    (`x-codex-turn-metadata` names `request_kind: "compaction"`), else None."""
+    raw = header(headers, CODEX_METADATA)
+    if not raw:
+        return None
+    try:
+        meta = json.loads(raw)
+    except ValueError:
+        return None
+    if isinstance(meta, dict) and meta.get("request_kind") == "compaction":
+        return (
+            "Codex's own compaction request (x-codex-turn-metadata request_kind: compaction): "
+            "passed through; the conversation's checkpoint is invalidated"
+        )
     return None

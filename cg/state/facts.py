@@ -22,11 +22,20 @@ from cg.wire.dialects import MessageView
 
 MEMO_SIZE = 50_000
 PRELUDE_MEMO_SIZE = 256
-# Request members that shape the provider's prompt cache besides `messages`: changing any of them
-# invalidates the cached prefix (Anthropic renders tools, then system, then messages; a change
-# of `tool_choice` or `thinking` invalidates cached messages). `max_tokens`, `stream`, `metadata`
-# and the like do not.
-PRELUDE_MEMBERS = ("model", "tools", "system", "tool_choice", "thinking", "response_format")
+# Request members that shape the provider's prompt cache besides `messages` (or a Responses
+# request's `input`): changing any of them invalidates the cached prefix (Anthropic renders
+# tools, then system, then messages; a change of `tool_choice` or `thinking` invalidates cached
+# messages; the Responses API renders tools and `instructions` before the input items).
+# `max_tokens`, `stream`, `metadata` and the like do not.
+PRELUDE_MEMBERS = (
+    "model",
+    "tools",
+    "system",
+    "instructions",
+    "tool_choice",
+    "thinking",
+    "response_format",
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -154,7 +163,7 @@ class FactsCache:
         tokens = sum(
             self.tokens.count_text(index.text[m.start : m.end])
             for k, m in index.members.items()
-            if k in ("system", "tools")
+            if k in ("system", "tools", "instructions")
         )
         bp, long = breakpoints_in([parts.get("tools"), parts.get("system")])
         prelude = Prelude(canonical_digest(parts), tokens, bp, long)

@@ -4,12 +4,17 @@ The first usable of, in order:
 
 1. header `x-context-guru-session` — set by the operator or a wrapper script;
 2. header `x-claude-code-session-id` — Claude Code sends it on every request;
-3. anthropic `metadata.user_id`, only where it names a session: Claude Code 2.x sends a JSON-object
+3. header `session-id` — Codex CLI sends it on every request (with `thread-id` and
+   `x-client-request-id`, which carry the same id);
+4. anthropic `metadata.user_id`, only where it names a session: Claude Code 2.x sends a JSON-object
    string `{"device_id": …, "account_uuid": …, "session_id": …}` (its `session_id` is used), and
    1.x sent `user_<hash>_account_<uuid>_session_<uuid>` (the part after `_session_` is used).
    Any other `user_id` names a user, who may run many conversations at once, so it is not a
    session id and resolution falls through;
-4. a hash of the conversation head: the system prompt plus the first user message, as
+5. a Responses request's `prompt_cache_key` (Codex sets it to its session id; an app that shares
+   one key across conversations still gets one checkpoint per conversation, since checkpoints
+   are keyed by session and first message);
+6. a hash of the conversation head: the system prompt plus the first user message, as
    `h:` + 32 hex digits. `cache_control` markers are left out of the hash, since a client moves
    them from message to message as the conversation grows.
 
@@ -34,7 +39,9 @@ from cg.wire.dialects import SYSTEM_ROLES
 
 HEADER_CG = "x-context-guru-session"
 HEADER_CLAUDE_CODE = "x-claude-code-session-id"
+HEADER_CODEX = "session-id"
 SOURCE_METADATA = "metadata.user_id"
+SOURCE_CACHE_KEY = "prompt_cache_key"
 SOURCE_HEAD = "head"
 
 SESSION_RE = re.compile(r"[A-Za-z0-9._:-]{1,128}")
@@ -93,6 +100,7 @@ def resolve_session(
     metadata: object = None,
     system: object = None,
     first_user: object = None,
+    cache_key: object = None,
 ) -> SessionId:
     """The session of one request; never fails.
 
@@ -100,10 +108,10 @@ def resolve_session(
     `metadata` is the parsed top-level `metadata` value (anthropic), `system` the parsed system
     prompt (anthropic: the top-level `system`; openai: `messages[0]` when its role is system or
     developer) and `first_user` the parsed first user message; `conversation_head` finds the last
-    two for either dialect.
+    two for any dialect. `cache_key` is a Responses request's `prompt_cache_key`.
     """
     skipped: list[str] = []
-    for name in (HEADER_CG, HEADER_CLAUDE_CODE):
+    for name in (HEADER_CG, HEADER_CLAUDE_CODE, HEADER_CODEX):
         v = header(headers, name)
         if v is not None:
             if valid_session_id(v.strip()):
@@ -115,6 +123,10 @@ def resolve_session(
             if valid_session_id(sid.strip()):
                 return SessionId(sid.strip(), SOURCE_METADATA, tuple(skipped))
             skipped.append(SOURCE_METADATA)
+    if isinstance(cache_key, str):
+        if valid_session_id(cache_key.strip()):
+            return SessionId(cache_key.strip(), SOURCE_CACHE_KEY, tuple(skipped))
+        skipped.append(SOURCE_CACHE_KEY)
     return SessionId(head_hash(system, first_user), SOURCE_HEAD, tuple(skipped))
 
 
@@ -123,14 +135,22 @@ def conversation_head(
 ) -> tuple[object, object]:
     """(system prompt, first user message) of a parsed body, for `resolve_session`.
 
-    `top_level` maps top-level keys to parsed values (only `system` is read); `messages` are the
-    parsed messages. For openai the system prompt is `messages[0]` when its role is system or
-    developer; for anthropic it is the top-level `system`.
+    `top_level` maps top-level keys to parsed values (only `system` and `instructions` are
+    read); `messages` are the parsed messages (or Responses items). For openai the system prompt
+    is `messages[0]` when its role is system or developer; for anthropic it is the top-level
+    `system`; for responses, `instructions` and the leading developer/system items.
     """
     system: object = None
     if dialect == "openai":
         if messages and isinstance(messages[0], dict) and messages[0].get("role") in SYSTEM_ROLES:
             system = messages[0]
+    elif dialect == "responses":
+        lead = []
+        for m in messages:
+            if not (isinstance(m, dict) and m.get("role") in SYSTEM_ROLES):
+                break
+            lead.append(m)
+        system = [top_level.get("instructions"), lead]
     else:
         system = top_level.get("system")
     first_user = next(
@@ -140,10 +160,12 @@ def conversation_head(
 
 
 def session_of(headers: Mapping[str, str], index: BodyIndex) -> SessionId:
-    """`resolve_session` for an indexed body (`metadata.user_id` is read for anthropic only)."""
+    """`resolve_session` for an indexed body (`metadata.user_id` is read for anthropic only,
+    `prompt_cache_key` for responses only)."""
     top = {k: m.value for k, m in index.members.items()}
     system, first_user = conversation_head(
         index.dialect.name, top, [m.value for m in index.messages]
     )
     metadata = top.get("metadata") if index.dialect.name == "anthropic" else None
-    return resolve_session(headers, metadata, system, first_user)
+    cache_key = top.get("prompt_cache_key") if index.dialect.name == "responses" else None
+    return resolve_session(headers, metadata, system, first_user, cache_key)

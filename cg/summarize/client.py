@@ -1,4 +1,4 @@
-"""The model client that writes summaries: one pooled async httpx client, both sources, both
+"""The model client that writes summaries: one pooled async httpx client, both sources, all three
 dialects. Errors form one small tree (in `cg.summarize.component`):
 
     SummarizerError          unreachable, 4xx/5xx after retries, an unreadable answer
@@ -50,9 +50,23 @@ DEFAULT_TIMEOUT = 90.0
 RETRY_STATUS = frozenset({408, 409, 429, 500, 502, 503, 504, 529})
 REFUSED_STATUS = frozenset({400, 413, 422})  # the request as sent: no retry helps
 MAX_ATTEMPTS = 3
-DEFAULT_BASE = {"anthropic": "https://api.anthropic.com", "openai": "https://api.openai.com"}
-KEY_ENV = {"anthropic": "ANTHROPIC_API_KEY", "openai": "OPENAI_API_KEY"}
-PATHS = {"anthropic": "/v1/messages", "openai": "/v1/chat/completions"}
+# `model.provider` names a wire format: `openai` is Chat Completions, `responses` the OpenAI
+# Responses API (same host and key, its own path).
+DEFAULT_BASE = {
+    "anthropic": "https://api.anthropic.com",
+    "openai": "https://api.openai.com",
+    "responses": "https://api.openai.com",
+}
+KEY_ENV = {
+    "anthropic": "ANTHROPIC_API_KEY",
+    "openai": "OPENAI_API_KEY",
+    "responses": "OPENAI_API_KEY",
+}
+PATHS = {
+    "anthropic": "/v1/messages",
+    "openai": "/v1/chat/completions",
+    "responses": "/v1/responses",
+}
 ANTHROPIC_VERSION = "2023-06-01"
 # Headers of the intercepted request that an `incoming` summary may reuse: the credential, the
 # API version and betas (a beta can change how the prompt is rendered, so the shared call needs
@@ -148,11 +162,14 @@ def request_body(ep: Endpoint, prompt: str, level: str) -> dict[str, Any]:
     messages = [{"role": "user", "content": prompt}]
     if ep.dialect == "anthropic":
         return {"model": ep.model, "max_tokens": MAX_TOKENS.get(level, 4096), "messages": messages}
+    if ep.dialect == "responses":
+        # One user turn; nothing of it is kept at the provider.
+        return {"model": ep.model, "input": prompt, "store": False}
     return {"model": ep.model, "messages": messages}
 
 
 def answer_text(dialect: str, doc: Any) -> str | None:
-    """The text of a non-streaming answer in either dialect; None when it has none."""
+    """The text of a non-streaming answer in any dialect; None when it has none."""
     if not isinstance(doc, dict):
         raise SummarizerError("the answer is not a JSON object")
     if dialect == "anthropic":
@@ -161,6 +178,19 @@ def answer_text(dialect: str, doc: Any) -> str | None:
             raise SummarizerError("the answer has no 'content' array")
         text = "".join(
             b["text"] for b in blocks if isinstance(b, dict) and isinstance(b.get("text"), str)
+        )
+    elif dialect == "responses":
+        output = doc.get("output")
+        if not isinstance(output, list):
+            raise SummarizerError("the answer has no 'output' array")
+        text = "".join(
+            p["text"]
+            for item in output
+            if isinstance(item, dict) and item.get("type") == "message"
+            for p in item.get("content") or []
+            if isinstance(p, dict)
+            and p.get("type") == "output_text"
+            and isinstance(p.get("text"), str)
         )
     else:
         choices = doc.get("choices")

@@ -47,7 +47,9 @@ class ModelConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
     source: Literal["incoming", "config"] = "incoming"
     model: str | None = None
-    provider: Literal["anthropic", "openai"] | None = None
+    # The wire format of a `config` model: `anthropic` (Messages), `openai` (Chat Completions)
+    # or `responses` (the OpenAI Responses API, `POST …/v1/responses`).
+    provider: Literal["anthropic", "openai", "responses"] | None = None
     base_url: str | None = None
     api_key: SecretStr | None = None
     auth: Literal["x-api-key", "bearer"] | None = None

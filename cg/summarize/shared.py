@@ -14,15 +14,16 @@ and at most one other member's value changes, never one that is part of the cach
                              requires, and known to fit this model and window). Agents send
                              limits from 64 (too short for a summary) to 64,000 (which must fit
                              under the window beside the input).
-    max_tokens / max_completion_tokens (openai)
+    max_tokens / max_completion_tokens (openai), max_output_tokens (responses)
                              raised to the level's budget when the agent's is lower; never added.
     stream (openai)          false when the agent streamed without `stream_options`: an OpenAI
                              stream reports no usage without `include_usage`, and
                              `stream_options` is refused without `stream: true`, so it can be
                              neither added nor left alone once streaming is off.
 
-An Anthropic stream stays a stream (its events carry the usage); the summarizer reads either
-form whole.
+An Anthropic or Responses stream stays a stream (its events carry the usage); the summarizer
+reads either form whole. The Responses instruction is a typed user message item, like the
+summary (`Dialect.user_message`).
 """
 
 from __future__ import annotations
@@ -88,6 +89,12 @@ def output_limits(dialect: str, members: Mapping[str, Member], level: str) -> di
         if want != limit.value:
             out["max_tokens"] = want
         return out
+    if dialect == "responses":
+        # A stream reports its usage in `response.completed` whatever the request asked.
+        limit = members.get("max_output_tokens")
+        if limit is not None and _int(limit.value) and limit.value < budget:
+            out["max_output_tokens"] = budget
+        return out
     for key in ("max_tokens", "max_completion_tokens"):
         limit = members.get(key)
         if limit is not None and _int(limit.value) and limit.value < budget:
@@ -143,7 +150,7 @@ def build(
         custom_prompt=custom_prompt,
     )
     message = json.dumps(
-        {"role": "user", "content": text}, ensure_ascii=False, separators=(",", ":")
+        DIALECTS[dialect].user_message(text), ensure_ascii=False, separators=(",", ":")
     )
     changed = output_limits(dialect, index.members, level)
     src = index.text

@@ -11,7 +11,7 @@ dialect module (`cg.wire.dialects.*`) knows its own format; this module dispatch
 
     parse_json / parse_sse   body bytes  -> Reply      (ResponseParseError when malformed)
     tool_calls / strip_calls                           what the model called / a copy without
-    assistant_message / tool_results                   the turns to append for a continuation
+    assistant_message(s) / tool_results                the turns to append for a continuation
     sum_usage / client_usage / with_usage              usage over all rounds
     render_json / render_sse Reply       -> bytes      what the official SDKs accept
 
@@ -45,6 +45,7 @@ __all__ = [
     "Reply",
     "ResponseParseError",
     "assistant_message",
+    "assistant_messages",
     "client_usage",
     "parse_json",
     "parse_sse",
@@ -111,6 +112,12 @@ def strip_calls(reply: Reply, name: str) -> Reply:
 def assistant_message(reply: Reply) -> JsonObject:
     """The assistant turn to append to the request's messages for a continuation round."""
     return _dialect(reply.dialect).assistant_turn(reply.message)
+
+
+def assistant_messages(reply: Reply) -> list[JsonObject]:
+    """Everything of the reply to append for a continuation round: the assistant message (chat
+    dialects), or every output item, reasoning included (the Responses API)."""
+    return _dialect(reply.dialect).assistant_turns(reply.message)
 
 
 def tool_results(dialect: str, results: list[tuple[str, str]]) -> list[JsonObject]:

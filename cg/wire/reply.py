@@ -2,7 +2,8 @@
 with.
 
 A `Reply` is the message the API returns without streaming (Anthropic's `message`, OpenAI's
-`chat.completion`), whether it came as JSON or was rebuilt from an event stream; `Call` is one
+`chat.completion`, the Responses API's `response`), whether it came as JSON or was rebuilt from
+an event stream; `Call` is one
 tool call in it. The dialect modules (`cg.wire.dialects.*`) parse, edit and render their own
 replies with the helpers here; `cg.wire.answers` is the dialect-blind face the rest of the code
 calls. Errors:

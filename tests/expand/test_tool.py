@@ -374,6 +374,7 @@ def test_a_tools_member_that_is_not_an_array_is_never_appended_to(tools: str) ->
 TOOL_SHA256 = {
     "anthropic": "21fc13d40b5136d61fa4f5bd76f0127ed87866e196939d630c54a2c1055f82ec",
     "openai": "e916de3321523a5ce736c4e2359498fae924c3fcb929cbc7dcd7ecbe75cb2c8b",
+    "responses": "63d7e7fbad9d4ad9af618ac7d93fcf5d9c09bc83c5cda037aa8c6ba379b24736",
 }
 
 

@@ -445,7 +445,7 @@ def _parse_sse(body: bytes) -> JsonObject:
             continue
         if kind in TERMINAL:
             final = clone(as_object(obj.get("response"), f"{where}.response"))
-            if kind == "response.failed":
+            if kind == "response.failed" or final.get("status") == "failed":
                 raise ProviderError(f"response.failed: {dumps(final.get('error'))[:300]}", obj)
             continue
         # Deltas and the `.done` of parts: the item's `.done` and the terminal event carry the
