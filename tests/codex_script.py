@@ -35,8 +35,8 @@ finds its place again in the compacted history that follows; each one is kept in
 `<<cg:KEY>>` marker, the model calls that tool with KEY instead of taking its step; the output
 (which context-guru answers, never Codex) is kept in `expansions`, then the step is taken.
 
-Requests that are not this session's (no `tag` in any user message) get None: the fake
-provider's default answer.
+Requests that are not this session's (no `tag` in any user message, and a `prompt_cache_key`
+never seen with one) get None: the fake provider's default answer.
 """
 
 from __future__ import annotations
@@ -164,6 +164,7 @@ class CodexScript:
     _ids: dict[str, tuple[int, str | None]] = field(default_factory=dict)  # call -> (step, key)
     _reasoning: dict[str, tuple[str, str]] = field(default_factory=dict)  # rs id -> (enc, next)
     _expanded: set[str] = field(default_factory=set)
+    _sessions: set[str] = field(default_factory=set)  # prompt_cache_keys seen with the tag
     _n: int = 0
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -177,7 +178,7 @@ class CodexScript:
         if not isinstance(body, dict) or not isinstance(body.get("input"), list):
             return None
         items: list[Any] = body["input"]
-        if not self._mine(items):
+        if not self._mine(items, body.get("prompt_cache_key")):
             return None
         with self._lock:
             problems = api.input_problems(items) + self._issued_problems(items)
@@ -204,14 +205,19 @@ class CodexScript:
 
     # -- reading the request -------------------------------------------------------------------
 
-    def _mine(self, items: list[Any]) -> bool:
-        return any(
+    def _mine(self, items: list[Any], cache_key: Any) -> bool:
+        """A request of this session: the tag in a user message, or the `prompt_cache_key` (Codex's
+        session id) of one that had it — the task may have been summarized away since."""
+        tagged = any(
             isinstance(x, dict)
             and x.get("type", "message") == "message"
             and x.get("role") == "user"
             and self.tag in _text(x.get("content"))
             for x in items
         )
+        if tagged and isinstance(cache_key, str):
+            self._sessions.add(cache_key)
+        return tagged or (isinstance(cache_key, str) and cache_key in self._sessions)
 
     def _issued_problems(self, items: list[Any]) -> list[str]:
         """A reasoning item of ours must come back with its encrypted content unchanged and the

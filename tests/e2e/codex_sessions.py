@@ -248,9 +248,10 @@ def drive_codex(
     default in reverse mode: the provider's `base_url` is the proxy's; a regular proxy passes
     the real `base_url` and `env` with HTTPS_PROXY and the CA), audited request by request.
     Codex must finish without an error and the script must have refused nothing. `settle`:
-    before each step, wait until no summary is in flight (`wait_settled`)."""
-    if settle:
-        script.before = lambda step: wait_settled(proxy)
+    before each step, wait until no summary is in flight (`wait_settled`); the script's
+    `before` is replaced either way."""
+    # Bound to this proxy (a script may drive several runs, through several proxies).
+    script.before = (lambda step: wait_settled(proxy)) if settle else None
     tap = proxy.records.path.with_name("tap.jsonl")
     seen = len(tapped(tap)) if tap.exists() else 0
     fake.responder = script

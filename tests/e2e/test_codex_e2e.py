@@ -43,8 +43,9 @@ from tests.fakeprovider import FakeProvider
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, NEEDS_RESPONSES]
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "codex-0.169.0"
-# Low enough for Codex's third request to qualify; no roll-forward, so every later turn reuses
-# the one summary.
+# Over the `codex` preset (what `cg_preset=auto` picks for Codex: keep_first 2 after the
+# developer items keeps the environment context and the task, keep_last 6): low enough for
+# Codex's third request to qualify; no roll-forward, so every later turn reuses the one summary.
 LOW = low(min_messages=6, resummarize_tokens=1_000_000)
 
 
@@ -131,10 +132,11 @@ def request_kind_of(h: dict[str, str]) -> str:
 # -- lowered triggers: splice, reuse, expand ------------------------------------------------------
 
 
+@NEEDS_CODEX_PRESET
 def test_codex_session_is_summarized_reused_and_expanded_without_codex_noticing(
     codex, fake, tmp_path, proxies
 ):
-    proxy = proxies(start_proxy(fake.url, tmp_path / "proxy", "summarize", LOW))
+    proxy = proxies(start_proxy(fake.url, tmp_path / "proxy", "codex", LOW))
     script = CodexScript(tag(tmp_path), codex_steps(12), expand=True)
     s = drive_codex(codex, fake, proxy, tmp_path / "codex", script, settle=True)
 
@@ -161,11 +163,12 @@ def test_codex_session_is_summarized_reused_and_expanded_without_codex_noticing(
 # -- `codex exec resume --last` after a proxy restart ----------------------------------------------
 
 
+@NEEDS_CODEX_PRESET
 def test_codex_resume_after_a_proxy_restart_reuses_the_checkpoint(codex, fake, tmp_path, proxies):
     db = tmp_path / "cg.sqlite3"
     work = tmp_path / "codex"
     script = CodexScript(tag(tmp_path), codex_steps(12), pause_at=(8,))
-    first = start_proxy(fake.url, tmp_path / "a", "summarize", LOW, db=db)
+    first = start_proxy(fake.url, tmp_path / "a", "codex", LOW, db=db)
     with first:
         a = drive_codex(codex, fake, first, work, script, settle=True)
     assert a.run.final_message == script.pause_text
@@ -174,7 +177,7 @@ def test_codex_resume_after_a_proxy_restart_reuses_the_checkpoint(codex, fake, t
 
     # A new proxy process on the same SQLite file; Codex (a new process too) re-sends the whole
     # history with the next prompt.
-    second = proxies(start_proxy(fake.url, tmp_path / "b", "summarize", LOW, db=db))
+    second = proxies(start_proxy(fake.url, tmp_path / "b", "codex", LOW, db=db))
     b = drive_codex(
         codex, fake, second, work, script, prompt="Go on with the remaining steps.", resume=True
     )
