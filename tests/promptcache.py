@@ -13,10 +13,11 @@ anthropic   The prompt is rendered tools → system → messages, one unit per t
             `model` keys everything. `cache_control` itself is not part of a unit, so a
             breakpoint that moves (Claude Code moves its own every turn) leaves the prefix hash
             of the units it left unchanged.
-openai      The prompt is rendered tools → messages, one unit per tool and per message, keyed by
-            `model`, `tool_choice` and `prompt_cache_key`. Every prefix of at least
-            `min_tokens` is cached automatically, with no write premium; a request reads the
-            longest cached prefix, counted in `OPENAI_STEP`-token increments from `min_tokens`.
+openai      The prompt is rendered tools → messages (Responses: its `input` items), one unit per
+            tool and per message, keyed by `model`, `tool_choice` and `prompt_cache_key`.
+            Every prefix of at least `min_tokens` is cached automatically, with no write
+            premium; a request reads the longest cached prefix, counted in `OPENAI_STEP`-token
+            increments from `min_tokens`.
 
 Entries live `TTL` seconds from their last use (a read refreshes them), on an injectable clock.
 A unit's size is ceil(bytes / 4) of its canonical JSON (sorted keys, compact, raw UTF-8): a
@@ -139,7 +140,10 @@ def openai_units(body: dict[str, Json]) -> Rendered:
     parts: list[tuple[Json | None, Unit]] = []
     for tool in body.get("tools") or []:
         parts.append((None, Unit({"tool": tool}, size({"tool": tool}))))
-    for m in body.get("messages") or []:
+    items = body.get("messages")
+    if items is None and isinstance(body.get("input"), list):  # Responses: the input items
+        items = body["input"]
+    for m in items or []:
         parts.append((None, Unit({"message": m}, size({"message": m}))))
     root = {
         "model": body.get("model"),
