@@ -161,6 +161,7 @@ class CodexScript:
     expansions: list[str] = field(default_factory=list)
     compactions: list[Compaction] = field(default_factory=list)
     results: dict[str, str] = field(default_factory=dict)  # call id -> the output Codex sent
+    usages: list[dict[str, Any]] = field(default_factory=list)  # each answer's usage, in order
     _ids: dict[str, tuple[int, str | None]] = field(default_factory=dict)  # call -> (step, key)
     _reasoning: dict[str, tuple[str, str]] = field(default_factory=dict)  # rs id -> (enc, next)
     _expanded: set[str] = field(default_factory=set)
@@ -327,6 +328,7 @@ class CodexScript:
     def _reply(self, rec: Recorded, body: dict[str, Any], output: list[Any], n: int) -> Reply:
         # Billed as the bytes go: the request's bytes / 4 in, the output items' bytes / 4 out.
         usage = api.usage(len(rec.body) // 4, len(api.dumps(output)) // 4 + self.output_tokens)
+        self.usages.append(usage)
         response = api.response_object(
             f"resp_{_hex(f'{self.tag}|resp|{n}')}", str(body.get("model")), output, usage, body
         )
