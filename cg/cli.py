@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from cg.settings import StoreConfig
-from cg.wire.dialects import DIALECTS, Dialect
+from cg.wire.dialects import DIALECTS, Dialect, route
 
 EXIT_USAGE = 2
 EXIT_NOT_FOUND = 1
@@ -54,16 +54,27 @@ def _out(obj: Any) -> None:
 
 
 def load_capture(path: Path) -> list[tuple[bytes, Dialect, dict[str, str]]]:
-    """Provider requests from a capture: a body, a fixture wrapper, or a mitmproxy flow file."""
+    """Provider requests from a capture: a body, a fixture wrapper (`{"provider", "body"}`, or a
+    recorded request `{"method", "path", "headers", "body": "<text>"}`), or a mitmproxy flow
+    file."""
     raw = path.read_bytes()
     try:
         doc = json.loads(raw)
     except ValueError:
         return _load_flows(path)
+    if isinstance(doc, dict) and isinstance(doc.get("body"), str) and "path" in doc:
+        # A recorded request (the Codex fixtures): method, path, header pairs, the body text.
+        dialect = route(str(doc.get("method", "POST")), str(doc["path"]))
+        if dialect is None:
+            raise ValueError(f"{path}: {doc.get('method')} {doc['path']} is not a provider request")
+        headers = {str(k): str(v) for k, v in doc.get("headers") or ()}
+        return [(doc["body"].encode("utf-8"), dialect, headers)]
     if isinstance(doc, dict) and "body" in doc and "messages" not in doc:
         provider = str(doc.get("provider", "anthropic"))
         body = json.dumps(doc["body"], ensure_ascii=False, separators=(",", ":")).encode()
         return [(body, DIALECTS[provider], {})]
+    if isinstance(doc, dict) and "input" in doc and "messages" not in doc:
+        return [(raw, DIALECTS["responses"], {})]
     if isinstance(doc, dict) and "messages" in doc:
         msgs = doc.get("messages") or []
         openai = any(isinstance(m, dict) and m.get("role") in ("tool", "developer") for m in msgs)
@@ -119,7 +130,7 @@ def replay(args: argparse.Namespace) -> int:
                     comp.abandon(job)  # type: ignore[attr-defined]
             if result.body is not None:
                 report["messages_after"] = [
-                    _brief(m) for m in json.loads(result.body).get("messages", [])
+                    _brief(m) for m in json.loads(result.body).get(dialect.array_key, [])
                 ]
             reports.append(report)
         store.close()
@@ -152,8 +163,11 @@ def _brief(m: Any, width: int = 100) -> str:
         text = " ".join(str(b.get("text") or b.get("type")) for b in content if isinstance(b, dict))
     else:
         text = str(content)
+    kind = m.get("type")
+    if kind not in (None, "message"):  # a Responses item: reasoning, a call, an output, …
+        text = f"[{kind}]" if "content" not in m else f"[{kind}] {text}"
     text = " ".join(text.split())
-    return f"{m.get('role')}: {text[:width]}{'…' if len(text) > width else ''}"
+    return f"{m.get('role') or 'item'}: {text[:width]}{'…' if len(text) > width else ''}"
 
 
 # -- expand, sessions, stats ---------------------------------------------------------------------

@@ -2,8 +2,10 @@
 
     POST …/v1/messages           Anthropic Messages: a `message` JSON, or SSE when "stream": true
     POST …/v1/chat/completions   OpenAI Chat Completions: a `chat.completion`, or chunk SSE
-    POST …/v1/responses          OpenAI Responses: a `response`, or its event stream
-                                 (tests/responses_api.py renders both)
+    POST …/v1/responses          OpenAI Responses: a `response` JSON, or its event stream
+                                 (`response.created` … `response.completed`); like the API, a
+                                 400 for an input whose calls, outputs or reasoning items do not
+                                 pair (`responses_problem`)
     GET  anything else           200, a JSON echo of method and path (HEAD: its headers only)
     other                        404, a JSON error
 
@@ -23,7 +25,7 @@ The prompt cache is modelled as the providers bill it (tests/promptcache.py, on 
 `clock`): every 200 answer to a JSON request is billed when its status line is written (the cache
 entry exists from then) and reports that usage (Anthropic `input_tokens`,
 `cache_creation_input_tokens`, `cache_read_input_tokens`, `cache_creation`; OpenAI
-`prompt_tokens_details.cached_tokens`). `FakeProvider.billed` is the fake's own accounting, one
+`prompt_tokens_details.cached_tokens`; Responses `input_tokens_details.cached_tokens`). `FakeProvider.billed` is the fake's own accounting, one
 `Billed` per request it billed. The cache is scoped by the request's credential, like a
 provider's organisation. Every request and every answer's start takes a number from one sequence
 (`Recorded.seq`, `Reply.began`), so a test can tell which came first.
@@ -43,7 +45,6 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from tests import responses_api
 from tests.promptcache import Bill, PromptCache, TooManyBreakpoints
 
 DEFAULT_TEXT = "Hello from the fake provider, streamed in pieces."
@@ -130,12 +131,63 @@ def openai_error(status: int, kind: str, message: str) -> Reply:
     )
 
 
-# The provider endpoints by path suffix, and the dialect each speaks.
-PROVIDER_PATHS = {
-    "/v1/messages": "anthropic",
-    "/v1/chat/completions": "openai",
-    "/v1/responses": "responses",
+def responses_error(status: int, message: str, param: str | None = "input") -> Reply:
+    return Reply.json(
+        status,
+        {
+            "error": {
+                "message": message,
+                "type": "invalid_request_error",
+                "param": param,
+                "code": None,
+            }
+        },
+    )
+
+
+_CALLS = {"function_call": "function call", "custom_tool_call": "custom tool call"}
+_OUTPUTS = {
+    "function_call_output": "function call output",
+    "custom_tool_call_output": "custom tool call output",
 }
+_MODEL_ITEMS = ("function_call", "custom_tool_call", "web_search_call", "reasoning")
+
+
+def responses_problem(body: Any) -> str | None:
+    """The message of the 400 the Responses API answers to an `input` whose function or custom
+    calls and outputs do not pair, or whose reasoning item lacks its following item; None when
+    it would accept it. Written from the API's own error texts, apart from `cg.wire.shape`."""
+    items = body.get("input") if isinstance(body, dict) else None
+    if not isinstance(items, list):
+        return None
+    calls: dict[Any, str] = {}
+    answered: set[Any] = set()
+    for i, it in enumerate(items):
+        if not isinstance(it, dict):
+            continue
+        kind = it.get("type")
+        if kind in _CALLS:
+            calls[it.get("call_id")] = kind
+        elif kind in _OUTPUTS:
+            if it.get("call_id") not in calls:
+                return f"No tool call found for {_OUTPUTS[kind]} with call_id {it.get('call_id')}."
+            answered.add(it.get("call_id"))
+        elif kind == "reasoning":
+            nxt = items[i + 1] if i + 1 < len(items) else None
+            if not (
+                isinstance(nxt, dict)
+                and (nxt.get("type") in _MODEL_ITEMS or nxt.get("role") == "assistant")
+            ):
+                return (
+                    f"Item '{it.get('id')}' of type 'reasoning' was provided without its "
+                    "required following item."
+                )
+    for cid, kind in calls.items():
+        if cid not in answered:
+            return f"No tool output found for {_CALLS[kind]} {cid}."
+    return None
+
+
 _JSON = {"content-type": "application/json"}
 _SSE = {"content-type": "text/event-stream; charset=utf-8", "cache-control": "no-cache"}
 _ids = itertools.count(1)
@@ -262,6 +314,84 @@ def _openai_chunks(model: str, text: str, bill: Bill, usage: bool) -> Iterator[A
     yield "[DONE]"
 
 
+def _response(req: dict[str, Any], model: str, status: str = "in_progress") -> dict[str, Any]:
+    """A `response` object as the API writes one, echoing the request's settings."""
+    return {
+        "id": f"resp_fake{next(_ids):06d}",
+        "object": "response",
+        "created_at": int(time.time()),
+        "status": status,
+        "background": False,
+        "error": None,
+        "incomplete_details": None,
+        "instructions": req.get("instructions"),
+        "max_output_tokens": req.get("max_output_tokens"),
+        "model": model,
+        "output": [],
+        "parallel_tool_calls": req.get("parallel_tool_calls", True),
+        "previous_response_id": None,
+        "reasoning": {"effort": None, "summary": None},
+        "store": req.get("store", True),
+        "temperature": 1.0,
+        "text": {"format": {"type": "text"}, "verbosity": "medium"},
+        "tool_choice": req.get("tool_choice", "auto"),
+        "tools": req.get("tools", []),
+        "top_p": 1.0,
+        "truncation": "disabled",
+        "usage": None,
+        "metadata": {},
+    }
+
+
+def _output_message(text: str) -> dict[str, Any]:
+    return {
+        "id": f"msg_fake{next(_ids):06d}",
+        "type": "message",
+        "status": "completed",
+        "content": [{"type": "output_text", "annotations": [], "logprobs": [], "text": text}],
+        "role": "assistant",
+    }
+
+
+def _responses_json(req: dict[str, Any], model: str, text: str, bill: Bill) -> dict[str, Any]:
+    out = _response(req, model, "completed")
+    out["output"] = [_output_message(text)]
+    out["usage"] = bill.responses_usage(_out_tokens(text))
+    return out
+
+
+def _responses_events(
+    req: dict[str, Any], model: str, text: str, bill: Bill
+) -> Iterator[tuple[str, Any]]:
+    """The event stream of a one-message answer, as the API streams it."""
+    seq = itertools.count()
+    start = _response(req, model)
+    item = _output_message(text)
+    iid = item["id"]
+    part = item["content"][0]
+
+    def ev(kind: str, **data: Any) -> tuple[str, Any]:
+        return kind, {"type": kind, "sequence_number": next(seq), **data}
+
+    yield ev("response.created", response=start)
+    yield ev("response.in_progress", response=start)
+    yield ev(
+        "response.output_item.added",
+        output_index=0,
+        item={**item, "status": "in_progress", "content": []},
+    )
+    at = {"item_id": iid, "output_index": 0, "content_index": 0}
+    yield ev("response.content_part.added", **at, part={**part, "text": ""})
+    for piece in _pieces(text):
+        yield ev("response.output_text.delta", **at, delta=piece, logprobs=[], obfuscation="fk")
+    yield ev("response.output_text.done", **at, text=text, logprobs=[])
+    yield ev("response.content_part.done", **at, part=part)
+    yield ev("response.output_item.done", output_index=0, item=item)
+    done = {**start, "status": "completed", "output": [item]}
+    done["usage"] = bill.responses_usage(_out_tokens(text))
+    yield ev("response.completed", response=done)
+
+
 _INPUT_SIDE = ("input_tokens", "cache_creation_input_tokens", "cache_read_input_tokens")
 
 
@@ -272,6 +402,8 @@ def _with_usage(data: Any, usage: dict[str, Any] | None) -> Any:
     if data.get("type") == "message_start":
         start = {k: v for k, v in usage.items() if k in _INPUT_SIDE or k == "cache_creation"}
         return {**data, "message": {**data["message"], "usage": {**start, "output_tokens": 1}}}
+    if data.get("type") == "response.completed":
+        return {**data, "response": {**data["response"], "usage": usage}}
     if data.get("type") == "message_delta" or data.get("usage") is not None:
         return {**data, "usage": usage}
     return data
@@ -342,8 +474,16 @@ class _Handler(BaseHTTPRequestHandler):
         )
         provider._record(rec)
         bare = self.path.split("?", 1)[0].rstrip("/")
-        if self.command == "POST" and bare.endswith(tuple(PROVIDER_PATHS)):
-            dialect = next(d for p, d in PROVIDER_PATHS.items() if bare.endswith(p))
+        if self.command == "POST" and bare.endswith(
+            ("/v1/messages", "/v1/chat/completions", "/v1/responses")
+        ):
+            dialect = (
+                "anthropic"
+                if bare.endswith("/v1/messages")
+                else "responses"
+                if bare.endswith("/v1/responses")
+                else "openai"
+            )
             reply = provider._next_reply(rec)
             try:
                 if reply.hold is not None:
@@ -389,6 +529,12 @@ class _Handler(BaseHTTPRequestHandler):
         except ValueError as e:
             req = f"invalid JSON: {e}"
         bill = Bill(dialect, 0, 0, 0, 0)
+        problem = responses_problem(req) if dialect == "responses" else None
+        if problem is not None:
+            bad = responses_error(400, problem)
+            reply.began = self.server.provider._next_seq()
+            self._send(bad.status, bad.headers, bad.body or b"")
+            return
         if reply.status == 200 and isinstance(req, dict):
             try:
                 bill = self.server.provider._bill(dialect, rec, req)
@@ -414,21 +560,22 @@ class _Handler(BaseHTTPRequestHandler):
             self._chunk(b"")
             return
         if not isinstance(req, dict):
-            problem = req if isinstance(req, str) else "the body must be a JSON object"
+            why = req if isinstance(req, str) else "the body must be a JSON object"
             err = anthropic_error if dialect == "anthropic" else openai_error
-            bad = err(400, "invalid_request_error", problem)
+            bad = err(400, "invalid_request_error", why)
             self._send(bad.status, bad.headers, bad.body or b"")
             return
         model = str(req.get("model", "fake-model"))
-        if dialect == "responses":
-            self._responses(model, req, reply, bill)
-            return
         if req.get("stream") is not True:
-            make = _anthropic_message if dialect == "anthropic" else _openai_completion
+            if dialect == "responses":
+                doc = _responses_json(req, model, reply.text, bill)
+            else:
+                make = _anthropic_message if dialect == "anthropic" else _openai_completion
+                doc = make(model, reply.text, bill)
             self._send(
                 reply.status,
                 {**_JSON, **reply.headers},
-                _dumps(_with_usage(make(model, reply.text, bill), reply.usage)),
+                _dumps(_with_usage(doc, reply.usage)),
                 reply.after_headers,
             )
             return
@@ -439,13 +586,18 @@ class _Handler(BaseHTTPRequestHandler):
         self.end_headers()
         if reply.after_headers is not None:
             reply.after_headers()
-        if dialect == "anthropic":
+        if dialect in ("anthropic", "responses"):
+            events = (
+                _anthropic_events(model, reply.text, bill)
+                if dialect == "anthropic"
+                else _responses_events(req, model, reply.text, bill)
+            )
             frames = [
                 (
                     f"event: {name}\ndata: {_dumps(_with_usage(data, reply.usage))}\n\n",
-                    name == "content_block_delta",
+                    name in ("content_block_delta", "response.output_text.delta"),
                 )
-                for name, data in _anthropic_events(model, reply.text, bill)
+                for name, data in events
             ]
         else:
             opts = req.get("stream_options")
@@ -463,29 +615,6 @@ class _Handler(BaseHTTPRequestHandler):
             if gated and is_delta and reply.gate is not None:
                 gated = False
                 reply.gate_timed_out = not reply.gate.wait(GATE_TIMEOUT)
-        self._chunk(b"")
-
-    def _responses(self, model: str, req: dict[str, Any], reply: Reply, bill: Bill) -> None:
-        """The default Responses answer: one assistant message carrying `reply.text`."""
-        text = reply.text
-        out = responses_api.usage(bill.prompt_tokens, _out_tokens(text), cached=bill.read)
-        item = responses_api.message_item(f"msg_fake{next(_ids):06d}", text)
-        response = responses_api.response_object(
-            f"resp_fake{next(_ids):06d}", model, [item], reply.usage or out, req
-        )
-        if req.get("stream") is not True:
-            headers = {**_JSON, **reply.headers}
-            self._send(reply.status, headers, _dumps(response), reply.after_headers)
-            return
-        self.send_response(reply.status)
-        for k, v in {**_SSE, **reply.headers}.items():
-            self.send_header(k, v)
-        self.send_header("transfer-encoding", "chunked")
-        self.end_headers()
-        if reply.after_headers is not None:
-            reply.after_headers()
-        for frame in responses_api.stream_frames(response):
-            self._chunk(frame.encode())
         self._chunk(b"")
 
     def _chunk(self, data: bytes) -> None:

@@ -13,11 +13,12 @@ anthropic   The prompt is rendered tools → system → messages, one unit per t
             `model` keys everything. `cache_control` itself is not part of a unit, so a
             breakpoint that moves (Claude Code moves its own every turn) leaves the prefix hash
             of the units it left unchanged.
-openai      The prompt is rendered tools → messages (Responses: its `input` items), one unit per
-            tool and per message, keyed by `model`, `tool_choice` and `prompt_cache_key`.
-            Every prefix of at least `min_tokens` is cached automatically, with no write
-            premium; a request reads the longest cached prefix, counted in `OPENAI_STEP`-token
-            increments from `min_tokens`.
+openai      The prompt is rendered tools → messages, one unit per tool and per message, keyed by
+            `model`, `tool_choice` and `prompt_cache_key`. Every prefix of at least
+            `min_tokens` is cached automatically, with no write premium; a request reads the
+            longest cached prefix, counted in `OPENAI_STEP`-token increments from `min_tokens`.
+responses   The same automatic caching, the prompt rendered tools → instructions → input items
+            (one unit per tool, for `instructions`, and per item), keyed the same way.
 
 Entries live `TTL` seconds from their last use (a read refreshes them), on an injectable clock.
 A unit's size is ceil(bytes / 4) of its canonical JSON (sorted keys, compact, raw UTF-8): a
@@ -140,11 +141,27 @@ def openai_units(body: dict[str, Json]) -> Rendered:
     parts: list[tuple[Json | None, Unit]] = []
     for tool in body.get("tools") or []:
         parts.append((None, Unit({"tool": tool}, size({"tool": tool}))))
-    items = body.get("messages")
-    if items is None and isinstance(body.get("input"), list):  # Responses: the input items
-        items = body["input"]
-    for m in items or []:
+    for m in body.get("messages") or []:
         parts.append((None, Unit({"message": m}, size({"message": m}))))
+    root = {
+        "model": body.get("model"),
+        "tool_choice": body.get("tool_choice"),
+        "prompt_cache_key": body.get("prompt_cache_key"),
+    }
+    return _chain(root, parts)
+
+
+def responses_units(body: dict[str, Json]) -> Rendered:
+    """tools → instructions → input items, one unit each (a string `input` is one item)."""
+    parts: list[tuple[Json | None, Unit]] = []
+    for tool in body.get("tools") or []:
+        parts.append((None, Unit({"tool": tool}, size({"tool": tool}))))
+    instructions = body.get("instructions")
+    if isinstance(instructions, str) and instructions:
+        parts.append((None, Unit({"instructions": instructions}, size(instructions))))
+    items = body.get("input")
+    for item in [items] if isinstance(items, str) else items or []:
+        parts.append((None, Unit({"item": item}, size({"item": item}))))
     root = {
         "model": body.get("model"),
         "tool_choice": body.get("tool_choice"),
@@ -186,6 +203,18 @@ class Bill:
             },
             "output_tokens": output_tokens,
             "service_tier": "standard",
+        }
+
+    def responses_usage(self, output_tokens: int) -> dict[str, Json]:
+        """A Responses `usage`: `cache_write_tokens` 0, as for every model without a write
+        premium (the SDK requires the key)."""
+        prompt = self.prompt_tokens
+        return {
+            "input_tokens": prompt,
+            "input_tokens_details": {"cached_tokens": self.read, "cache_write_tokens": 0},
+            "output_tokens": output_tokens,
+            "output_tokens_details": {"reasoning_tokens": 0},
+            "total_tokens": prompt + output_tokens,
         }
 
     def openai_usage(self, completion_tokens: int) -> dict[str, Json]:
@@ -235,9 +264,9 @@ class PromptCache:
                 )
             with self._lock:
                 return self._anthropic(r, marks, scope)
-        r = openai_units(body)
+        r = responses_units(body) if dialect == "responses" else openai_units(body)
         with self._lock:
-            return self._openai(r, scope)
+            return self._openai(r, scope, dialect)
 
     def _alive(self, scope: str, key: bytes, now: float) -> _Entry | None:
         e = self._entries.get((scope, key))
@@ -282,7 +311,7 @@ class PromptCache:
             self._entries[(scope, r.keys[b])] = _Entry(now + TTL[ttl], TTL[ttl])
         return Bill("anthropic", total - r.upto(covered), writes["5m"], writes["1h"], read)
 
-    def _openai(self, r: Rendered, scope: str) -> Bill:
+    def _openai(self, r: Rendered, scope: str, dialect: str = "openai") -> Bill:
         now = self.clock()
         total = r.total
         hit = -1
@@ -302,7 +331,7 @@ class PromptCache:
             running += unit.tokens
             if running >= self.min_tokens:
                 self._entries[(scope, r.keys[k])] = _Entry(now + TTL["5m"], TTL["5m"])
-        return Bill("openai", total - read, 0, 0, read)
+        return Bill(dialect, total - read, 0, 0, read)
 
     def clear(self) -> None:
         with self._lock:

@@ -289,6 +289,39 @@ def test_replay_json_and_without_a_summary(tmp_path: Path, capsys) -> None:
     assert report["messages_after"][1].startswith("user: === History Summary === <summary> S.")
 
 
+def test_replay_of_a_recorded_codex_request_with_the_codex_preset(tmp_path: Path, capsys) -> None:
+    """A recorded request (method, path, header pairs, the body as text) replays as the
+    `responses` dialect; Codex's own headers name the session; the summary is one item."""
+    config = tmp_path / "low.yaml"
+    config.write_text(LOW)
+    codex = Path("/work/shared/fixtures/codex-0.169.0/resumed_last.json")
+    code, out, err = run(
+        capsys,
+        "replay",
+        str(codex),
+        "--preset",
+        "codex",
+        "--config",
+        str(config),
+        "--summary",
+        "Ten steps of ls.",
+    )
+    assert (code, err) == (0, "")
+    lines = out.splitlines()
+    assert lines[0] == "request 0: responses passed_through — no component acted"
+    assert "  next turn: rewritten — rewritten" in lines
+    sent = lines[lines.index("  messages sent:") + 1 :]
+    assert [x.split(":")[0] for x in sent[:5]] == [
+        "    [0] developer",
+        "    [1] developer",
+        "    [2] user",
+        "    [3] user",
+        "    [4] user",
+    ]
+    assert sent[4].startswith("    [4] user: === History Summary === <summary> Ten steps of ls.")
+    assert len(sent) < 44
+
+
 def test_replay_of_a_missing_file_exits_2(tmp_path: Path, capsys) -> None:
     code, _, err = run(capsys, "replay", str(tmp_path / "nope.json"))
     assert code == 2

@@ -60,16 +60,25 @@ def _preview(m: Any) -> str:
         text = "" if content is None else str(content)
     if m.get("tool_calls"):
         text += " [tool_calls]"
+    kind = m.get("type")
+    if kind not in (None, "message"):  # a Responses item: a call, an output, reasoning, …
+        detail = m.get("name") or m.get("call_id") or ""
+        text = f"[{kind}{' ' + str(detail) if detail else ''}] {text}"
     text = " ".join(text.split())
-    return f"{m.get('role')}: {text[:PREVIEW]}{'…' if len(text) > PREVIEW else ''}"
+    who = m.get("role") or "item"
+    return f"{who}: {text[:PREVIEW]}{'…' if len(text) > PREVIEW else ''}"
 
 
-def _is_summary(m: Any) -> bool:
-    return (
-        isinstance(m, dict)
-        and isinstance(m.get("content"), str)
-        and m["content"].startswith("=== History Summary ===")
-    )
+def _summary_text(m: Any) -> str | None:
+    """The text of a summary message (a string content, or a Responses `input_text` part)."""
+    if not isinstance(m, dict):
+        return None
+    content = m.get("content")
+    if isinstance(content, list) and len(content) == 1 and isinstance(content[0], dict):
+        content = content[0].get("text")
+    if isinstance(content, str) and content.startswith("=== History Summary ==="):
+        return content
+    return None
 
 
 class RewriteView(contentviews.View):
@@ -100,15 +109,18 @@ class RewriteView(contentviews.View):
         for v in record.get("violations", ()):
             yield [("alert", f"  refused: {v.get('rule')}: {v.get('message')}")]
         try:
-            messages = json.loads(data).get("messages", [])
+            doc = json.loads(data)
+            key = "input" if record.get("dialect") == "responses" else "messages"
+            messages = doc.get(key, [])
         except (ValueError, AttributeError):
             yield [("alert", "the body is not JSON")]
             return
         yield [("header", "messages sent:")]
         keys: list[str] = []
         for i, m in enumerate(messages if isinstance(messages, list) else []):
-            if _is_summary(m):
-                keys += list(markers(m["content"]))
+            summary = _summary_text(m)
+            if summary is not None:
+                keys += list(markers(summary))
                 yield [("highlight", f"[{i}] SUMMARY  "), ("text", _preview(m))]
             else:
                 yield [("text", f"[{i}] kept     {_preview(m)}")]

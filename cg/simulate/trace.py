@@ -24,7 +24,7 @@ from typing import Any, Generic, TypeVar
 
 from cg.state.session import session_of
 from cg.wire.body import BodyIndex, BodyRejected, MessageCache, index_body
-from cg.wire.dialects import ANTHROPIC, OPENAI, Dialect, route
+from cg.wire.dialects import ANTHROPIC, OPENAI, RESPONSES, Dialect, route
 from cg.wire.jsonspan import JsonSpanError, walk_document
 
 Warn = Callable[[str], None]
@@ -59,6 +59,8 @@ def _dialect_of(path: object, headers: Mapping[str, str], body: Mapping[str, Any
         d = route("POST", path)
         if d is not None:
             return d
+    if "input" in body and "messages" not in body:
+        return RESPONSES
     anthropic = any(k.lower().startswith("anthropic-") for k in headers) or "system" in body
     return ANTHROPIC if anthropic else OPENAI
 

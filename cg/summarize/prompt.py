@@ -97,10 +97,11 @@ def render_trajectory(
 
 
 def _user_text(v: MessageView) -> str:
-    """A user turn's own words, without tool results."""
+    """A user turn's own words, without tool results (text blocks, or Responses `input_text`
+    parts)."""
     if not v.blocks:
         return v.text
-    return "\n".join(b.text for b in v.blocks if b.type == "text" and b.text)
+    return "\n".join(b.text for b in v.blocks if b.type in ("text", "input_text") and b.text)
 
 
 def grounding(views: Sequence[MessageView]) -> tuple[str, str, str]:

@@ -6,11 +6,12 @@ drive the addon turn by turn (expand, summarize, shared cache, ledger, the SDKs'
   `call` sends SDK arguments as they are, `turn` an agent's turn (model, system prompt) around
   a transcript. Each send carries a fresh `x-e2e-id` and comes back as an `Exchange`.
   `sdk_client` is the bare SDK client (sync or async) on an httpx client of the test's own.
-- the transcripts: `anthropic_messages`, `openai_messages` (`messages` picks by dialect) — a
-  tagged task, one tool exchange, then steps and notes; every step names the tag, so two
-  sessions' summarized spans (and their stash keys) differ.
-- the scripted model's answers: `provider_message` (a provider's message or completion, with
-  text and tool calls) and `answer` (it, as JSON or SSE as the request asked).
+- the transcripts: `anthropic_messages`, `openai_messages`, `responses_items` (`messages` picks
+  by dialect) — a tagged task, one tool exchange, then steps and notes; every step names the
+  tag, so two sessions' summarized spans (and their stash keys) differ.
+- the scripted model's answers: `provider_message` (a provider's message, completion or
+  Responses `response`, with text and tool calls) and `answer` (it, as JSON or SSE as the
+  request asked).
 
 The real agents (Claude Code, the SDK agent loop) and their audit live in tests/e2e/agents.py;
 the proxy process, its config and the wire-level checks in tests/e2e/harness.py.
@@ -92,7 +93,65 @@ def openai_messages(tag: str, n: int) -> list[Any]:
     return out[:n]
 
 
+def responses_items(tag: str, n: int) -> list[Any]:
+    """A Responses `input` of n items (n even: the last is a user turn): the system prompt as a
+    developer message item, the task, one tool round (reasoning, call, output) at [2, 5), then
+    assistant steps (even) and user notes (odd), in the typed item form Codex sends."""
+    out: list[Any] = [
+        {
+            "type": "message",
+            "role": "developer",
+            "content": [{"type": "input_text", "text": SYSTEM}],
+        },
+        {
+            "type": "message",
+            "role": "user",
+            "content": [
+                {"type": "input_text", "text": f"Task {tag}: make the parser tests pass. Ünïcödé ✓"}
+            ],
+        },
+        {
+            "type": "reasoning",
+            "id": "rs_e2e01",
+            "summary": [{"type": "summary_text", "text": "**Running the tests**"}],
+            "encrypted_content": "gAAAAAe2e",
+        },
+        {
+            "type": "function_call",
+            "id": "fc_e2e01",
+            "call_id": "call_01",
+            "name": "bash",
+            "arguments": '{"cmd": "pytest"}',
+            "status": "completed",
+        },
+        {"type": "function_call_output", "call_id": "call_01", "output": "FAILED test_nested"},
+    ]
+    for i in range(5, n):
+        if i % 2:
+            out.append(
+                {
+                    "type": "message",
+                    "role": "user",
+                    "content": [{"type": "input_text", "text": f"Note {i}: keep going ✓."}],
+                }
+            )
+        else:
+            text = f"Step {i}: I read parser.py for {tag[:8]}."
+            out.append(
+                {
+                    "type": "message",
+                    "id": f"msg_e2e{i:02d}",
+                    "role": "assistant",
+                    "status": "completed",
+                    "content": [{"type": "output_text", "annotations": [], "text": text}],
+                }
+            )
+    return out[:n]
+
+
 def messages(dialect: str, tag: str, n: int) -> list[Any]:
+    if dialect == "responses":
+        return responses_items(tag, n)
     return (anthropic_messages if dialect == "anthropic" else openai_messages)(tag, n)
 
 
@@ -117,6 +176,14 @@ def sdk_client(
 ) -> openai.AsyncOpenAI: ...
 @overload
 def sdk_client(
+    dialect: Literal["responses"], proxy: Proxy, http: httpx.Client, *, key: str
+) -> openai.OpenAI: ...
+@overload
+def sdk_client(
+    dialect: Literal["responses"], proxy: Proxy, http: httpx.AsyncClient, *, key: str
+) -> openai.AsyncOpenAI: ...
+@overload
+def sdk_client(
     dialect: str,
     proxy: Proxy,
     http: httpx.Client | httpx.AsyncClient,
@@ -132,8 +199,9 @@ def sdk_client(
     key: str,
     headers: dict[str, str] | None = None,
 ) -> Any:
-    """The official SDK client of `dialect` at `proxy` (openai's under `/v1`) on `http`, without
-    retries, with `headers` on every request; async when `http` is."""
+    """The official SDK client of `dialect` at `proxy` (openai's, for `openai` and `responses`,
+    under `/v1`) on `http`, without retries, with `headers` on every request; async when `http`
+    is."""
     kw: dict[str, Any] = {
         "api_key": key,
         "http_client": http,
@@ -164,6 +232,14 @@ class Exchange:
         """The answer's text."""
         if self.dialect == "anthropic":
             return "".join(b["text"] for b in self.result["content"] if b["type"] == "text")
+        if self.dialect == "responses":
+            return "".join(
+                p["text"]
+                for item in self.result["output"]
+                if item["type"] == "message"
+                for p in item["content"]
+                if p["type"] == "output_text"
+            )
         return str(self.result["choices"][0]["message"]["content"])
 
 
@@ -203,7 +279,10 @@ class SdkClient:
         """An agent's turn with `messages`: this client's model; on anthropic 64 output tokens
         and SYSTEM as the system prompt, on openai a stream that asks for usage; `extra` SDK
         arguments on top."""
-        kw: dict[str, Any] = {"model": self.model, "messages": messages}
+        if self.dialect == "responses":
+            kw: dict[str, Any] = {"model": self.model, "input": messages, "store": False}
+            return self.call(stream, **{**kw, **extra})
+        kw = {"model": self.model, "messages": messages}
         if self.dialect == "anthropic":
             kw["max_tokens"] = 64
             kw["system"] = (
@@ -222,7 +301,16 @@ class SdkClient:
         kw["extra_headers"] = {"x-e2e-id": eid}
         chunks: list[Any] = []
         t0 = time.monotonic()
-        if self.dialect == "anthropic":
+        if self.dialect == "responses":
+            if stream:
+                # `warnings=False`: the SDK's parsed-response generics make pydantic warn on
+                # serialisation, though the values are exactly what was streamed.
+                with self.sdk.responses.stream(**kw) as rs:
+                    chunks = [ev.to_dict(warnings=False) for ev in rs]
+                    result = rs.get_final_response().to_dict(warnings=False)
+            else:
+                result = self.sdk.responses.create(**kw).to_dict()
+        elif self.dialect == "anthropic":
             if stream:
                 with self.sdk.messages.stream(**kw) as s:
                     chunks = [ev.to_dict() for ev in s]
@@ -277,6 +365,8 @@ def provider_message(
             "stop_sequence": None,
             "usage": {"input_tokens": usage[0], "output_tokens": usage[1]},
         }
+    if dialect == "responses":
+        return responses_message(n, text, calls, usage, reasoning=thinking)
     msg: dict[str, Any] = {"role": "assistant", "content": text, "refusal": None}
     if calls:
         msg["tool_calls"] = [
@@ -299,6 +389,72 @@ def provider_message(
         "usage": {
             "prompt_tokens": usage[0],
             "completion_tokens": usage[1],
+            "total_tokens": sum(usage),
+        },
+    }
+
+
+def responses_message(
+    n: int,
+    text: str | None,
+    calls: list[tuple[str, str, Any]],
+    usage: tuple[int, int],
+    *,
+    reasoning: bool = True,
+) -> dict[str, Any]:
+    """A Responses `response` number `n`: a reasoning item (with encrypted content) before any
+    calls unless `reasoning` is off, a message with `text`, and a function call per
+    (call id, name, input)."""
+    output: list[Any] = []
+    if calls and reasoning:
+        output.append(
+            {
+                "id": f"rs_e2e{n}",
+                "type": "reasoning",
+                "summary": [{"type": "summary_text", "text": f"I need detail {n}."}],
+                "encrypted_content": f"gAAAAenc{n}",
+            }
+        )
+    if text is not None:
+        output.append(
+            {
+                "id": f"msg_e2eout{n}",
+                "type": "message",
+                "status": "completed",
+                "role": "assistant",
+                "content": [
+                    {"type": "output_text", "annotations": [], "logprobs": [], "text": text}
+                ],
+            }
+        )
+    output += [
+        {
+            "id": f"fc_{i}",
+            "type": "function_call",
+            "status": "completed",
+            "call_id": i,
+            "name": nm,
+            "arguments": json.dumps(inp),
+        }
+        for i, nm, inp in calls
+    ]
+    return {
+        "id": f"resp_e2e{n}",
+        "object": "response",
+        "created_at": 1_700_000_000,
+        "status": "completed",
+        "error": None,
+        "incomplete_details": None,
+        "model": "gpt-test",
+        "output": output,
+        "parallel_tool_calls": True,
+        "tool_choice": "auto",
+        "tools": [],
+        "usage": {
+            "input_tokens": usage[0],
+            "input_tokens_details": {"cached_tokens": 0, "cache_write_tokens": 0},
+            "output_tokens": usage[1],
+            "output_tokens_details": {"reasoning_tokens": 0},
             "total_tokens": sum(usage),
         },
     }
