@@ -281,6 +281,36 @@ def test_a_session_is_summarized_and_the_summary_item_reused(
         assert stash["messages"] == responses_items(agent.session, 12)[2:7]
 
 
+async def test_an_async_client_gets_the_same_summary_item(
+    rproxy: Proxy, provider: FakeProvider
+) -> None:
+    """Primed on the sync SDK, the session's next turns on `AsyncOpenAI` (create, then stream)
+    carry the byte-identical summary item."""
+    with SdkClient(rproxy, "responses", key=KEY) as agent:
+        summary, _ = prime(rproxy, provider, agent)
+        session = agent.session
+    headers = {"x-context-guru-session": session}
+    for n, stream in ((14, False), (16, True)):
+        capture, eid = Capture(), new_id()
+        async with httpx.AsyncClient(trust_env=False, event_hooks=capture.async_hooks()) as http:
+            client = sdk_client("responses", rproxy, http, key=KEY, headers=headers)
+            kw: dict[str, Any] = {
+                "model": "gpt-test",
+                "input": responses_items(session, n),
+                "store": False,
+                "extra_headers": {"x-e2e-id": eid},
+            }
+            if stream:
+                async with client.responses.stream(**kw) as s:
+                    final = await s.get_final_response()
+            else:
+                final = await client.responses.create(**kw)
+        assert final.output_text == DEFAULT_TEXT
+        got = received(provider, eid)
+        assert spliced(capture.only().content, got.body, head=2, cut=7) == summary
+        assert rproxy.records.cg(eid)["outcome"] == "rewritten"
+
+
 @dataclass
 class Model:
     """The scripted model: when `context_guru_expand` is offered and not yet answered, it calls

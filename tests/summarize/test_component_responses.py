@@ -57,14 +57,15 @@ def codex_round(n: int, words: int = 80) -> list[Json]:
     ]
 
 
-def grow(name: str, turns: int) -> list[bytes]:
-    """The bodies of `turns` further requests after a fixture, one round each; every body's
-    input is a byte prefix of the next one's, as Codex sends them."""
+def grow(name: str, turns: int, words: int = 80) -> list[bytes]:
+    """The bodies of `turns` further requests after a fixture, one round each (an output of
+    `words` words); every body's input is a byte prefix of the next one's, as Codex sends
+    them."""
     base = json.loads(json.loads((FIXTURES / f"{name}.json").read_text())["body"])
     items = list(base["input"])
     out: list[bytes] = []
     for n in range(turns):
-        items = items + codex_round(n)
+        items = items + codex_round(n, words)
         out.append(json.dumps({**base, "input": items}, separators=(",", ":")).encode())
     return out
 
