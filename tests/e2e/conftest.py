@@ -1,5 +1,6 @@
 """Fixtures for end-to-end tests: one fake provider and one `off`-preset mitmdump per session,
-and the pinned Claude Code binary (installed on first use, tests/e2e/claude_code.py).
+and the pinned Claude Code and Codex binaries (installed on first use, tests/e2e/claude_code.py
+and tests/e2e/codex.py).
 
 Tests that need another preset or options start their own with `Proxy.start(...)` and stop it.
 """
@@ -11,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.e2e import codex as codex_cli
 from tests.e2e.claude_code import ClaudeCodeUnavailable, install
 from tests.e2e.harness import Proxy
 from tests.fakeprovider import FakeProvider
@@ -41,6 +43,15 @@ def claude_code() -> Path:
     try:
         return install()
     except ClaudeCodeUnavailable as e:
+        pytest.fail(str(e), pytrace=False)
+
+
+@pytest.fixture(scope="session")
+def codex() -> Path:
+    """The pinned Codex binary; a test run that cannot install it fails, saying why."""
+    try:
+        return codex_cli.install()
+    except codex_cli.CodexUnavailable as e:
         pytest.fail(str(e), pytrace=False)
 
 
