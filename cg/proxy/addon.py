@@ -45,13 +45,19 @@ from cg.summarize.client import HttpPool, Origin, SummarizerClient, timeout_from
 from cg.wire.answers import Reply, ResponseParseError, tool_calls
 from cg.wire.body import BodyIndex, MessageCache
 from cg.wire.dialects import route
-from cg.wire.upstream import provider_message, upstream_verify
+from cg.wire.upstream import provider_message, sni_name, upstream_verify
 
 log = logging.getLogger("context_guru")
 
 META = "context_guru"
 BYPASS_HEADER = "x-context-guru-bypass"
 KEEP_ORIGINAL_MAX = 8 * 1024 * 1024  # the original body of a rewritten flow, kept for mitmweb
+
+
+def upstream_sni(req: http.Request) -> str | None:
+    """The provider's name for our own calls' TLS when `req.url` names the address connected
+    to (transparent and local modes): the name the agent asked for (`Host`, `:authority`)."""
+    return sni_name(req.host, req.pretty_host)
 
 
 class ContextGuru:
@@ -308,7 +314,7 @@ class ContextGuru:
                 if result.commissions:
                     # The body as it goes upstream: what the provider caches for this session.
                     sent = result.body if record["outcome"] == "rewritten" else raw
-                    origin = Origin.of(req.url, req.headers)
+                    origin = Origin.of(req.url, req.headers, upstream_sni(req))
                     self._commission(result.commissions, origin, sent, flow.id)
         self.stats.count(record["outcome"])
         record.setdefault("timings_ms", {})["hook"] = round((time.perf_counter() - t0) * 1000, 3)
@@ -454,7 +460,8 @@ class ContextGuru:
         self._forget_checkpoints(record)
         record["provider_400"] = provider_message(flow.response.get_content(strict=False))
         try:
-            flow.response = await resend(self.pool.client(), flow.request, original)
+            sni = upstream_sni(flow.request)
+            flow.response = await resend(self.pool.client(sni), flow.request, original, sni)
         except Exception as e:  # noqa: BLE001 - the client then gets the provider's own 400
             record["retry_error"] = f"{type(e).__name__}: {e}"
             log.warning("context-guru: re-sending the original failed: %s", e)
@@ -501,8 +508,9 @@ class ContextGuru:
             return expand_mod.resolve(store, key, session)
 
         sent = (flow.request.get_content(strict=False) or b"").decode("utf-8")
+        sni = upstream_sni(flow.request)
         out = await continuation.run(
-            self.pool.client(),
+            self.pool.client(sni),
             flow.request.url,
             flow.request.headers.fields,
             dialect,
@@ -510,6 +518,7 @@ class ContextGuru:
             first,
             bool(record.get("stream")) or ctype.startswith("text/event-stream"),
             resolve,
+            sni=sni,
         )
         record["expand"]["rounds"] = out.rounds
         record["expand"]["log"] = out.log

@@ -42,6 +42,7 @@ from cg.summarize.component import (
 from cg.summarize.config import ModelConfig
 from cg.summarize.prompt import MAX_TOKENS as MAX_TOKENS
 from cg.wire.answers import Reply, ResponseParseError, parse_json, parse_sse
+from cg.wire.upstream import sni_extensions
 from cg.wire.usage import Usage, UsageError, from_provider
 
 HEADER = "x-context-guru"
@@ -71,15 +72,21 @@ UsageSink = Callable[[str, str, Usage], None]
 
 @dataclass(frozen=True, slots=True)
 class Origin:
-    """Where the proxied request went and the credential it carried. Memory only; no repr."""
+    """Where the proxied request went and the credential it carried. Memory only; no repr.
+
+    `sni`: `url` names the address connected to (transparent/local mode), and TLS and `Host`
+    name this provider instead (`cg.wire.upstream.sni_name`)."""
 
     url: str
     headers: dict[str, str] = field(repr=False)
+    sni: str | None = None
 
     @classmethod
-    def of(cls, url: str, headers: Mapping[str, str]) -> Origin:
+    def of(cls, url: str, headers: Mapping[str, str], sni: str | None = None) -> Origin:
         kept = {k: headers[k] for k in INCOMING_HEADERS if k in headers}
-        return cls(url, kept)
+        if sni:
+            kept["host"] = headers.get("host") or sni
+        return cls(url, kept, sni)
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,6 +95,7 @@ class Endpoint:
     url: str
     model: str
     headers: dict[str, str] = field(repr=False)
+    sni: str | None = None
 
 
 def timeout_from_env(env: Mapping[str, str] | None = None) -> float:
@@ -124,7 +132,7 @@ def resolve_endpoint(
         reused = dict(origin.headers)
         if job.dialect == "anthropic":
             reused.setdefault("anthropic-version", ANTHROPIC_VERSION)
-        return Endpoint(job.dialect, origin.url, model, reused)
+        return Endpoint(job.dialect, origin.url, model, reused, origin.sni)
 
     provider = cfg.provider or "anthropic"
     if not cfg.model:
@@ -208,7 +216,7 @@ class SummarizerClient:
         """The standalone prompt, as one non-streaming user message."""
         ep = resolve_endpoint(self.cfg, job, self.env)
         body = json.dumps(request_body(ep, prompt, self.level)).encode()
-        resp = await self._post(ep.url, body, ep.headers)
+        resp = await self._post(ep.url, body, ep.headers, ep.sni)
         try:
             doc = resp.json()
         except ValueError:
@@ -228,7 +236,7 @@ class SummarizerClient:
         headers = dict(origin.headers)
         if job.dialect == "anthropic":
             headers.setdefault("anthropic-version", ANTHROPIC_VERSION)
-        resp = await self._post(origin.url, body, headers)
+        resp = await self._post(origin.url, body, headers, origin.sni)
         ctype = resp.headers.get("content-type", "")
         try:
             if ctype.startswith("text/event-stream"):
@@ -252,8 +260,11 @@ class SummarizerClient:
         except Exception:  # noqa: BLE001 - accounting must never fail a summary
             return
 
-    async def _post(self, url: str, body: bytes, headers: Mapping[str, str]) -> httpx.Response:
-        """POST under one deadline with bounded retries; the 200 response, read whole."""
+    async def _post(
+        self, url: str, body: bytes, headers: Mapping[str, str], sni: str | None = None
+    ) -> httpx.Response:
+        """POST under one deadline with bounded retries; the 200 response, read whole. `sni`:
+        the provider's name when `url` names an address (`Origin.sni`)."""
         headers = {**headers, "content-type": "application/json", HEADER: "summarize"}
         deadline = time.monotonic() + self.timeout
         last = "no attempt made"
@@ -266,8 +277,12 @@ class SummarizerClient:
             try:
                 # httpx's timeout bounds each read, not the whole answer: the deadline does.
                 async with asyncio.timeout(left):
-                    resp = await self.pool.client().post(
-                        url, content=body, headers=headers, timeout=left
+                    resp = await self.pool.client(sni).post(
+                        url,
+                        content=body,
+                        headers=headers,
+                        timeout=left,
+                        extensions=sni_extensions(sni),
                     )
             except (httpx.TimeoutException, TimeoutError):
                 raise SummarizerTimeout(f"no answer within {self.timeout:g}s") from None
@@ -300,22 +315,47 @@ class HttpPool:
 
     `trust_env=False`: the proxy must not send its own calls through itself. TLS verification
     follows mitmproxy's own upstream settings (`verify`).
+
+    `client(sni)`: calls to an address under a provider's name (transparent/local mode) get a
+    client of their own per name, since a pooled connection is keyed by the address alone and
+    must never carry one provider's request over a TLS session opened for another. At most
+    `MAX_NAMED` names are kept; the least recently used one beyond is closed.
     """
+
+    MAX_NAMED = 16
 
     def __init__(self, verify: bool | str = True) -> None:
         self.verify = verify
         self._client: httpx.AsyncClient | None = None
+        self._named: dict[str, httpx.AsyncClient] = {}
+        self._closing: set[asyncio.Task[None]] = set()
 
-    def client(self) -> httpx.AsyncClient:
+    def _new(self) -> httpx.AsyncClient:
+        return httpx.AsyncClient(
+            trust_env=False,
+            verify=self.verify,
+            limits=httpx.Limits(max_connections=16, max_keepalive_connections=8),
+        )
+
+    def client(self, sni: str | None = None) -> httpx.AsyncClient:
+        if sni:
+            named = self._named.pop(sni, None) or self._new()
+            self._named[sni] = named  # most recently used last
+            while len(self._named) > self.MAX_NAMED:
+                old = self._named.pop(next(iter(self._named)))
+                task = asyncio.get_running_loop().create_task(old.aclose())
+                self._closing.add(task)
+                task.add_done_callback(self._closing.discard)
+            return named
         if self._client is None:
-            self._client = httpx.AsyncClient(
-                trust_env=False,
-                verify=self.verify,
-                limits=httpx.Limits(max_connections=16, max_keepalive_connections=8),
-            )
+            self._client = self._new()
         return self._client
 
     async def aclose(self) -> None:
-        if self._client is not None:
-            client, self._client = self._client, None
+        clients = [c for c in (self._client, *self._named.values()) if c is not None]
+        self._client = None
+        self._named = {}
+        for client in clients:
             await client.aclose()
+        if self._closing:
+            await asyncio.gather(*self._closing, return_exceptions=True)
