@@ -52,6 +52,13 @@ log = logging.getLogger("context_guru")
 META = "context_guru"
 BYPASS_HEADER = "x-context-guru-bypass"
 KEEP_ORIGINAL_MAX = 8 * 1024 * 1024  # the original body of a rewritten flow, kept for mitmweb
+# Every store call runs on the event loop: a file another process holds locked may stall all
+# traffic this long per call, never the 5 s a reader (the CLI) may wait.
+STORE_BUSY_MS = 250
+# A store that failed passes every request through for this long before it is tried again
+# (an unopenable one is re-opened at most this often), so a broken file costs one request's
+# error per period instead of one per call.
+STORE_RETRY = 5.0
 
 
 def upstream_sni(req: http.Request) -> str | None:
@@ -69,7 +76,9 @@ class ContextGuru:
         self.preset = ""
         self.hosts: Sequence[str] = ()
         self.max_body = 32 * 1024 * 1024
-        self.allow_remote_control = False
+        self.control = control.ControlPolicy()
+        self.store_error: str | None = None  # why the configured store could not be opened
+        self._store_retry_at = 0.0
         self.tokens = TokenCounter()
         self.facts = FactsCache(self.tokens)
         self.store: Store | None = None
@@ -133,7 +142,23 @@ class ContextGuru:
             "cg_control_remote",
             bool,
             False,
-            "Answer /_cg/ control endpoints for non-loopback clients too.",
+            "Answer /_cg/ control endpoints for non-loopback clients too (each scoped to the "
+            "session it names); prefer cg_control_token.",
+        )
+        loader.add_option(
+            "cg_control_token",
+            str,
+            "",
+            "A bearer token that admits non-loopback clients to /_cg/ control endpoints "
+            "(Authorization: Bearer TOKEN), each scoped to the session it names. Never logged.",
+        )
+        loader.add_option(
+            "cg_shared",
+            bool,
+            False,
+            "A proxy shared by several users: a summarizer model with model.source: config "
+            "and no key of its own never falls back to the process's provider key "
+            "(ANTHROPIC_API_KEY, OPENAI_API_KEY).",
         )
 
     def configure(self, updated: set[str]) -> None:
@@ -167,6 +192,7 @@ class ContextGuru:
                             level=level,
                             timeout=timeout,
                             on_usage=self.meter.summarizer,
+                            shared_proxy=opts.cg_shared,
                         ),
                         facts=self.facts,
                     ),
@@ -189,7 +215,7 @@ class ContextGuru:
             h.strip() for item in opts.cg_hosts for h in item.split(",") if h.strip()
         )
         self.max_body = opts.cg_max_body_mb * 1024 * 1024
-        self.allow_remote_control = opts.cg_control_remote
+        self.control = control.ControlPolicy(opts.cg_control_remote, opts.cg_control_token)
 
     @property
     def components(self) -> list[Component]:
@@ -213,17 +239,80 @@ class ContextGuru:
         `full` markers degrade to none (nothing could be restored from them).
         """
         path = cg_db or config.store.path
-        if self.store is not None and self.store_note == path:
+        if self.store is not None and self.store_note == path and self.store_error is None:
             return self.store
         if self.store is not None:
             self.store.close()
         try:
-            self.store = Store.from_config(config.store, path=cg_db or None)
+            self.store = Store.from_config(
+                config.store, path=cg_db or None, busy_timeout_ms=STORE_BUSY_MS
+            )
+            if self.store_error is not None:
+                log.warning("context-guru: the store %s opened; acting again", path)
+            self.store_error = None
         except StoreError as e:
-            log.warning("context-guru: %s; running without a persistent store", e)
-            self.store = Store.memory()
+            if self.store_error is None:
+                log.warning(
+                    "context-guru: %s; passing every request through until it opens (retried "
+                    "every %gs; /_cg/health says why)",
+                    e,
+                    STORE_RETRY,
+                )
+            self.store_error = str(e)
+            self._store_retry_at = time.monotonic() + STORE_RETRY
+            self.store = Store.memory()  # the ledger, in memory meanwhile
         self.store_note = path
         return self.store
+
+    def store_state(self) -> dict[str, Any]:
+        """`/_cg/health`'s `store`: `{"ok": true}` or `{"ok": false, "error": why}` (SPEC §9)."""
+        if self.store_error is not None:
+            return {"ok": False, "error": self.store_error}
+        store = self.store
+        if store is None:
+            return {"ok": True, "persistent": False}
+        problem = store.file_problem() or store.error
+        out: dict[str, Any] = {"ok": problem is None, "persistent": store.persistent}
+        if problem is not None:
+            out["error"] = problem
+        return out
+
+    def _reopen_store(self) -> str | None:
+        """Try the configured store again, rebuilding the pipelines on it; the error, or None."""
+        try:
+            self.configure({"cg_db"})
+        except exceptions.OptionsError as e:
+            return str(e)
+        return self.store_error
+
+    def _store_down(self) -> str | None:
+        """Why provider requests pass through untouched now (the store is unusable), or None.
+
+        An unopenable store is re-opened at most every STORE_RETRY seconds; one whose file was
+        deleted under it is written back from the open connection; one whose last operation
+        failed (locked, read-only, full) is left alone for STORE_RETRY seconds, then tried.
+        """
+        now = time.monotonic()
+        if self.store_error is not None:
+            if now < self._store_retry_at:
+                return f"the store is unavailable ({self.store_error})"
+            error = self._reopen_store()
+            return None if error is None else f"the store is unavailable ({error})"
+        store = self.store
+        if store is None or not store.persistent:
+            return None
+        problem = store.file_problem()
+        if problem is not None:
+            if store.error is not None and now - store.error_at < STORE_RETRY:
+                return f"{problem}; {store.error}"
+            try:
+                store.restore_file()
+                log.warning("context-guru: %s; written back from the open store", problem)
+            except StoreError as e:
+                return f"{problem}; {e}"
+        if store.error is not None and now - store.error_at < STORE_RETRY:
+            return f"the store failed ({store.error}); retried after {STORE_RETRY:g}s"
+        return None
 
     def running(self) -> None:
         """Freeze the start-up heap: a full GC then skips it (~35 ms -> ~2 ms with 1 MiB bodies)."""
@@ -247,7 +336,7 @@ class ContextGuru:
     def request(self, flow: http.HTTPFlow) -> None:
         req = flow.request
         if control.is_control(req.path):
-            control.answer(flow, self._routes(), self.allow_remote_control)
+            control.answer(flow, self._routes(), self.control)
             return
         dialect = route(req.method, req.path)
         # By name (the Host header): in transparent/local mode, and in a CONNECT tunnel,
@@ -259,11 +348,18 @@ class ContextGuru:
         record: dict[str, Any]
         raw: bytes | None = None
         index: BodyIndex | None = None
+        down = self._store_down() if self.pipelines else None
         if req.headers.get(BYPASS_HEADER, "").strip() == "1":
             record = {
                 "dialect": dialect.name,
                 "outcome": "bypassed",
                 "reason": f"{BYPASS_HEADER}: 1",
+            }
+        elif down is not None and any(self.pipelines.values()):
+            record = {
+                "dialect": dialect.name,
+                "outcome": "passed_through",
+                "reason": f"{down}: passing through until it works",
             }
         elif req.raw_content is None:
             record = {
@@ -556,20 +652,37 @@ class ContextGuru:
 
     def _routes(self) -> dict[str, control.Handler]:
         return {
-            "health": lambda f: control.json_response(
-                200, {"ok": True, "version": __version__, "preset": ctx.options.cg_preset}
-            ),
-            "stats": lambda f: control.json_response(200, self.stats_json()),
-            "sessions": lambda f: control.json_response(200, self.sessions_json()),
+            "health": self._health_endpoint,
+            "stats": lambda f, caller: control.json_response(200, self.stats_json()),
+            "sessions": self._sessions_endpoint,
             "expand": self._expand_endpoint,
         }
+
+    def _health_endpoint(self, flow: http.HTTPFlow, caller: control.Caller) -> http.Response:
+        """`{"ok": true, …, "store": {"ok": …}}`: `ok` says the addon answers (it serves, as a
+        pass-through if need be); `store` whether the store is usable, and if not why (the
+        reason to a local caller only: it names the file)."""
+        store = self.store_state()
+        if not caller.local:
+            store = {"ok": store["ok"]}
+        return control.json_response(
+            200,
+            {"ok": True, "version": __version__, "preset": ctx.options.cg_preset, "store": store},
+        )
+
+    def _sessions_endpoint(self, flow: http.HTTPFlow, caller: control.Caller) -> http.Response:
+        scope = caller.scope()
+        if scope == "":
+            return control.no_session()
+        return control.json_response(200, self.sessions_json(scope))
 
     def stats_json(self) -> dict[str, Any]:
         """The counters, with the ledger's `usage` and `savings` (SPEC §9, §11)."""
         return {**self.stats.to_json(), **self.meter.report()}
 
-    def sessions_json(self) -> dict[str, Any]:
-        """`GET /_cg/sessions`: every session with its checkpoint, usage and savings."""
+    def sessions_json(self, session: str | None = None) -> dict[str, Any]:
+        """`GET /_cg/sessions`: every session (or only `session`) with its checkpoint, usage
+        and savings."""
         ledger = self.meter.ledger
         if ledger is None:
             return {"sessions": []}
@@ -577,6 +690,8 @@ class ContextGuru:
             rows = sessions_report(ledger.store, ledger.prices, self.tokens.count_text)
         except Exception as e:  # noqa: BLE001 - an unreadable store must not break the endpoint
             return {"sessions": [], "error": str(e)}
+        if session is not None:
+            rows = [r for r in rows if r.get("id") == session]
         return {"sessions": rows}
 
     @command.command("cg.stats")  # type: ignore[untyped-decorator]
@@ -589,12 +704,19 @@ class ContextGuru:
         """Every session with its checkpoint, usage and savings (as /_cg/sessions), as JSON."""
         return json.dumps(self.sessions_json(), ensure_ascii=False, indent=1)
 
-    def _expand_endpoint(self, flow: http.HTTPFlow) -> http.Response:
-        """`GET /_cg/expand?id=KEY`: the stashed span as JSON; 404 unknown, 400 malformed."""
+    def _expand_endpoint(self, flow: http.HTTPFlow, caller: control.Caller) -> http.Response:
+        """`GET /_cg/expand?id=KEY`: the stashed span as JSON; 404 unknown, 400 malformed. A
+        remote caller reads only its own session's stashes."""
         key = flow.request.query.get("id", "")
         if not valid_key(key):
-            return control.json_response(400, {"error": f"not a context-guru id: {key!r}"})
-        stash = self.store.get_stash(key) if self.store is not None else None
+            return control.json_response(400, {"error": f"not a context-guru id: {key[:64]!r}"})
+        scope = caller.scope()
+        if scope == "":
+            return control.no_session()
+        try:
+            stash = self.store.get_stash(key, scope) if self.store is not None else None
+        except StoreError as e:
+            return control.json_response(503, {"error": f"the store is unavailable: {e}"})
         if stash is None:
             return control.json_response(
                 404, {"error": f"id {key} is unknown or no longer available (expired)"}

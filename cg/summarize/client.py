@@ -118,9 +118,13 @@ def _join(base: str, path: str) -> str:
 
 
 def resolve_endpoint(
-    cfg: ModelConfig, job: Commission, env: Mapping[str, str] | None = None
+    cfg: ModelConfig, job: Commission, env: Mapping[str, str] | None = None, shared: bool = False
 ) -> Endpoint:
-    """The endpoint, model and headers for one job. Raises `NoModel` when there are none."""
+    """The endpoint, model and headers for one job. Raises `NoModel` when there are none.
+
+    `shared` (option `cg_shared`, a proxy several users share): a `config` model with no key of
+    its own (`model.api_key` or `CHEAP_MODEL_API_KEY`) never falls back to the process's
+    provider key, which would bill every user's summaries to whoever started the proxy."""
     env = os.environ if env is None else env
     if cfg.source == "incoming":
         origin = job.origin
@@ -137,6 +141,11 @@ def resolve_endpoint(
     provider = cfg.provider or "anthropic"
     if not cfg.model:
         raise NoModel("model.source config: no model.model (or CHEAP_MODEL) set")
+    if cfg.api_key is None and shared:
+        raise NoModel(
+            "cg_shared: model.source config has no key of its own (model.api_key or "
+            f"CHEAP_MODEL_API_KEY); {KEY_ENV[provider]} is not used on a shared proxy"
+        )
     key = cfg.api_key.get_secret_value() if cfg.api_key else env.get(KEY_ENV[provider], "")
     base = cfg.base_url or DEFAULT_BASE[provider]
     headers: dict[str, str] = {}
@@ -204,8 +213,10 @@ class SummarizerClient:
         timeout: float = DEFAULT_TIMEOUT,
         env: Mapping[str, str] | None = None,
         on_usage: UsageSink | None = None,
+        shared_proxy: bool = False,
     ) -> None:
         self.cfg = cfg
+        self.shared_proxy = shared_proxy
         self.pool = client
         self.level = level
         self.timeout = timeout
@@ -214,7 +225,7 @@ class SummarizerClient:
 
     async def __call__(self, prompt: str, job: Commission) -> str | None:
         """The standalone prompt, as one non-streaming user message."""
-        ep = resolve_endpoint(self.cfg, job, self.env)
+        ep = resolve_endpoint(self.cfg, job, self.env, self.shared_proxy)
         body = json.dumps(request_body(ep, prompt, self.level)).encode()
         resp = await self._post(ep.url, body, ep.headers, ep.sni)
         try:

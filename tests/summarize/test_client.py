@@ -904,3 +904,32 @@ async def test_a_failing_usage_sink_never_fails_the_summary():
         == "<summary>d</summary>"
     )
     assert len(sink.got) == 1
+
+
+# -- cg_shared: a proxy several users share --------------------------------------------------
+
+
+@pytest.mark.parametrize("provider", ["anthropic", "openai"])
+def test_shared_proxy_never_falls_back_to_the_process_key(provider):
+    env = {"ANTHROPIC_API_KEY": "process-key", "OPENAI_API_KEY": "process-key"}
+    cfg = config(model="small", provider=provider)
+    # the guard: unshared, the process's key is what the call would carry
+    assert "process-key" in json.dumps(resolve_endpoint(cfg, job(), env=env).headers)
+    with pytest.raises(NoModel, match="cg_shared") as e:
+        resolve_endpoint(cfg, job(), env=env, shared=True)
+    assert "process-key" not in str(e.value)
+    keyed = config(model="small", provider=provider, api_key="own-key")
+    ep = resolve_endpoint(keyed, job(), env=env, shared=True)
+    assert "own-key" in json.dumps(ep.headers) and "process-key" not in json.dumps(ep.headers)
+
+
+async def test_shared_proxy_summary_without_a_key_sends_nothing(wire):
+    client = wire.client(config(model="small"), env={"ANTHROPIC_API_KEY": "process-key"},
+                         shared_proxy=True)  # fmt: skip
+    with pytest.raises(NoModel):
+        await client("summarize this", job())
+    assert wire.sent == []
+    agents = wire.client(incoming(), shared_proxy=True)  # the agent's own key: unaffected
+    origin = Origin.of(ORIGIN_URL, agent_headers())
+    assert await agents("summarize this", job(origin=origin)) == "<summary>done</summary>"
+    assert wire.sent[-1].headers["x-api-key"] == KEY
