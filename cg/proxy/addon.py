@@ -59,6 +59,18 @@ STORE_BUSY_MS = 250
 # (an unopenable one is re-opened at most this often), so a broken file costs one request's
 # error per period instead of one per call.
 STORE_RETRY = 5.0
+# The headers that carry a provider credential: replaced in a provider flow once its answer is
+# done (option cg_redact_credentials), so a saved flow, a viewer or a later addon never has them.
+CREDENTIAL_HEADERS = ("authorization", "x-api-key", "api-key", "x-goog-api-key")
+REDACTED = "[redacted by context-guru]"
+MAX_LIVE = 10_000  # provider flows in flight; one that never ended is redacted past this
+
+
+def redact(headers: http.Headers) -> None:
+    """Every credential header's value replaced by REDACTED (the names stay: what was sent)."""
+    for name in CREDENTIAL_HEADERS:
+        if name in headers:
+            headers.set_all(name, [REDACTED] * len(headers.get_all(name)))
 
 
 def upstream_sni(req: http.Request) -> str | None:
@@ -77,6 +89,9 @@ class ContextGuru:
         self.hosts: Sequence[str] = ()
         self.max_body = 32 * 1024 * 1024
         self.control = control.ControlPolicy()
+        self.redact = True
+        # Provider flows whose request still holds its credential: redacted when done.
+        self.live: dict[str, http.HTTPFlow] = {}
         self.store_error: str | None = None  # why the configured store could not be opened
         self._store_retry_at = 0.0
         self.tokens = TokenCounter()
@@ -153,6 +168,14 @@ class ContextGuru:
             "(Authorization: Bearer TOKEN), each scoped to the session it names. Never logged.",
         )
         loader.add_option(
+            "cg_redact_credentials",
+            bool,
+            True,
+            "Replace the credential headers (authorization, x-api-key, …) of every provider "
+            "flow with a placeholder once its answer is done (or at exit), so saved flows "
+            "(-w), mitmweb and later addons never hold the key.",
+        )
+        loader.add_option(
             "cg_shared",
             bool,
             False,
@@ -216,6 +239,7 @@ class ContextGuru:
         )
         self.max_body = opts.cg_max_body_mb * 1024 * 1024
         self.control = control.ControlPolicy(opts.cg_control_remote, opts.cg_control_token)
+        self.redact = opts.cg_redact_credentials
 
     @property
     def components(self) -> list[Component]:
@@ -321,6 +345,8 @@ class ContextGuru:
     def done(self) -> None:
         if self.view in contentviews.views:
             contentviews.remove(self.view)
+        for flow in list(self.live.values()):
+            self._release(flow)  # flows in flight at exit: a saved file gets them redacted
         for task in list(self.tasks.values()):
             task.cancel()
         self.tasks.clear()
@@ -344,6 +370,9 @@ class ContextGuru:
         if dialect is None or not host_allowed(req.pretty_host, self.hosts):
             return
         self.stats.requests += 1
+        self.live[flow.id] = flow
+        while len(self.live) > MAX_LIVE:
+            self._release(next(iter(self.live.values())))
         t0 = time.perf_counter()
         record: dict[str, Any]
         raw: bytes | None = None
@@ -533,11 +562,21 @@ class ContextGuru:
 
     async def response(self, flow: http.HTTPFlow) -> None:
         """The answer of a provider flow: continue an expand call, or re-send a refused
-        rewrite; then book the usage the provider reported (every round, each once)."""
-        replies = await self._answer(flow)
-        record = flow.metadata.get(META)
-        if isinstance(record, dict):
-            self.meter.answered(flow, record, replies)
+        rewrite; then book the usage the provider reported (every round, each once); then the
+        request's credential is no longer needed here."""
+        try:
+            replies = await self._answer(flow)
+            record = flow.metadata.get(META)
+            if isinstance(record, dict):
+                self.meter.answered(flow, record, replies)
+        finally:
+            self._release(flow)
+
+    def _release(self, flow: http.HTTPFlow) -> None:
+        """The flow is done with upstream: forget it, and redact its credential."""
+        self.live.pop(flow.id, None)
+        if self.redact and META in flow.metadata:
+            redact(flow.request.headers)
 
     async def _answer(self, flow: http.HTTPFlow) -> list[Reply] | None:
         """A 400 to a rewritten request: re-send the original bytes once, return that answer.
@@ -631,6 +670,7 @@ class ContextGuru:
         record = flow.metadata.get(META)
         if isinstance(record, dict):
             self.meter.failed(flow, record)
+        self._release(flow)
 
     def responseheaders(self, flow: http.HTTPFlow) -> None:
         """Stream provider SSE straight through: the agent sees tokens as they arrive, and a
