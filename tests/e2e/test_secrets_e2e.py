@@ -10,7 +10,7 @@ holds it: the search finds a key where there is one), then searches every place.
 from __future__ import annotations
 
 import json
-import re
+import sqlite3
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -28,7 +28,6 @@ from tests.fakeprovider import FakeProvider, anthropic_error
 pytestmark = pytest.mark.e2e
 
 CONFIG_KEY = "sk-config-write-only-0042"
-MARKER = re.compile(r"<<cg:([0-9a-f]{24})>>")
 # The test's own records of what the client sent (they hold the key by design) and the user's
 # own config file (which holds model.api_key): not the addon's.
 NOT_THE_ADDONS = {"tap.jsonl", "cg.yaml"}
@@ -40,15 +39,20 @@ def fake() -> Iterator[FakeProvider]:
         yield p
 
 
-def endpoints(proxy: Proxy) -> dict[str, bytes]:
+def endpoints(proxy: Proxy, db: Path) -> dict[str, bytes]:
     """Every control endpoint's answer, and /_cg/expand for every stash the store holds."""
     out: dict[str, bytes] = {}
+    with sqlite3.connect(db) as conn:
+        keys = {k for (k,) in conn.execute("SELECT key FROM stashes")}
+    conn.close()
+    assert keys, "nothing was stashed: the expand endpoint would go unsearched"
     with proxy.client() as c:
         for name in ("health", "stats", "sessions", "nope"):
             out[f"/_cg/{name}"] = c.get(f"/_cg/{name}").content
-        keys = set(MARKER.findall(json.dumps(proxy.records.lines())))
         for key in keys:
-            out[f"/_cg/expand?id={key}"] = c.get(f"/_cg/expand", params={"id": key}).content
+            r = c.get("/_cg/expand", params={"id": key})
+            assert r.status_code == 200
+            out[f"/_cg/expand?id={key}"] = r.content
     return out
 
 
@@ -73,7 +77,7 @@ def saved_flows(path: Path, store: Path) -> dict[str, bytes]:
 def everything(proxy: Proxy, workdir: Path, flows: Path) -> dict[str, bytes]:
     """Every place the key must not be. Call with the proxy running (endpoints), it is stopped
     here so its files are flushed."""
-    found = endpoints(proxy)
+    found = endpoints(proxy, workdir / "cg.sqlite3")
     proxy.stop()
     found["proxy log"] = proxy.log_text().encode()
     for f in workdir.rglob("*"):
