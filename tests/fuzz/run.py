@@ -17,8 +17,10 @@ import argparse
 import hashlib
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 import traceback
 from pathlib import Path
@@ -38,7 +40,10 @@ def save(target: str, data: bytes) -> Path:
     return path
 
 
-def hypothesis_run(t: Target, examples: int, keep: bool) -> dict[str, Any]:
+SEEDS = 64  # the first inputs of each hypothesis run seed atheris
+
+
+def hypothesis_run(t: Target, examples: int, keep: bool, seeds: list[bytes]) -> dict[str, Any]:
     ran = 0
     last: list[bytes] = []
 
@@ -54,6 +59,8 @@ def hypothesis_run(t: Target, examples: int, keep: bool) -> dict[str, Any]:
         nonlocal ran
         ran += 1
         last[:] = [data]
+        if len(seeds) < SEEDS:
+            seeds.append(data)
         t.run(data)
 
     t0 = time.monotonic()
@@ -71,14 +78,18 @@ def hypothesis_run(t: Target, examples: int, keep: bool) -> dict[str, Any]:
     return {"inputs": ran, "seconds": round(time.monotonic() - t0, 1), "failure": failure}
 
 
-def atheris_run(name: str, seconds: int) -> dict[str, Any]:
-    """atheris in a subprocess (it owns the process: libFuzzer's main loop)."""
+def atheris_run(name: str, seconds: int, seeds: list[bytes]) -> dict[str, Any]:
+    """atheris in a subprocess (it owns the process: libFuzzer's main loop), seeded with
+    valid inputs; its working corpus lives in a temporary directory."""
     try:
         import atheris  # noqa: F401
     except ImportError:
         return {"skipped": "atheris is not installed (pip install atheris)"}
     crashes = CORPUS / name / "atheris"
     crashes.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix=f"cg-atheris-{name}-"))
+    for data in seeds:
+        (work / hashlib.sha256(data).hexdigest()[:16]).write_bytes(data)
     cmd = [
         sys.executable,
         "-m",
@@ -87,6 +98,8 @@ def atheris_run(name: str, seconds: int) -> dict[str, Any]:
         f"-max_total_time={seconds}",
         f"-artifact_prefix={crashes}/",
         "-print_final_stats=1",
+        "-rss_limit_mb=4096",
+        str(work),
     ]
     t0 = time.monotonic()
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=seconds + 120, check=False)
@@ -95,6 +108,9 @@ def atheris_run(name: str, seconds: int) -> dict[str, Any]:
         if line.startswith("stat::number_of_executed_units:"):
             runs = int(line.split(":")[-1])
     found = sorted(str(p) for p in crashes.iterdir() if p.name.startswith(("crash-", "leak-")))
+    if not found:
+        crashes.rmdir()
+    shutil.rmtree(work, ignore_errors=True)
     return {
         "inputs": runs,
         "seconds": round(time.monotonic() - t0, 1),
@@ -118,9 +134,10 @@ def main(argv: list[str] | None = None) -> int:
     failed = False
     for name in names:
         t = TARGETS[name]
-        row: dict[str, Any] = {"hypothesis": hypothesis_run(t, args.examples, args.save)}
+        seeds: list[bytes] = []
+        row: dict[str, Any] = {"hypothesis": hypothesis_run(t, args.examples, args.save, seeds)}
         if args.atheris:
-            row["atheris"] = atheris_run(name, args.atheris)
+            row["atheris"] = atheris_run(name, args.atheris, seeds)
         row["seen"] = {k: v for k, v in sorted(SEEN.items()) if k.startswith(name + ":")}
         report["targets"][name] = row
         failed |= row["hypothesis"]["failure"] is not None

@@ -8,6 +8,8 @@ The high-volume runs are `python -m tests.fuzz.run` (docs/reliability.md has the
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -72,3 +74,30 @@ def test_fuzz_target(name: str):
     assert ran >= examples
     for key in MUST_SEE.get(name, []):
         assert SEEN[key] > before[key], f"{name}: no input reached {key} in {ran} runs"
+
+
+@pytest.mark.parametrize("name", ["rewrite", "answer_sse", "tap"])
+def test_atheris_runs_a_target_from_the_corpus(name: str, tmp_path: Path):
+    """The coverage-guided harness works (a short run; `python -m tests.fuzz.run --atheris S`
+    is the long one): seeded from this target's corpus or a valid input, it runs its inputs
+    and finds nothing."""
+    pytest.importorskip("atheris", reason="atheris has no wheel for this platform or Python")
+    seeds = tmp_path / "corpus"
+    seeds.mkdir()
+    found = sorted((CORPUS / name).glob("*.bin"))
+    for p in found:
+        (seeds / p.name).write_bytes(p.read_bytes())
+    (seeds / "valid").write_bytes(
+        b"\x00" + b'{"model":"m","messages":[{"role":"user","content":"x"}]}'
+    )
+    root = Path(__file__).resolve().parents[2]
+    proc = subprocess.run(
+        [sys.executable, "-m", "tests.fuzz.atheris_fuzz", name, "-runs=3000",
+         "-print_final_stats=1", f"-artifact_prefix={tmp_path}/", str(seeds)],
+        capture_output=True, text=True, timeout=120, cwd=root, check=False,
+        env={**os.environ, "PYTHONPATH": str(root)},
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    runs = [x for x in proc.stderr.splitlines() if x.startswith("stat::number_of_executed_units")]
+    assert runs and int(runs[0].split(":")[-1]) >= 3000, proc.stderr[-2000:]
+    assert not list(tmp_path.glob("crash-*"))
