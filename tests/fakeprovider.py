@@ -94,7 +94,9 @@ class Reply:
     request asked `include_usage`). `began`: the sequence number taken when the status line
     was written (compare `Recorded.seq`). `after_headers`: called (on the handler thread) once
     the status line and headers are out and before any of the body — a test's gate that lets
-    the proxy see the answer begin while its client still waits for it.
+    the proxy see the answer begin while its client still waits for it. `drip`: the answer's
+    bytes are written one at a time, this many seconds apart (a slow server). `reset_after`:
+    after this many SSE frames the connection is reset (RST), mid-answer.
     """
 
     status: int = 200
@@ -111,6 +113,8 @@ class Reply:
     usage: dict[str, Any] | None = None
     began: int | None = None
     after_headers: Callable[[], None] | None = None
+    drip: float | None = None
+    reset_after: int | None = None
 
     @classmethod
     def json(cls, status: int, payload: Any) -> Reply:
@@ -389,6 +393,9 @@ class _Handler(BaseHTTPRequestHandler):
                 self._send(bad.status, bad.headers, bad.body or b"")
                 return
         reply.began = self.server.provider._next_seq()
+        if reply.drip is not None:
+            self._drip(reply, dialect, req, bill)
+            return
         if reply.body is not None:
             self._send(reply.status, reply.headers or _JSON, reply.body, reply.after_headers)
             return
@@ -446,12 +453,45 @@ class _Handler(BaseHTTPRequestHandler):
                 for c in _openai_chunks(model, reply.text, bill, usage)
             ]
         gated = reply.gate is not None
-        for frame, is_delta in frames:
+        for n, (frame, is_delta) in enumerate(frames):
+            if reply.reset_after is not None and n == reply.reset_after:
+                self._reset()
+                return
             self._chunk(frame.encode())
             if gated and is_delta and reply.gate is not None:
                 gated = False
                 reply.gate_timed_out = not reply.gate.wait(GATE_TIMEOUT)
         self._chunk(b"")
+
+    def _drip(self, reply: Reply, dialect: str, req: Any, bill: Bill) -> None:
+        """The answer (its `body`, or the normal JSON one) one byte at a time."""
+        if reply.body is not None:
+            data = reply.body
+        else:
+            model = str(req.get("model", "fake-model")) if isinstance(req, dict) else "m"
+            make = _anthropic_message if dialect == "anthropic" else _openai_completion
+            data = _dumps(make(model, reply.text, bill)).encode()
+        self.send_response(reply.status)
+        for k, v in {**_JSON, **reply.headers}.items():
+            self.send_header(k, v)
+        self.send_header("content-length", str(len(data)))
+        self.end_headers()
+        pause = threading.Event()  # never set: a bounded pause between bytes
+        for i in range(len(data)):
+            self.wfile.write(data[i : i + 1])
+            self.wfile.flush()
+            pause.wait(reply.drip or 0)  # cg: allow-sleep: a deliberately slow server
+
+    def _reset(self) -> None:
+        """Reset the connection now: an RST, not an orderly close."""
+        import socket
+        import struct
+
+        self.wfile.flush()
+        sock = self.connection
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        self.close_connection = True
+        sock.close()
 
     def _chunk(self, data: bytes) -> None:
         self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))

@@ -58,7 +58,7 @@ STORE_BUSY_MS = 250
 # A store that failed passes every request through for this long before it is tried again
 # (an unopenable one is re-opened at most this often), so a broken file costs one request's
 # error per period instead of one per call.
-STORE_RETRY = 5.0
+STORE_RETRY = 2.0
 # The headers that carry a provider credential: replaced in a provider flow once its answer is
 # done (option cg_redact_credentials), so a saved flow, a viewer or a later addon never has them.
 CREDENTIAL_HEADERS = ("authorization", "x-api-key", "api-key", "x-goog-api-key")
@@ -289,16 +289,15 @@ class ContextGuru:
         return self.store
 
     def store_state(self) -> dict[str, Any]:
-        """`/_cg/health`'s `store`: `{"ok": true}` or `{"ok": false, "error": why}` (SPEC §9)."""
-        if self.store_error is not None:
-            return {"ok": False, "error": self.store_error}
+        """`/_cg/health`'s `store`: `{"ok": true}` or `{"ok": false, "error": why}` (SPEC §9).
+        Asking is also a retry: a store that failed is tried again (as a request would)."""
+        down = self._store_down()
         store = self.store
-        if store is None:
-            return {"ok": True, "persistent": False}
-        problem = store.file_problem() or store.error
-        out: dict[str, Any] = {"ok": problem is None, "persistent": store.persistent}
-        if problem is not None:
-            out["error"] = problem
+        out: dict[str, Any] = {"ok": down is None}
+        if store is not None:
+            out["persistent"] = store.persistent
+        if down is not None:
+            out["error"] = down
         return out
 
     def _reopen_store(self) -> str | None:
@@ -334,8 +333,13 @@ class ContextGuru:
                 log.warning("context-guru: %s; written back from the open store", problem)
             except StoreError as e:
                 return f"{problem}; {e}"
-        if store.error is not None and now - store.error_at < STORE_RETRY:
-            return f"the store failed ({store.error}); retried after {STORE_RETRY:g}s"
+        if store.error is not None:
+            if now - store.error_at < STORE_RETRY:
+                return f"the store failed ({store.error}); retried after {STORE_RETRY:g}s"
+            try:
+                store.probe()  # writes again? (sets error_at anew when not)
+            except StoreError as e:
+                return f"the store failed ({e}); retried after {STORE_RETRY:g}s"
         return None
 
     def running(self) -> None:
@@ -377,14 +381,14 @@ class ContextGuru:
         record: dict[str, Any]
         raw: bytes | None = None
         index: BodyIndex | None = None
-        down = self._store_down() if self.pipelines else None
+        down = self._store_down() if any(self.pipelines.values()) else None
         if req.headers.get(BYPASS_HEADER, "").strip() == "1":
             record = {
                 "dialect": dialect.name,
                 "outcome": "bypassed",
                 "reason": f"{BYPASS_HEADER}: 1",
             }
-        elif down is not None and any(self.pipelines.values()):
+        elif down is not None:
             record = {
                 "dialect": dialect.name,
                 "outcome": "passed_through",

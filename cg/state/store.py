@@ -457,7 +457,6 @@ class Store:
                 self.error = f"{what} on {self.path}: {e}"
                 self.error_at = time.monotonic()
                 raise StoreError(self.error) from None
-            self.error = None
 
     # -- the file under the connection --------------------------------------------------------
 
@@ -536,6 +535,14 @@ class Store:
                     conn.execute("ROLLBACK")
                 raise
             conn.execute("COMMIT")
+            self.error = None  # a write went through: whatever failed before is over
+
+    def probe(self) -> None:
+        """One small write (the schema version, rewritten as it is), to learn whether writes
+        go through again after `error`. Raises StoreError."""
+        with self._tx("probe") as conn:
+            version = int(conn.execute("PRAGMA user_version").fetchone()[0])
+            conn.execute(f"PRAGMA user_version = {version}")
 
     def _maybe_evict(self) -> None:
         if self.now() - self._last_evict >= self.evict_interval:
@@ -572,11 +579,13 @@ class Store:
         self._maybe_evict()
 
     def get_stash(self, key: str, session: str | None = None) -> Stash | None:
-        """The stash under `key` (owned by `session` when given), marked used; None if absent."""
+        """The stash under `key` (owned by `session` when given), marked used; None if absent.
+        A store that cannot be written (full, read-only, locked) still reads it back: marking
+        it used is best effort."""
         if not valid_key(key):
             return None
         t = self.now()
-        with self._tx("get_stash") as conn:
+        with self._op("get_stash") as conn:
             if session is None:
                 row = conn.execute(
                     f"SELECT {_STASH_COLS} FROM stashes WHERE key = ? "
@@ -588,8 +597,9 @@ class Store:
                     f"SELECT {_STASH_COLS} FROM stashes WHERE key = ? AND session = ?",
                     (key, session),
                 ).fetchone()
-            if row is None:
-                return None
+        if row is None:
+            return None
+        with suppress(StoreError), self._tx("get_stash: mark used") as conn:
             conn.execute(
                 "UPDATE stashes SET last_used = ? WHERE key = ? AND session = ?",
                 (t, row[0], row[1]),
