@@ -564,7 +564,8 @@ def test_the_error_stays_until_a_write_goes_through(db: Path):
     holder.execute("ROLLBACK")
     holder.close()
     st.probe()
-    assert st.error is None
+    error: str | None = st.error  # (mypy narrowed the attribute above; probe cleared it)
+    assert error is None
     st.close()
 
 
