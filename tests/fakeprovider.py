@@ -519,6 +519,8 @@ class FakeProvider:
                 self._server.socket, server_side=True, do_handshake_on_connect=False
             )
         self.responder: Callable[[Recorded], Reply | None] | None = None
+        # Asked for the reply to each summarizer request the script does not answer.
+        self.summarizer_responder: Callable[[Recorded], Reply | None] | None = None
         self._cond = threading.Condition()
         self._requests: list[Recorded] = []
         self._replies: deque[Reply] = deque()
@@ -577,10 +579,15 @@ class FakeProvider:
                 if self._summarizer_replies:
                     return self._summarizer_replies.popleft()
                 self._summaries += 1
-                return Reply(text=summary_answer(self._summaries))
-            if self._replies:
-                return self._replies.popleft()
-            responder = self.responder
+                n, summarizer = self._summaries, self.summarizer_responder
+                responder = None
+            else:
+                if self._replies:
+                    return self._replies.popleft()
+                n, summarizer, responder = 0, None, self.responder
+        if rec is not None and rec.is_summarizer:
+            mine = summarizer(rec) if summarizer is not None else None
+            return mine or Reply(text=summary_answer(n))
         return (responder(rec) if responder is not None and rec is not None else None) or Reply()
 
     def _side_reply(self, rec: Recorded) -> Reply | None:
