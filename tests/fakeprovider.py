@@ -33,6 +33,7 @@ import gzip
 import itertools
 import json
 import ssl
+import sys
 import threading
 import time
 from collections import deque
@@ -289,6 +290,12 @@ class Billed:
 class _Server(ThreadingHTTPServer):
     daemon_threads = True
     provider: FakeProvider
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """A client that went away mid-request (a proxy killed by a test) is not an error."""
+        if isinstance(sys.exc_info()[1], ConnectionError):
+            return
+        super().handle_error(request, client_address)
 
 
 class _Handler(BaseHTTPRequestHandler):
