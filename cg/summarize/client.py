@@ -280,6 +280,7 @@ class SummarizerClient:
         deadline = time.monotonic() + self.timeout
         last = "no attempt made"
         attempts = 0
+        asked = 0.0  # what the provider's retry-after asked us to wait
         for attempt in range(MAX_ATTEMPTS):
             left = deadline - time.monotonic()
             if left <= 0:
@@ -307,13 +308,25 @@ class SummarizerClient:
                     raise SummarizerRefused(last)
                 if resp.status_code not in RETRY_STATUS:
                     raise SummarizerError(last)
-            backoff = min(0.25 * 2**attempt, 2.0) * (0.5 + random.random())
+                asked = retry_after(resp.headers.get("retry-after"))
+            # A provider that says when to come back is not asked again sooner.
+            backoff = max(min(0.25 * 2**attempt, 2.0) * (0.5 + random.random()), asked)
             if time.monotonic() + backoff >= deadline:
                 break
             await asyncio.sleep(backoff)
         if time.monotonic() >= deadline:
             raise SummarizerTimeout(f"no answer within {self.timeout:g}s ({last})")
         raise SummarizerError(f"gave up after {attempts} attempts ({last})")
+
+
+def retry_after(value: str | None) -> float:
+    """Seconds a `retry-after` header asks for (a number of seconds; an HTTP date is read as
+    0, no wait of our own beyond the backoff); 0 when absent or unreadable."""
+    try:
+        seconds = float(value) if value else 0.0
+    except ValueError:
+        return 0.0
+    return seconds if math.isfinite(seconds) and seconds > 0 else 0.0
 
 
 def reply_text(reply: Reply) -> str | None:

@@ -29,6 +29,7 @@ from cg.summarize.client import (
     SummarizerClient,
     answer_text,
     resolve_endpoint,
+    retry_after,
     timeout_from_env,
 )
 from cg.summarize.component import (
@@ -933,3 +934,44 @@ async def test_shared_proxy_summary_without_a_key_sends_nothing(wire):
     origin = Origin.of(ORIGIN_URL, agent_headers())
     assert await agents("summarize this", job(origin=origin)) == "<summary>done</summary>"
     assert wire.sent[-1].headers["x-api-key"] == KEY
+
+
+# -- retry-after -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("value", "seconds"),
+    [("2", 2.0), ("0.5", 0.5), (None, 0.0), ("", 0.0), ("soon", 0.0), ("-3", 0.0), ("nan", 0.0),
+     ("Wed, 21 Oct 2026 07:28:00 GMT", 0.0)],
+)  # fmt: skip
+def test_retry_after_reads_seconds(value, seconds):
+    assert retry_after(value) == seconds
+
+
+async def test_a_429_with_retry_after_is_asked_again_no_sooner():
+    seen: list[float] = []
+
+    def handle(request: httpx.Request) -> httpx.Response:
+        seen.append(time.monotonic())
+        if len(seen) == 1:
+            return httpx.Response(429, headers={"retry-after": "0.6"}, json={})
+        return ok_anthropic()(request)  # type: ignore[return-value]
+
+    wire = Wire(handle)
+    out = await wire.client(incoming(), timeout=10)("p", job(origin=Origin.of(ORIGIN_URL, {})))
+    assert out == "<summary>done</summary>"
+    assert len(seen) == 2 and seen[1] - seen[0] >= 0.6  # the backoff alone is 0.125 s
+
+
+async def test_a_retry_after_past_the_deadline_gives_up_at_once():
+    seen: list[float] = []
+
+    def handle(request: httpx.Request) -> httpx.Response:
+        seen.append(time.monotonic())
+        return httpx.Response(429, headers={"retry-after": "30"}, json={})
+
+    wire = Wire(handle)
+    t0 = time.monotonic()
+    with pytest.raises(SummarizerError, match="429"):
+        await wire.client(incoming(), timeout=5)("p", job(origin=Origin.of(ORIGIN_URL, {})))
+    assert len(seen) == 1 and time.monotonic() - t0 < 1.0  # not asked again, nor waited for
