@@ -291,7 +291,10 @@ class ContextGuru:
     def store_state(self) -> dict[str, Any]:
         """`/_cg/health`'s `store`: `{"ok": true}` or `{"ok": false, "error": why}` (SPEC §9).
         Asking is also a retry: a store that failed is tried again (as a request would)."""
-        down = self._store_down()
+        try:
+            down = self._store_down()
+        except Exception as e:  # noqa: BLE001 - the endpoint answers whatever happened
+            down = f"the store could not be checked ({type(e).__name__}: {e})"
         store = self.store
         out: dict[str, Any] = {"ok": down is None}
         if store is not None:
@@ -381,7 +384,10 @@ class ContextGuru:
         record: dict[str, Any]
         raw: bytes | None = None
         index: BodyIndex | None = None
-        down = self._store_down() if any(self.pipelines.values()) else None
+        try:
+            down = self._store_down() if any(self.pipelines.values()) else None
+        except Exception as e:  # noqa: BLE001 - a hook never raises: pass through, say why
+            down = f"the store could not be checked ({type(e).__name__}: {e})"
         if req.headers.get(BYPASS_HEADER, "").strip() == "1":
             record = {
                 "dialect": dialect.name,
