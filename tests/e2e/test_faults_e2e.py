@@ -165,7 +165,7 @@ def test_a_summarizer_that_drips_its_answer_times_out_without_holding_a_turn(
     provider, tmp_path, proxies
 ):
     proxy = proxies(
-        start_summarize(provider.url, tmp_path, LOW, env={"CONTEXT_GURU_SUMMARIZE_TIMEOUT": "1"})
+        start_summarize(provider.url, tmp_path, LOW, env={"CONTEXT_GURU_SUMMARIZE_TIMEOUT": "3"})
     )
     slow = Reply(text="<summary>late</summary>", drip=0.05)  # ~15 s for its ~300 bytes
     provider.script_summarizer(slow)
@@ -174,7 +174,7 @@ def test_a_summarizer_that_drips_its_answer_times_out_without_holding_a_turn(
         t1 = passes(agent, provider, 7)
         provider.wait_for(1, where=about(agent.session))
         t2 = passes(agent, provider, 9)  # answered while the summarizer drips
-        assert max(t1.seconds, t2.seconds) < 1.0
+        assert max(t1.seconds, t2.seconds) < 2.5  # not held for the 3 s deadline
         c1 = proxy.wait_count(c0, "timed_out")
         assert (c1["completed"], c1["failed"]) == (c0["completed"], c0["failed"])
         passes(agent, provider, 11)  # nothing late was spliced
@@ -219,7 +219,7 @@ def test_a_store_locked_by_another_process_passes_turns_through_then_recovers(
     with SdkClient(proxy, "anthropic") as agent:
         with locked(db):
             turns = [passes(agent, provider, n) for n in (7, 9, 11)]
-            assert all(t.seconds < 2.0 for t in turns), [t.seconds for t in turns]
+            assert all(t.seconds < 3.0 for t in turns), [t.seconds for t in turns]
             reasons = [proxy.records.cg(t.eid).get("reason", "") for t in turns]
             assert any("store" in r for r in reasons), reasons
             store = wait_store(proxy, ok=False)
@@ -387,4 +387,4 @@ def test_the_fault_helpers_are_not_vacuous(tmp_path):
             other.execute("INSERT INTO t VALUES (1)")
         other.close()
     body = f'{{"content":[{{"type":"text","text":"<summary>late</summary>"}}]}}{"x" * 200}'
-    assert len(body) * 0.05 > 1.0
+    assert len(body) * 0.05 > 3.0
