@@ -289,6 +289,9 @@ class Billed:
 
 class _Server(ThreadingHTTPServer):
     daemon_threads = True
+    # socketserver's default backlog is 5: 64 agents connecting at once would be refused (a
+    # proxy turns that into 502s), as no real provider does.
+    request_queue_size = 256
     provider: FakeProvider
 
     def handle_error(self, request: Any, client_address: Any) -> None:

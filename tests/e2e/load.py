@@ -70,6 +70,8 @@ class Result:
     stashes_checked: int = 0
     rss_mb: dict[str, float] = field(default_factory=dict)
     rss_per_session_mb: float = 0.0
+    waves: int = 1
+    wave_end_rss_mb: list[float] = field(default_factory=list)
     cut_short: bool = False
 
     def problems(self) -> list[str]:
@@ -77,8 +79,11 @@ class Result:
         s = self.summaries
         if s.get("commissioned") != s.get("completed"):
             out.append(f"summaries did not all complete: {s}")
-        if self.spliced_sessions != self.sessions:
-            out.append(f"only {self.spliced_sessions} of {self.sessions} sessions were spliced")
+        if self.spliced_sessions != self.sessions * self.waves:
+            out.append(
+                f"only {self.spliced_sessions} of {self.sessions * self.waves} sessions were "
+                "spliced"
+            )
         if self.cut_short:
             out.append("the run hit its time cap")
         return out
@@ -140,6 +145,7 @@ async def session(
     end: float,
     prefix: str = "S",
 ) -> None:
+    """One agent: `turns` turns, each the whole transcript so far plus one step and a note."""
     tag = f"{prefix}{i:03d}-{uuid.uuid4().hex[:8]}"
     dialect = "anthropic" if i % 2 == 0 else "openai"
     stream = i % 4 in (2, 3)
@@ -213,7 +219,13 @@ def check_isolation(fake: FakeProvider, proxy: Proxy | None, result: Result) -> 
 
 
 async def drive(
-    url: str, sessions: int, turns: int, result: Result, cap: float, prefix: str = "S"
+    url: str,
+    sessions: int,
+    turns: int,
+    result: Result,
+    cap: float,
+    prefix: str = "S",
+    first: int = 0,
 ) -> list[float]:
     lat: list[float] = []
     limits = httpx.Limits(max_connections=sessions, max_keepalive_connections=sessions)
@@ -222,7 +234,7 @@ async def drive(
         base_url=url, trust_env=False, timeout=120.0, limits=limits
     ) as client:
         await asyncio.gather(
-            *(session(client, i, turns, result, lat, end, prefix) for i in range(sessions))
+            *(session(client, first + i, turns, result, lat, end, prefix) for i in range(sessions))
         )
     return lat
 
@@ -233,10 +245,13 @@ def run(
     workdir: Path | None = None,
     seconds: float = 900.0,
     resummarize_tokens: int = 2500,
+    waves: int = 1,
 ) -> Result:
-    """One load run; the caller decides what to assert (`Result.problems()`)."""
+    """One load run of `waves` waves of `sessions` concurrent sessions, each wave new ones on
+    the same proxy (the RSS at each wave's end shows whether memory grows with the sessions
+    seen, or stays flat); the caller decides what to assert (`Result.problems()`)."""
     workdir = workdir or Path(tempfile.mkdtemp(prefix="cg-load-"))
-    result = Result(sessions, turns)
+    result = Result(sessions, turns, waves=waves)
     with FakeProvider() as fake:
         fake.summarizer_responder = summarizer
         proxy = start_summarize(fake.url, workdir, config(resummarize_tokens))
@@ -247,14 +262,20 @@ def run(
             base = rss_kb(proxy.proc.pid)
             t0 = time.monotonic()
             with Sampler(proxy.proc.pid) as rss:
-                lat = asyncio.run(drive(proxy.url, sessions, turns, result, seconds))
-                # the summaries still running: until every commissioned one ended
-                deadline = time.monotonic() + 120
-                while time.monotonic() < deadline:
-                    s = proxy.stats()["summaries"]
-                    if s["commissioned"] == s["completed"] + s["failed"] + s["timed_out"]:
-                        break
-                    threading.Event().wait(0.2)  # a bounded poll of the proxy's counters
+                lat: list[float] = []
+                end = time.monotonic() + seconds
+                for wave in range(waves):
+                    left = max(end - time.monotonic(), 0.0)
+                    first = wave * sessions
+                    lat += asyncio.run(drive(proxy.url, sessions, turns, result, left, "S", first))
+                    # the summaries still running: until every commissioned one ended
+                    deadline = time.monotonic() + 120
+                    while time.monotonic() < deadline:
+                        s = proxy.stats()["summaries"]
+                        if s["commissioned"] == s["completed"] + s["failed"] + s["timed_out"]:
+                            break
+                        threading.Event().wait(0.2)  # a bounded poll of the proxy's counters
+                    result.wave_end_rss_mb.append(round(rss_kb(proxy.proc.pid) / 1024, 1))
             result.seconds = round(time.monotonic() - t0, 1)
             stats = proxy.stats()
             result.summaries = {
@@ -291,10 +312,11 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--sessions", type=int, default=64)
     ap.add_argument("--turns", type=int, default=50)
+    ap.add_argument("--waves", type=int, default=1, help="rounds of new sessions, one proxy")
     ap.add_argument("--seconds", type=float, default=900.0, help="the run's time cap")
     ap.add_argument("--json", type=Path, help="write the figures here")
     args = ap.parse_args(argv)
-    result = run(args.sessions, args.turns, seconds=args.seconds)
+    result = run(args.sessions, args.turns, seconds=args.seconds, waves=args.waves)
     doc = {**asdict(result), "problems": result.problems()}
     doc["failures"] = result.failures[:20]
     doc["leaks"] = result.leaks[:20]
