@@ -37,6 +37,7 @@ import gzip
 import itertools
 import json
 import ssl
+import sys
 import threading
 import time
 from collections import deque
@@ -98,7 +99,9 @@ class Reply:
     request asked `include_usage`). `began`: the sequence number taken when the status line
     was written (compare `Recorded.seq`). `after_headers`: called (on the handler thread) once
     the status line and headers are out and before any of the body — a test's gate that lets
-    the proxy see the answer begin while its client still waits for it.
+    the proxy see the answer begin while its client still waits for it. `drip`: the answer's
+    bytes are written one at a time, this many seconds apart (a slow server). `reset_after`:
+    after this many SSE frames the connection is reset (RST), mid-answer.
     """
 
     status: int = 200
@@ -115,6 +118,8 @@ class Reply:
     usage: dict[str, Any] | None = None
     began: int | None = None
     after_headers: Callable[[], None] | None = None
+    drip: float | None = None
+    reset_after: int | None = None
 
     @classmethod
     def json(cls, status: int, payload: Any) -> Reply:
@@ -425,7 +430,16 @@ class Billed:
 
 class _Server(ThreadingHTTPServer):
     daemon_threads = True
+    # socketserver's default backlog is 5: 64 agents connecting at once would be refused (a
+    # proxy turns that into 502s), as no real provider does.
+    request_queue_size = 256
     provider: FakeProvider
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """A client that went away mid-request (a proxy killed by a test) is not an error."""
+        if isinstance(sys.exc_info()[1], ConnectionError):
+            return
+        super().handle_error(request, client_address)
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -544,6 +558,9 @@ class _Handler(BaseHTTPRequestHandler):
                 self._send(bad.status, bad.headers, bad.body or b"")
                 return
         reply.began = self.server.provider._next_seq()
+        if reply.drip is not None:
+            self._drip(reply, dialect, req, bill)
+            return
         if reply.body is not None:
             self._send(reply.status, reply.headers or _JSON, reply.body, reply.after_headers)
             return
@@ -610,12 +627,45 @@ class _Handler(BaseHTTPRequestHandler):
                 for c in _openai_chunks(model, reply.text, bill, usage)
             ]
         gated = reply.gate is not None
-        for frame, is_delta in frames:
+        for n, (frame, is_delta) in enumerate(frames):
+            if reply.reset_after is not None and n == reply.reset_after:
+                self._reset()
+                return
             self._chunk(frame.encode())
             if gated and is_delta and reply.gate is not None:
                 gated = False
                 reply.gate_timed_out = not reply.gate.wait(GATE_TIMEOUT)
         self._chunk(b"")
+
+    def _drip(self, reply: Reply, dialect: str, req: Any, bill: Bill) -> None:
+        """The answer (its `body`, or the normal JSON one) one byte at a time."""
+        if reply.body is not None:
+            data = reply.body
+        else:
+            model = str(req.get("model", "fake-model")) if isinstance(req, dict) else "m"
+            make = _anthropic_message if dialect == "anthropic" else _openai_completion
+            data = _dumps(make(model, reply.text, bill)).encode()
+        self.send_response(reply.status)
+        for k, v in {**_JSON, **reply.headers}.items():
+            self.send_header(k, v)
+        self.send_header("content-length", str(len(data)))
+        self.end_headers()
+        pause = threading.Event()  # never set: a bounded pause between bytes
+        for i in range(len(data)):
+            self.wfile.write(data[i : i + 1])
+            self.wfile.flush()
+            pause.wait(reply.drip or 0)  # cg: allow-sleep: a deliberately slow server
+
+    def _reset(self) -> None:
+        """Reset the connection now: an RST, not an orderly close."""
+        import socket
+        import struct
+
+        self.wfile.flush()
+        sock = self.connection
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        self.close_connection = True
+        sock.close()
 
     def _chunk(self, data: bytes) -> None:
         self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
@@ -643,6 +693,8 @@ class FakeProvider:
                 self._server.socket, server_side=True, do_handshake_on_connect=False
             )
         self.responder: Callable[[Recorded], Reply | None] | None = None
+        # Asked for the reply to each summarizer request the script does not answer.
+        self.summarizer_responder: Callable[[Recorded], Reply | None] | None = None
         self._cond = threading.Condition()
         self._requests: list[Recorded] = []
         self._replies: deque[Reply] = deque()
@@ -701,10 +753,15 @@ class FakeProvider:
                 if self._summarizer_replies:
                     return self._summarizer_replies.popleft()
                 self._summaries += 1
-                return Reply(text=summary_answer(self._summaries))
-            if self._replies:
-                return self._replies.popleft()
-            responder = self.responder
+                n, summarizer = self._summaries, self.summarizer_responder
+                responder = None
+            else:
+                if self._replies:
+                    return self._replies.popleft()
+                n, summarizer, responder = 0, None, self.responder
+        if rec is not None and rec.is_summarizer:
+            mine = summarizer(rec) if summarizer is not None else None
+            return mine or Reply(text=summary_answer(n))
         return (responder(rec) if responder is not None and rec is not None else None) or Reply()
 
     def _side_reply(self, rec: Recorded) -> Reply | None:

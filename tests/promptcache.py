@@ -50,7 +50,9 @@ class TooManyBreakpoints(ValueError):
 
 
 def canonical(value: Json) -> bytes:
-    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
+    # surrogatepass: a lone surrogate (a body may carry "\\ud800") must not crash the fake
+    text = json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return text.encode("utf-8", "surrogatepass")
 
 
 def size(value: Json) -> int:

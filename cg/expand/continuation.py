@@ -123,8 +123,10 @@ async def run(
     streamed: bool,
     resolve: Callable[[str], str],
     max_rounds: int = MAX_ROUNDS,
+    sni: str | None = None,
 ) -> Outcome:
-    """Drive the loop from the first reply; `sent` is the request body that produced it."""
+    """Drive the loop from the first reply; `sent` is the request body that produced it.
+    `sni`: `url` names an address; TLS and `Host` name this provider (`sni_name`)."""
     items = headers.items() if isinstance(headers, Mapping) else headers
     # The agent's headers as bytes (httpx would refuse a non-ASCII str).
     agent_headers = [(_bytes(k), _bytes(v)) for k, v in items]
@@ -144,7 +146,7 @@ async def run(
                 dialect, body, [*assistant_messages(reply), *tool_results(dialect, results)]
             )
             req = agent_request(
-                client, "POST", url, agent_headers, body.encode("utf-8"), drop=_DROP
+                client, "POST", url, agent_headers, body.encode("utf-8"), drop=_DROP, sni=sni
             )
             resp = await client.send(req)
             ctype = resp.headers.get("content-type", "")

@@ -45,13 +45,38 @@ from cg.summarize.client import HttpPool, Origin, SummarizerClient, timeout_from
 from cg.wire.answers import Reply, ResponseParseError, tool_calls
 from cg.wire.body import BodyIndex, MessageCache
 from cg.wire.dialects import route
-from cg.wire.upstream import provider_message, upstream_verify
+from cg.wire.upstream import provider_message, sni_name, upstream_verify
 
 log = logging.getLogger("context_guru")
 
 META = "context_guru"
 BYPASS_HEADER = "x-context-guru-bypass"
 KEEP_ORIGINAL_MAX = 8 * 1024 * 1024  # the original body of a rewritten flow, kept for mitmweb
+# Every store call runs on the event loop: a file another process holds locked may stall all
+# traffic this long per call, never the 5 s a reader (the CLI) may wait.
+STORE_BUSY_MS = 250
+# A store that failed passes every request through for this long before it is tried again
+# (an unopenable one is re-opened at most this often), so a broken file costs one request's
+# error per period instead of one per call.
+STORE_RETRY = 2.0
+# The headers that carry a provider credential: replaced in a provider flow once its answer is
+# done (option cg_redact_credentials), so a saved flow, a viewer or a later addon never has them.
+CREDENTIAL_HEADERS = ("authorization", "x-api-key", "api-key", "x-goog-api-key")
+REDACTED = "[redacted by context-guru]"
+MAX_LIVE = 10_000  # provider flows in flight; one that never ended is redacted past this
+
+
+def redact(headers: http.Headers) -> None:
+    """Every credential header's value replaced by REDACTED (the names stay: what was sent)."""
+    for name in CREDENTIAL_HEADERS:
+        if name in headers:
+            headers.set_all(name, [REDACTED] * len(headers.get_all(name)))
+
+
+def upstream_sni(req: http.Request) -> str | None:
+    """The provider's name for our own calls' TLS when `req.url` names the address connected
+    to (transparent and local modes): the name the agent asked for (`Host`, `:authority`)."""
+    return sni_name(req.host, req.pretty_host)
 
 
 class ContextGuru:
@@ -63,7 +88,12 @@ class ContextGuru:
         self.preset = ""
         self.hosts: Sequence[str] = ()
         self.max_body = 32 * 1024 * 1024
-        self.allow_remote_control = False
+        self.control = control.ControlPolicy()
+        self.redact = True
+        # Provider flows whose request still holds its credential: redacted when done.
+        self.live: dict[str, http.HTTPFlow] = {}
+        self.store_error: str | None = None  # why the configured store could not be opened
+        self._store_retry_at = 0.0
         self.tokens = TokenCounter()
         self.facts = FactsCache(self.tokens)
         self.store: Store | None = None
@@ -128,7 +158,31 @@ class ContextGuru:
             "cg_control_remote",
             bool,
             False,
-            "Answer /_cg/ control endpoints for non-loopback clients too.",
+            "Answer /_cg/ control endpoints for non-loopback clients too (each scoped to the "
+            "session it names); prefer cg_control_token.",
+        )
+        loader.add_option(
+            "cg_control_token",
+            str,
+            "",
+            "A bearer token that admits non-loopback clients to /_cg/ control endpoints "
+            "(Authorization: Bearer TOKEN), each scoped to the session it names. Never logged.",
+        )
+        loader.add_option(
+            "cg_redact_credentials",
+            bool,
+            True,
+            "Replace the credential headers (authorization, x-api-key, …) of every provider "
+            "flow with a placeholder once its answer is done (or at exit), so saved flows "
+            "(-w), mitmweb and later addons never hold the key.",
+        )
+        loader.add_option(
+            "cg_shared",
+            bool,
+            False,
+            "A proxy shared by several users: a summarizer model with model.source: config "
+            "and no key of its own never falls back to the process's provider key "
+            "(ANTHROPIC_API_KEY, OPENAI_API_KEY).",
         )
 
     def configure(self, updated: set[str]) -> None:
@@ -162,6 +216,7 @@ class ContextGuru:
                             level=level,
                             timeout=timeout,
                             on_usage=self.meter.summarizer,
+                            shared_proxy=opts.cg_shared,
                         ),
                         facts=self.facts,
                     ),
@@ -184,7 +239,8 @@ class ContextGuru:
             h.strip() for item in opts.cg_hosts for h in item.split(",") if h.strip()
         )
         self.max_body = opts.cg_max_body_mb * 1024 * 1024
-        self.allow_remote_control = opts.cg_control_remote
+        self.control = control.ControlPolicy(opts.cg_control_remote, opts.cg_control_token)
+        self.redact = opts.cg_redact_credentials
 
     @property
     def components(self) -> list[Component]:
@@ -213,17 +269,87 @@ class ContextGuru:
         `full` markers degrade to none (nothing could be restored from them).
         """
         path = cg_db or config.store.path
-        if self.store is not None and self.store_note == path:
+        if self.store is not None and self.store_note == path and self.store_error is None:
             return self.store
         if self.store is not None:
             self.store.close()
         try:
-            self.store = Store.from_config(config.store, path=cg_db or None)
+            self.store = Store.from_config(
+                config.store, path=cg_db or None, busy_timeout_ms=STORE_BUSY_MS
+            )
+            if self.store_error is not None:
+                log.warning("context-guru: the store %s opened; acting again", path)
+            self.store_error = None
         except StoreError as e:
-            log.warning("context-guru: %s; running without a persistent store", e)
-            self.store = Store.memory()
+            if self.store_error is None:
+                log.warning(
+                    "context-guru: %s; passing every request through until it opens (retried "
+                    "every %gs; /_cg/health says why)",
+                    e,
+                    STORE_RETRY,
+                )
+            self.store_error = str(e)
+            self._store_retry_at = time.monotonic() + STORE_RETRY
+            self.store = Store.memory()  # the ledger, in memory meanwhile
         self.store_note = path
         return self.store
+
+    def store_state(self) -> dict[str, Any]:
+        """`/_cg/health`'s `store`: `{"ok": true}` or `{"ok": false, "error": why}` (SPEC §9).
+        Asking is also a retry: a store that failed is tried again (as a request would)."""
+        try:
+            down = self._store_down()
+        except Exception as e:  # noqa: BLE001 - the endpoint answers whatever happened
+            down = f"the store could not be checked ({type(e).__name__}: {e})"
+        store = self.store
+        out: dict[str, Any] = {"ok": down is None}
+        if store is not None:
+            out["persistent"] = store.persistent
+        if down is not None:
+            out["error"] = down
+        return out
+
+    def _reopen_store(self) -> str | None:
+        """Try the configured store again, rebuilding the pipelines on it; the error, or None."""
+        try:
+            self.configure({"cg_db"})
+        except exceptions.OptionsError as e:
+            return str(e)
+        return self.store_error
+
+    def _store_down(self) -> str | None:
+        """Why provider requests pass through untouched now (the store is unusable), or None.
+
+        An unopenable store is re-opened at most every STORE_RETRY seconds; one whose file was
+        deleted under it is written back from the open connection; one whose last operation
+        failed (locked, read-only, full) is left alone for STORE_RETRY seconds, then tried.
+        """
+        now = time.monotonic()
+        if self.store_error is not None:
+            if now < self._store_retry_at:
+                return f"the store is unavailable ({self.store_error})"
+            error = self._reopen_store()
+            return None if error is None else f"the store is unavailable ({error})"
+        store = self.store
+        if store is None or not store.persistent:
+            return None
+        problem = store.file_problem()
+        if problem is not None:
+            if store.error is not None and now - store.error_at < STORE_RETRY:
+                return f"{problem}; {store.error}"
+            try:
+                store.restore_file()
+                log.warning("context-guru: %s; written back from the open store", problem)
+            except StoreError as e:
+                return f"{problem}; {e}"
+        if store.error is not None:
+            if now - store.error_at < STORE_RETRY:
+                return f"the store failed ({store.error}); retried after {STORE_RETRY:g}s"
+            try:
+                store.probe()  # writes again? (sets error_at anew when not)
+            except StoreError as e:
+                return f"the store failed ({e}); retried after {STORE_RETRY:g}s"
+        return None
 
     def running(self) -> None:
         """Freeze the start-up heap: a full GC then skips it (~35 ms -> ~2 ms with 1 MiB bodies)."""
@@ -232,6 +358,8 @@ class ContextGuru:
     def done(self) -> None:
         if self.view in contentviews.views:
             contentviews.remove(self.view)
+        for flow in list(self.live.values()):
+            self._release(flow)  # flows in flight at exit: a saved file gets them redacted
         for task in list(self.tasks.values()):
             task.cancel()
         self.tasks.clear()
@@ -247,7 +375,7 @@ class ContextGuru:
     def request(self, flow: http.HTTPFlow) -> None:
         req = flow.request
         if control.is_control(req.path):
-            control.answer(flow, self._routes(), self.allow_remote_control)
+            control.answer(flow, self._routes(), self.control)
             return
         dialect = route(req.method, req.path)
         # By name (the Host header): in transparent/local mode, and in a CONNECT tunnel,
@@ -255,15 +383,28 @@ class ContextGuru:
         if dialect is None or not host_allowed(req.pretty_host, self.hosts):
             return
         self.stats.requests += 1
+        self.live[flow.id] = flow
+        while len(self.live) > MAX_LIVE:
+            self._release(next(iter(self.live.values())))
         t0 = time.perf_counter()
         record: dict[str, Any]
         raw: bytes | None = None
         index: BodyIndex | None = None
+        try:
+            down = self._store_down() if any(self.pipelines.values()) else None
+        except Exception as e:  # noqa: BLE001 - a hook never raises: pass through, say why
+            down = f"the store could not be checked ({type(e).__name__}: {e})"
         if req.headers.get(BYPASS_HEADER, "").strip() == "1":
             record = {
                 "dialect": dialect.name,
                 "outcome": "bypassed",
                 "reason": f"{BYPASS_HEADER}: 1",
+            }
+        elif down is not None:
+            record = {
+                "dialect": dialect.name,
+                "outcome": "passed_through",
+                "reason": f"{down}: passing through until it works",
             }
         elif req.raw_content is None:
             record = {
@@ -315,7 +456,7 @@ class ContextGuru:
                 if result.commissions:
                     # The body as it goes upstream: what the provider caches for this session.
                     sent = result.body if record["outcome"] == "rewritten" else raw
-                    origin = Origin.of(req.url, req.headers)
+                    origin = Origin.of(req.url, req.headers, upstream_sni(req))
                     self._commission(result.commissions, origin, sent, flow.id)
         self.stats.count(record["outcome"])
         record.setdefault("timings_ms", {})["hook"] = round((time.perf_counter() - t0) * 1000, 3)
@@ -438,11 +579,21 @@ class ContextGuru:
 
     async def response(self, flow: http.HTTPFlow) -> None:
         """The answer of a provider flow: continue an expand call, or re-send a refused
-        rewrite; then book the usage the provider reported (every round, each once)."""
-        replies = await self._answer(flow)
-        record = flow.metadata.get(META)
-        if isinstance(record, dict):
-            self.meter.answered(flow, record, replies)
+        rewrite; then book the usage the provider reported (every round, each once); then the
+        request's credential is no longer needed here."""
+        try:
+            replies = await self._answer(flow)
+            record = flow.metadata.get(META)
+            if isinstance(record, dict):
+                self.meter.answered(flow, record, replies)
+        finally:
+            self._release(flow)
+
+    def _release(self, flow: http.HTTPFlow) -> None:
+        """The flow is done with upstream: forget it, and redact its credential."""
+        self.live.pop(flow.id, None)
+        if self.redact and META in flow.metadata:
+            redact(flow.request.headers)
 
     async def _answer(self, flow: http.HTTPFlow) -> list[Reply] | None:
         """A 400 to a rewritten request: re-send the original bytes once, return that answer.
@@ -461,7 +612,8 @@ class ContextGuru:
         self._forget_checkpoints(record)
         record["provider_400"] = provider_message(flow.response.get_content(strict=False))
         try:
-            flow.response = await resend(self.pool.client(), flow.request, original)
+            sni = upstream_sni(flow.request)
+            flow.response = await resend(self.pool.client(sni), flow.request, original, sni)
         except Exception as e:  # noqa: BLE001 - the client then gets the provider's own 400
             record["retry_error"] = f"{type(e).__name__}: {e}"
             log.warning("context-guru: re-sending the original failed: %s", e)
@@ -508,8 +660,9 @@ class ContextGuru:
             return expand_mod.resolve(store, key, session)
 
         sent = (flow.request.get_content(strict=False) or b"").decode("utf-8")
+        sni = upstream_sni(flow.request)
         out = await continuation.run(
-            self.pool.client(),
+            self.pool.client(sni),
             flow.request.url,
             flow.request.headers.fields,
             dialect,
@@ -517,6 +670,7 @@ class ContextGuru:
             first,
             bool(record.get("stream")) or ctype.startswith("text/event-stream"),
             resolve,
+            sni=sni,
         )
         record["expand"]["rounds"] = out.rounds
         record["expand"]["log"] = out.log
@@ -533,6 +687,7 @@ class ContextGuru:
         record = flow.metadata.get(META)
         if isinstance(record, dict):
             self.meter.failed(flow, record)
+        self._release(flow)
 
     def responseheaders(self, flow: http.HTTPFlow) -> None:
         """Stream provider SSE straight through: the agent sees tokens as they arrive, and a
@@ -554,20 +709,37 @@ class ContextGuru:
 
     def _routes(self) -> dict[str, control.Handler]:
         return {
-            "health": lambda f: control.json_response(
-                200, {"ok": True, "version": __version__, "preset": ctx.options.cg_preset}
-            ),
-            "stats": lambda f: control.json_response(200, self.stats_json()),
-            "sessions": lambda f: control.json_response(200, self.sessions_json()),
+            "health": self._health_endpoint,
+            "stats": lambda f, caller: control.json_response(200, self.stats_json()),
+            "sessions": self._sessions_endpoint,
             "expand": self._expand_endpoint,
         }
+
+    def _health_endpoint(self, flow: http.HTTPFlow, caller: control.Caller) -> http.Response:
+        """`{"ok": true, …, "store": {"ok": …}}`: `ok` says the addon answers (it serves, as a
+        pass-through if need be); `store` whether the store is usable, and if not why (the
+        reason to a local caller only: it names the file)."""
+        store = self.store_state()
+        if not caller.local:
+            store = {"ok": store["ok"]}
+        return control.json_response(
+            200,
+            {"ok": True, "version": __version__, "preset": ctx.options.cg_preset, "store": store},
+        )
+
+    def _sessions_endpoint(self, flow: http.HTTPFlow, caller: control.Caller) -> http.Response:
+        scope = caller.scope()
+        if scope == "":
+            return control.no_session()
+        return control.json_response(200, self.sessions_json(scope))
 
     def stats_json(self) -> dict[str, Any]:
         """The counters, with the ledger's `usage` and `savings` (SPEC §9, §11)."""
         return {**self.stats.to_json(), **self.meter.report()}
 
-    def sessions_json(self) -> dict[str, Any]:
-        """`GET /_cg/sessions`: every session with its checkpoint, usage and savings."""
+    def sessions_json(self, session: str | None = None) -> dict[str, Any]:
+        """`GET /_cg/sessions`: every session (or only `session`) with its checkpoint, usage
+        and savings."""
         ledger = self.meter.ledger
         if ledger is None:
             return {"sessions": []}
@@ -575,6 +747,8 @@ class ContextGuru:
             rows = sessions_report(ledger.store, ledger.prices, self.tokens.count_text)
         except Exception as e:  # noqa: BLE001 - an unreadable store must not break the endpoint
             return {"sessions": [], "error": str(e)}
+        if session is not None:
+            rows = [r for r in rows if r.get("id") == session]
         return {"sessions": rows}
 
     @command.command("cg.stats")  # type: ignore[untyped-decorator]
@@ -587,12 +761,19 @@ class ContextGuru:
         """Every session with its checkpoint, usage and savings (as /_cg/sessions), as JSON."""
         return json.dumps(self.sessions_json(), ensure_ascii=False, indent=1)
 
-    def _expand_endpoint(self, flow: http.HTTPFlow) -> http.Response:
-        """`GET /_cg/expand?id=KEY`: the stashed span as JSON; 404 unknown, 400 malformed."""
+    def _expand_endpoint(self, flow: http.HTTPFlow, caller: control.Caller) -> http.Response:
+        """`GET /_cg/expand?id=KEY`: the stashed span as JSON; 404 unknown, 400 malformed. A
+        remote caller reads only its own session's stashes."""
         key = flow.request.query.get("id", "")
         if not valid_key(key):
-            return control.json_response(400, {"error": f"not a context-guru id: {key!r}"})
-        stash = self.store.get_stash(key) if self.store is not None else None
+            return control.json_response(400, {"error": f"not a context-guru id: {key[:64]!r}"})
+        scope = caller.scope()
+        if scope == "":
+            return control.no_session()
+        try:
+            stash = self.store.get_stash(key, scope) if self.store is not None else None
+        except StoreError as e:
+            return control.json_response(503, {"error": f"the store is unavailable: {e}"})
         if stash is None:
             return control.json_response(
                 404, {"error": f"id {key} is unknown or no longer available (expired)"}

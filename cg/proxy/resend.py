@@ -12,9 +12,12 @@ from mitmproxy import http
 from cg.wire.upstream import HOP_BY_HOP, agent_request
 
 
-async def resend(client: httpx.AsyncClient, req: http.Request, original: bytes) -> http.Response:
-    """Send `req` upstream again with `original` as its (still encoded) body; the answer whole."""
-    out = agent_request(client, req.method, req.url, req.headers.fields, original)
+async def resend(
+    client: httpx.AsyncClient, req: http.Request, original: bytes, sni: str | None = None
+) -> http.Response:
+    """Send `req` upstream again with `original` as its (still encoded) body; the answer whole.
+    `sni`: the request's URL names an address, and TLS names this provider (`sni_name`)."""
+    out = agent_request(client, req.method, req.url, req.headers.fields, original, sni=sni)
     resp = await client.send(out, stream=True)
     try:
         raw = b"".join([chunk async for chunk in resp.aiter_raw()])

@@ -29,6 +29,10 @@ Credentials never reach this module: its API takes only session ids (allow-liste
 message text, summaries and times, never headers, API keys or model settings.
 
 Errors: every failure is a `StoreError` (a `RuntimeError`) saying what failed and on which file.
+The last one is kept in `error` (`error_at`, monotonic) until an operation succeeds, so the caller
+can tell a store that is failing now (locked, read-only, full) from one that failed once.
+`file_problem()` notices a file deleted or replaced under the open connection, and
+`restore_file()` writes the open database back to its path (nothing stashed is lost with it).
 """
 
 from __future__ import annotations
@@ -338,8 +342,12 @@ class Store:
         self.evicted = 0
         self._last_evict = float("-inf")
         self._lock = threading.Lock()
+        self.error: str | None = None  # the last operation's error, until one succeeds
+        self.error_at = 0.0  # time.monotonic() of that error
         self._conn: sqlite3.Connection | None = None
         self._conn = self._open(busy_timeout_ms)
+        self._busy_ms = busy_timeout_ms
+        self._inode = self._stat()
         self.journal_mode: str = self._conn.execute("PRAGMA journal_mode").fetchone()[0]
         if evict:
             try:
@@ -354,9 +362,16 @@ class Store:
         cfg: StoreConfig,
         path: str | None = None,
         now: Callable[[], float] = time.time,
+        busy_timeout_ms: int = DEFAULT_BUSY_TIMEOUT_MS,
     ) -> Store:
         """The store of a config's `store:` block; `path` (option `cg_db`) overrides its path."""
-        return cls(path or cfg.path, ttl_hours=cfg.ttl_hours, max_mb=cfg.max_mb, now=now)
+        return cls(
+            path or cfg.path,
+            ttl_hours=cfg.ttl_hours,
+            max_mb=cfg.max_mb,
+            now=now,
+            busy_timeout_ms=busy_timeout_ms,
+        )
 
     @classmethod
     def memory(cls, now: Callable[[], float] = time.time) -> Store:
@@ -439,7 +454,74 @@ class Store:
             try:
                 yield self._conn
             except sqlite3.Error as e:
-                raise StoreError(f"{what} on {self.path}: {e}") from None
+                self.error = f"{what} on {self.path}: {e}"
+                self.error_at = time.monotonic()
+                raise StoreError(self.error) from None
+
+    # -- the file under the connection --------------------------------------------------------
+
+    def _stat(self) -> tuple[int, int] | None:
+        if not self.persistent:
+            return None
+        try:
+            st = os.stat(self.path)
+        except OSError:
+            return None
+        return (st.st_dev, st.st_ino)
+
+    def file_problem(self) -> str | None:
+        """Why the open file is no longer the one at `path` (deleted, replaced), or None."""
+        if not self.persistent or self._conn is None:
+            return None
+        now = self._stat()
+        if now is None:
+            return f"the store {self.path} was deleted while open"
+        if now != self._inode:
+            return f"the store {self.path} was replaced by another file while open"
+        return None
+
+    def restore_file(self) -> None:
+        """Write the open database back to `path` (it was deleted or replaced: the open
+        connection still holds everything) and carry on there. Raises StoreError."""
+        where = self.path
+        with self._lock:
+            if self._conn is None:
+                raise StoreError(f"restore: the store {where} is closed")
+            tmp = f"{where}.restore-{os.getpid()}"
+            try:
+                Path(where).parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+                for suffix in ("", "-wal", "-shm"):
+                    with suppress(FileNotFoundError):
+                        os.unlink(tmp + suffix)
+                os.close(os.open(tmp, os.O_RDWR | os.O_CREAT, 0o600))
+                dst = sqlite3.connect(tmp, isolation_level=None)
+                try:
+                    self._conn.backup(dst)
+                    dst.execute("PRAGMA journal_mode = WAL")
+                finally:
+                    dst.close()
+                if self._stat() is not None and self._stat() != self._inode:
+                    # Another file took the path: leave it, keep ours beside it.
+                    raise StoreError(
+                        f"the store {where} was replaced by another file; the open store was "
+                        f"saved as {tmp}"
+                    )
+                os.replace(tmp, where)
+                conn = sqlite3.connect(
+                    where, timeout=self._busy_ms / 1000, isolation_level=None,
+                    check_same_thread=False,
+                )  # fmt: skip
+                conn.execute(f"PRAGMA busy_timeout = {int(self._busy_ms)}")
+                conn.execute("PRAGMA journal_mode = WAL")
+                conn.execute("PRAGMA synchronous = NORMAL")
+            except (OSError, sqlite3.Error) as e:
+                self.error = f"cannot restore the store {where}: {e}"
+                self.error_at = time.monotonic()
+                raise StoreError(self.error) from None
+            old, self._conn = self._conn, conn
+            old.close()
+            self._inode = self._stat()
+            self.error = None
 
     @contextmanager
     def _tx(self, what: str) -> Iterator[sqlite3.Connection]:
@@ -453,6 +535,14 @@ class Store:
                     conn.execute("ROLLBACK")
                 raise
             conn.execute("COMMIT")
+            self.error = None  # a write went through: whatever failed before is over
+
+    def probe(self) -> None:
+        """One small write (the schema version, rewritten as it is), to learn whether writes
+        go through again after `error`. Raises StoreError."""
+        with self._tx("probe") as conn:
+            version = int(conn.execute("PRAGMA user_version").fetchone()[0])
+            conn.execute(f"PRAGMA user_version = {version}")
 
     def _maybe_evict(self) -> None:
         if self.now() - self._last_evict >= self.evict_interval:
@@ -489,11 +579,13 @@ class Store:
         self._maybe_evict()
 
     def get_stash(self, key: str, session: str | None = None) -> Stash | None:
-        """The stash under `key` (owned by `session` when given), marked used; None if absent."""
+        """The stash under `key` (owned by `session` when given), marked used; None if absent.
+        A store that cannot be written (full, read-only, locked) still reads it back: marking
+        it used is best effort."""
         if not valid_key(key):
             return None
         t = self.now()
-        with self._tx("get_stash") as conn:
+        with self._op("get_stash") as conn:
             if session is None:
                 row = conn.execute(
                     f"SELECT {_STASH_COLS} FROM stashes WHERE key = ? "
@@ -505,8 +597,9 @@ class Store:
                     f"SELECT {_STASH_COLS} FROM stashes WHERE key = ? AND session = ?",
                     (key, session),
                 ).fetchone()
-            if row is None:
-                return None
+        if row is None:
+            return None
+        with suppress(StoreError), self._tx("get_stash: mark used") as conn:
             conn.execute(
                 "UPDATE stashes SET last_used = ? WHERE key = ? AND session = ?",
                 (t, row[0], row[1]),

@@ -42,6 +42,7 @@ from cg.summarize.component import (
 from cg.summarize.config import ModelConfig
 from cg.summarize.prompt import MAX_TOKENS as MAX_TOKENS
 from cg.wire.answers import Reply, ResponseParseError, parse_json, parse_sse
+from cg.wire.upstream import sni_extensions
 from cg.wire.usage import Usage, UsageError, from_provider
 
 HEADER = "x-context-guru"
@@ -85,15 +86,21 @@ UsageSink = Callable[[str, str, Usage], None]
 
 @dataclass(frozen=True, slots=True)
 class Origin:
-    """Where the proxied request went and the credential it carried. Memory only; no repr."""
+    """Where the proxied request went and the credential it carried. Memory only; no repr.
+
+    `sni`: `url` names the address connected to (transparent/local mode), and TLS and `Host`
+    name this provider instead (`cg.wire.upstream.sni_name`)."""
 
     url: str
     headers: dict[str, str] = field(repr=False)
+    sni: str | None = None
 
     @classmethod
-    def of(cls, url: str, headers: Mapping[str, str]) -> Origin:
+    def of(cls, url: str, headers: Mapping[str, str], sni: str | None = None) -> Origin:
         kept = {k: headers[k] for k in INCOMING_HEADERS if k in headers}
-        return cls(url, kept)
+        if sni:
+            kept["host"] = headers.get("host") or sni
+        return cls(url, kept, sni)
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,6 +109,7 @@ class Endpoint:
     url: str
     model: str
     headers: dict[str, str] = field(repr=False)
+    sni: str | None = None
 
 
 def timeout_from_env(env: Mapping[str, str] | None = None) -> float:
@@ -124,9 +132,13 @@ def _join(base: str, path: str) -> str:
 
 
 def resolve_endpoint(
-    cfg: ModelConfig, job: Commission, env: Mapping[str, str] | None = None
+    cfg: ModelConfig, job: Commission, env: Mapping[str, str] | None = None, shared: bool = False
 ) -> Endpoint:
-    """The endpoint, model and headers for one job. Raises `NoModel` when there are none."""
+    """The endpoint, model and headers for one job. Raises `NoModel` when there are none.
+
+    `shared` (option `cg_shared`, a proxy several users share): a `config` model with no key of
+    its own (`model.api_key` or `CHEAP_MODEL_API_KEY`) never falls back to the process's
+    provider key, which would bill every user's summaries to whoever started the proxy."""
     env = os.environ if env is None else env
     if cfg.source == "incoming":
         origin = job.origin
@@ -138,11 +150,16 @@ def resolve_endpoint(
         reused = dict(origin.headers)
         if job.dialect == "anthropic":
             reused.setdefault("anthropic-version", ANTHROPIC_VERSION)
-        return Endpoint(job.dialect, origin.url, model, reused)
+        return Endpoint(job.dialect, origin.url, model, reused, origin.sni)
 
     provider = cfg.provider or "anthropic"
     if not cfg.model:
         raise NoModel("model.source config: no model.model (or CHEAP_MODEL) set")
+    if cfg.api_key is None and shared:
+        raise NoModel(
+            "cg_shared: model.source config has no key of its own (model.api_key or "
+            f"CHEAP_MODEL_API_KEY); {KEY_ENV[provider]} is not used on a shared proxy"
+        )
     key = cfg.api_key.get_secret_value() if cfg.api_key else env.get(KEY_ENV[provider], "")
     base = cfg.base_url or DEFAULT_BASE[provider]
     headers: dict[str, str] = {}
@@ -226,8 +243,10 @@ class SummarizerClient:
         timeout: float = DEFAULT_TIMEOUT,
         env: Mapping[str, str] | None = None,
         on_usage: UsageSink | None = None,
+        shared_proxy: bool = False,
     ) -> None:
         self.cfg = cfg
+        self.shared_proxy = shared_proxy
         self.pool = client
         self.level = level
         self.timeout = timeout
@@ -236,9 +255,9 @@ class SummarizerClient:
 
     async def __call__(self, prompt: str, job: Commission) -> str | None:
         """The standalone prompt, as one non-streaming user message."""
-        ep = resolve_endpoint(self.cfg, job, self.env)
+        ep = resolve_endpoint(self.cfg, job, self.env, self.shared_proxy)
         body = json.dumps(request_body(ep, prompt, self.level)).encode()
-        resp = await self._post(ep.url, body, ep.headers)
+        resp = await self._post(ep.url, body, ep.headers, ep.sni)
         try:
             doc = resp.json()
         except ValueError:
@@ -258,7 +277,7 @@ class SummarizerClient:
         headers = dict(origin.headers)
         if job.dialect == "anthropic":
             headers.setdefault("anthropic-version", ANTHROPIC_VERSION)
-        resp = await self._post(origin.url, body, headers)
+        resp = await self._post(origin.url, body, headers, origin.sni)
         ctype = resp.headers.get("content-type", "")
         try:
             if ctype.startswith("text/event-stream"):
@@ -282,12 +301,16 @@ class SummarizerClient:
         except Exception:  # noqa: BLE001 - accounting must never fail a summary
             return
 
-    async def _post(self, url: str, body: bytes, headers: Mapping[str, str]) -> httpx.Response:
-        """POST under one deadline with bounded retries; the 200 response, read whole."""
+    async def _post(
+        self, url: str, body: bytes, headers: Mapping[str, str], sni: str | None = None
+    ) -> httpx.Response:
+        """POST under one deadline with bounded retries; the 200 response, read whole. `sni`:
+        the provider's name when `url` names an address (`Origin.sni`)."""
         headers = {**headers, "content-type": "application/json", HEADER: "summarize"}
         deadline = time.monotonic() + self.timeout
         last = "no attempt made"
         attempts = 0
+        asked = 0.0  # what the provider's retry-after asked us to wait
         for attempt in range(MAX_ATTEMPTS):
             left = deadline - time.monotonic()
             if left <= 0:
@@ -296,8 +319,12 @@ class SummarizerClient:
             try:
                 # httpx's timeout bounds each read, not the whole answer: the deadline does.
                 async with asyncio.timeout(left):
-                    resp = await self.pool.client().post(
-                        url, content=body, headers=headers, timeout=left
+                    resp = await self.pool.client(sni).post(
+                        url,
+                        content=body,
+                        headers=headers,
+                        timeout=left,
+                        extensions=sni_extensions(sni),
                     )
             except (httpx.TimeoutException, TimeoutError):
                 raise SummarizerTimeout(f"no answer within {self.timeout:g}s") from None
@@ -311,13 +338,25 @@ class SummarizerClient:
                     raise SummarizerRefused(last)
                 if resp.status_code not in RETRY_STATUS:
                     raise SummarizerError(last)
-            backoff = min(0.25 * 2**attempt, 2.0) * (0.5 + random.random())
+                asked = retry_after(resp.headers.get("retry-after"))
+            # A provider that says when to come back is not asked again sooner.
+            backoff = max(min(0.25 * 2**attempt, 2.0) * (0.5 + random.random()), asked)
             if time.monotonic() + backoff >= deadline:
                 break
             await asyncio.sleep(backoff)
         if time.monotonic() >= deadline:
             raise SummarizerTimeout(f"no answer within {self.timeout:g}s ({last})")
         raise SummarizerError(f"gave up after {attempts} attempts ({last})")
+
+
+def retry_after(value: str | None) -> float:
+    """Seconds a `retry-after` header asks for (a number of seconds; an HTTP date is read as
+    0, no wait of our own beyond the backoff); 0 when absent or unreadable."""
+    try:
+        seconds = float(value) if value else 0.0
+    except ValueError:
+        return 0.0
+    return seconds if math.isfinite(seconds) and seconds > 0 else 0.0
 
 
 def reply_text(reply: Reply) -> str | None:
@@ -330,22 +369,47 @@ class HttpPool:
 
     `trust_env=False`: the proxy must not send its own calls through itself. TLS verification
     follows mitmproxy's own upstream settings (`verify`).
+
+    `client(sni)`: calls to an address under a provider's name (transparent/local mode) get a
+    client of their own per name, since a pooled connection is keyed by the address alone and
+    must never carry one provider's request over a TLS session opened for another. At most
+    `MAX_NAMED` names are kept; the least recently used one beyond is closed.
     """
+
+    MAX_NAMED = 16
 
     def __init__(self, verify: bool | str = True) -> None:
         self.verify = verify
         self._client: httpx.AsyncClient | None = None
+        self._named: dict[str, httpx.AsyncClient] = {}
+        self._closing: set[asyncio.Task[None]] = set()
 
-    def client(self) -> httpx.AsyncClient:
+    def _new(self) -> httpx.AsyncClient:
+        return httpx.AsyncClient(
+            trust_env=False,
+            verify=self.verify,
+            limits=httpx.Limits(max_connections=16, max_keepalive_connections=8),
+        )
+
+    def client(self, sni: str | None = None) -> httpx.AsyncClient:
+        if sni:
+            named = self._named.pop(sni, None) or self._new()
+            self._named[sni] = named  # most recently used last
+            while len(self._named) > self.MAX_NAMED:
+                old = self._named.pop(next(iter(self._named)))
+                task = asyncio.get_running_loop().create_task(old.aclose())
+                self._closing.add(task)
+                task.add_done_callback(self._closing.discard)
+            return named
         if self._client is None:
-            self._client = httpx.AsyncClient(
-                trust_env=False,
-                verify=self.verify,
-                limits=httpx.Limits(max_connections=16, max_keepalive_connections=8),
-            )
+            self._client = self._new()
         return self._client
 
     async def aclose(self) -> None:
-        if self._client is not None:
-            client, self._client = self._client, None
+        clients = [c for c in (self._client, *self._named.values()) if c is not None]
+        self._client = None
+        self._named = {}
+        for client in clients:
             await client.aclose()
+        if self._closing:
+            await asyncio.gather(*self._closing, return_exceptions=True)

@@ -3,10 +3,18 @@ provider's error read back.
 
 The 400 safety net (`cg.proxy.resend`) and the expand rounds (`cg.expand.continuation`) both send
 the agent's request again, or a continuation of it: one way to build it, here.
+
+Where to send it: in transparent and local modes (and behind a CONNECT whose server address an
+addon rewrote) mitmproxy's `request.url` names the *address* it connected to, not the provider.
+Our own calls connect to that same address, but name the provider — the `Host` header's name —
+for SNI, the certificate check and the `Host` header (`sni_name`, httpx's `sni_hostname`), as
+mitmproxy's own upstream connection did; a certificate is never checked against an IP address
+the provider never put in it.
 """
 
 from __future__ import annotations
 
+import ipaddress
 import json
 from collections.abc import Iterable
 from typing import Any
@@ -21,6 +29,38 @@ HOP_BY_HOP = frozenset(
 # The agent's own request had no read timeout through mitmproxy, and neither has its re-send:
 # a long generation may take minutes to start answering. The agent keeps its own timeout.
 RESEND_TIMEOUT = httpx.Timeout(None, connect=30.0)
+
+
+def _is_address(host: str) -> bool:
+    try:
+        ipaddress.ip_address(host.strip("[]").split("%", 1)[0])
+    except ValueError:
+        return False
+    return True
+
+
+def sni_name(url_host: str, host_header: str | None) -> str | None:
+    """The provider's name for SNI and the certificate check, when the URL names an address.
+
+    `url_host` is the host mitmproxy connected to (`request.host`), `host_header` the name the
+    agent asked for (`request.pretty_host`: the `Host` header or HTTP/2 `:authority`). None when
+    the URL already names a host (reverse and regular modes: httpx does the right thing) or the
+    agent named no host but an address.
+    """
+    name = (host_header or "").strip().rstrip(".").lower()
+    if not name or not _is_address(url_host) or _is_address(name):
+        return None
+    if len(name) > 253 or any(c not in _NAME_CHARS for c in name):
+        return None  # not a DNS name: never handed to the TLS layer
+    return name
+
+
+_NAME_CHARS = frozenset("abcdefghijklmnopqrstuvwxyz0123456789-._")
+
+
+def sni_extensions(sni: str | None) -> dict[str, Any]:
+    """httpx request extensions that verify the certificate against `sni` (none when None)."""
+    return {"sni_hostname": sni} if sni else {}
 
 
 def upstream_verify(options: Any) -> bool | str:
@@ -53,15 +93,29 @@ def agent_request(
     headers: Iterable[tuple[bytes, bytes]],
     content: bytes,
     drop: frozenset[bytes] = HOP_BY_HOP,
+    sni: str | None = None,
 ) -> httpx.Request:
     """A request upstream carrying the agent's own headers (as bytes), and only those.
 
     The client's defaults (accept-encoding, user-agent, …) would change what the provider sends
     back, e.g. an encoding the agent never asked for. No read timeout: the agent's request had
-    none through mitmproxy, and the agent keeps its own.
+    none through mitmproxy, and the agent keeps its own. `sni` (from `sni_name`): `url` names
+    an address; TLS and the `Host` header name this provider instead.
     """
+    headers = list(headers)
     kept = [(k, v) for k, v in headers if k.lower() not in drop]
-    out = client.build_request(method, url, headers=kept, content=content, timeout=RESEND_TIMEOUT)
+    out = client.build_request(
+        method,
+        url,
+        headers=kept,
+        content=content,
+        timeout=RESEND_TIMEOUT,
+        extensions=sni_extensions(sni),
+    )
+    if sni:
+        # The agent's own Host (HTTP/2 has none in the headers: then the name alone).
+        host = next((v for k, v in headers if k.lower() == b"host"), sni.encode("ascii"))
+        out.headers["host"] = host.decode("latin-1")
     sent = {k.lower() for k, _ in kept} | {b"host", b"content-length"}
     for name in {k for k in out.headers if k.encode() not in sent}:
         del out.headers[name]

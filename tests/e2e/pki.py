@@ -41,7 +41,9 @@ def _name(cn: str) -> x509.Name:
     return x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, cn)])
 
 
-def make_pki(directory: Path, hostnames: list[str]) -> Pki:
+def make_pki(directory: Path, hostnames: list[str], address: bool = True) -> Pki:
+    """A CA and a server certificate for `hostnames` (and 127.0.0.1 unless `address` is
+    False: then only a client that names the host, by SNI, can verify it)."""
     directory.mkdir(parents=True, exist_ok=True)
     now = dt.datetime.now(dt.UTC)
     ca_key = ec.generate_private_key(ec.SECP256R1())
@@ -83,7 +85,10 @@ def make_pki(directory: Path, hostnames: list[str]) -> Pki:
         .not_valid_after(now + dt.timedelta(days=2))
         .add_extension(
             x509.SubjectAlternativeName(
-                [*(x509.DNSName(h) for h in hostnames), x509.IPAddress(LOOPBACK)]
+                [
+                    *(x509.DNSName(h) for h in hostnames),
+                    *([x509.IPAddress(LOOPBACK)] if address else []),
+                ]
             ),
             False,
         )

@@ -62,26 +62,35 @@ def execute(name: str, args: Any) -> str:
 
 class SdkAgent:
     def __init__(
-        self, dialect: str, *, is_async: bool, stream: bool, base_url: str | None = None
+        self,
+        dialect: str,
+        *,
+        is_async: bool,
+        stream: bool,
+        base_url: str | None = None,
+        http: dict[str, Any] | None = None,
     ) -> None:
+        """`http`: more arguments for the SDK's httpx client (e.g. `proxy` and `verify` for a
+        base URL reached through a regular proxy)."""
         self.dialect = dialect
         self.is_async = is_async
         self.stream = stream
         self.capture = Capture()
         hooks = self.capture.async_hooks() if is_async else self.capture.hooks()
         local = base_url is not None  # reverse mode: nothing from the environment
+        more = http or {}
         kw: dict[str, Any] = {"api_key": API_KEY, "max_retries": 0}
         self.client: Any
         make: Any
         cls: Any
         if dialect == "anthropic":
             make = anthropic.DefaultAsyncHttpxClient if is_async else anthropic.DefaultHttpxClient
-            http = make(event_hooks=hooks, trust_env=not local)
+            http = make(event_hooks=hooks, trust_env=not local, **more)
             cls = anthropic.AsyncAnthropic if is_async else anthropic.Anthropic
             self.client = cls(base_url=base_url, http_client=http, **kw)
         else:
             make = openai.DefaultAsyncHttpxClient if is_async else openai.DefaultHttpxClient
-            http = make(event_hooks=hooks, trust_env=not local)
+            http = make(event_hooks=hooks, trust_env=not local, **more)
             url = f"{base_url}/v1" if local else None
             cls = openai.AsyncOpenAI if is_async else openai.OpenAI
             self.client = cls(base_url=url, http_client=http, **kw)

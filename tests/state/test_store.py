@@ -516,3 +516,69 @@ def test_a_writer_killed_mid_write_leaves_a_readable_store(db: Path):
     conn = sqlite3.connect(db)
     assert conn.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
     conn.close()
+
+
+# -- the file under the connection; errors while running -------------------------------------
+
+
+def test_a_deleted_file_is_noticed_and_written_back_with_everything(db: Path):
+    st = Store(db)
+    src = ['{"role":"user","content":"kept"}']
+    st.put_stash(stash_key(src), "s", src, "anthropic")
+    assert st.file_problem() is None
+    for suffix in ("", "-wal", "-shm"):
+        if Path(f"{db}{suffix}").exists():
+            os.unlink(f"{db}{suffix}")
+    assert "deleted" in (st.file_problem() or "")
+    st.restore_file()
+    assert st.file_problem() is None and db.exists()
+    st.put_stash(stash_key(["after"]), "s", ["after"], "anthropic")  # writes go on, to the file
+    st.close()
+    with Store(db) as again:  # what a restart finds
+        got = again.get_stash(stash_key(src), "s")
+        assert got is not None and got.sources() == src
+        assert again.has_stash(stash_key(["after"]), "s")
+
+
+def test_a_replaced_file_is_not_overwritten(db: Path):
+    st = Store(db)
+    os.unlink(db)
+    Store(db).close()  # another store took the path
+    assert "replaced" in (st.file_problem() or "")
+    with pytest.raises(StoreError, match="replaced"):
+        st.restore_file()
+    st.close()
+
+
+def test_the_error_stays_until_a_write_goes_through(db: Path):
+    st = Store(db, busy_timeout_ms=50)
+    holder = sqlite3.connect(db, isolation_level=None)
+    holder.execute("BEGIN IMMEDIATE")  # another connection holds the write lock
+    with pytest.raises(StoreError, match="locked"):
+        st.touch_session("s")
+    assert st.error is not None and "locked" in st.error
+    with pytest.raises(StoreError):
+        st.probe()
+    assert st.get_session("s") is None  # reads go on, and do not clear the error
+    assert st.error is not None
+    holder.execute("ROLLBACK")
+    holder.close()
+    st.probe()
+    error: str | None = st.error  # (mypy narrowed the attribute above; probe cleared it)
+    assert error is None
+    st.close()
+
+
+def test_a_stash_reads_back_from_a_store_that_cannot_be_written(db: Path):
+    st = Store(db, busy_timeout_ms=50)
+    src = ["{}"]
+    st.put_stash(stash_key(src), "s", src, "anthropic")
+    holder = sqlite3.connect(db, isolation_level=None)
+    holder.execute("BEGIN IMMEDIATE")
+    try:
+        got = st.get_stash(stash_key(src), "s")  # marking it used fails: it is read all the same
+        assert got is not None and got.sources() == src
+    finally:
+        holder.execute("ROLLBACK")
+        holder.close()
+        st.close()

@@ -29,6 +29,7 @@ from cg.summarize.client import (
     SummarizerClient,
     answer_text,
     resolve_endpoint,
+    retry_after,
     timeout_from_env,
 )
 from cg.summarize.component import (
@@ -904,3 +905,73 @@ async def test_a_failing_usage_sink_never_fails_the_summary():
         == "<summary>d</summary>"
     )
     assert len(sink.got) == 1
+
+
+# -- cg_shared: a proxy several users share --------------------------------------------------
+
+
+@pytest.mark.parametrize("provider", ["anthropic", "openai"])
+def test_shared_proxy_never_falls_back_to_the_process_key(provider):
+    env = {"ANTHROPIC_API_KEY": "process-key", "OPENAI_API_KEY": "process-key"}
+    cfg = config(model="small", provider=provider)
+    # the guard: unshared, the process's key is what the call would carry
+    assert "process-key" in json.dumps(resolve_endpoint(cfg, job(), env=env).headers)
+    with pytest.raises(NoModel, match="cg_shared") as e:
+        resolve_endpoint(cfg, job(), env=env, shared=True)
+    assert "process-key" not in str(e.value)
+    keyed = config(model="small", provider=provider, api_key="own-key")
+    ep = resolve_endpoint(keyed, job(), env=env, shared=True)
+    assert "own-key" in json.dumps(ep.headers) and "process-key" not in json.dumps(ep.headers)
+
+
+async def test_shared_proxy_summary_without_a_key_sends_nothing(wire):
+    client = wire.client(config(model="small"), env={"ANTHROPIC_API_KEY": "process-key"},
+                         shared_proxy=True)  # fmt: skip
+    with pytest.raises(NoModel):
+        await client("summarize this", job())
+    assert wire.sent == []
+    agents = wire.client(incoming(), shared_proxy=True)  # the agent's own key: unaffected
+    origin = Origin.of(ORIGIN_URL, agent_headers())
+    assert await agents("summarize this", job(origin=origin)) == "<summary>done</summary>"
+    assert wire.sent[-1].headers["x-api-key"] == KEY
+
+
+# -- retry-after -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("value", "seconds"),
+    [("2", 2.0), ("0.5", 0.5), (None, 0.0), ("", 0.0), ("soon", 0.0), ("-3", 0.0), ("nan", 0.0),
+     ("Wed, 21 Oct 2026 07:28:00 GMT", 0.0)],
+)  # fmt: skip
+def test_retry_after_reads_seconds(value, seconds):
+    assert retry_after(value) == seconds
+
+
+async def test_a_429_with_retry_after_is_asked_again_no_sooner():
+    seen: list[float] = []
+
+    def handle(request: httpx.Request) -> httpx.Response:
+        seen.append(time.monotonic())
+        if len(seen) == 1:
+            return httpx.Response(429, headers={"retry-after": "0.6"}, json={})
+        return ok_anthropic()(request)  # type: ignore[return-value]
+
+    wire = Wire(handle)
+    out = await wire.client(incoming(), timeout=10)("p", job(origin=Origin.of(ORIGIN_URL, {})))
+    assert out == "<summary>done</summary>"
+    assert len(seen) == 2 and seen[1] - seen[0] >= 0.6  # the backoff alone is 0.125 s
+
+
+async def test_a_retry_after_past_the_deadline_gives_up_at_once():
+    seen: list[float] = []
+
+    def handle(request: httpx.Request) -> httpx.Response:
+        seen.append(time.monotonic())
+        return httpx.Response(429, headers={"retry-after": "30"}, json={})
+
+    wire = Wire(handle)
+    t0 = time.monotonic()
+    with pytest.raises(SummarizerError, match="429"):
+        await wire.client(incoming(), timeout=5)("p", job(origin=Origin.of(ORIGIN_URL, {})))
+    assert len(seen) == 1 and time.monotonic() - t0 < 1.0  # not asked again, nor waited for

@@ -375,9 +375,13 @@ def _apply_delta(
         if btype not in types:
             raise ResponseParseError(f"{where}: {kind} for a {btype} block")
 
+    def have(key: str) -> str:
+        # The text so far: what content_block_start announced must be a string to extend.
+        return as_text(block.get(key, ""), f"{where}: the block's {key}")
+
     if kind == "text_delta":
         need("text")
-        block["text"] = block.get("text", "") + as_text(delta.get("text"), f"{where}.text")
+        block["text"] = have("text") + as_text(delta.get("text"), f"{where}.text")
     elif kind == "citations_delta":
         need("text")
         citation = as_object(delta.get("citation"), f"{where}.citation")
@@ -387,9 +391,7 @@ def _apply_delta(
             block["citations"] = [citation]
     elif kind == "thinking_delta":
         need("thinking")
-        block["thinking"] = block.get("thinking", "") + as_text(
-            delta.get("thinking"), f"{where}.thinking"
-        )
+        block["thinking"] = have("thinking") + as_text(delta.get("thinking"), f"{where}.thinking")
     elif kind == "signature_delta":
         need("thinking")
         # One delta carries the whole signature; the SDKs assign rather than append.

@@ -162,7 +162,13 @@ class OpenAI(Dialect):
         if not isinstance(choices, list) or not choices:
             raise ResponseParseError("response body: 'choices' is not a non-empty list")
         for i, choice in enumerate(choices):
-            as_object(as_object(choice, f"choices[{i}]").get("message"), f"choices[{i}].message")
+            msg = as_object(
+                as_object(choice, f"choices[{i}]").get("message"), f"choices[{i}].message"
+            )
+            calls = msg.get("tool_calls")
+            if calls is not None and not isinstance(calls, list):
+                # What the loop reads calls from: anything but a list (or null) is unreadable.
+                raise ResponseParseError(f"choices[{i}].message.tool_calls is not a list")
 
     def parse_stream(self, body: bytes) -> JsonObject:
         return _parse_sse(body)
