@@ -44,7 +44,7 @@ from hypothesis import strategies as st
 from cg.billing.tap import DISABLED, UsageTap, usage_of_json
 from cg.pipeline.contract import RequestContext, Step
 from cg.pipeline.rewrite import rewrite_body
-from cg.summarize.span import repair_orphans, select_span
+from cg.summarize.span import leading_system, repair_orphans, select_span
 from cg.wire import answers
 from cg.wire.body import BodyRejected, index_body
 from cg.wire.dialects import DIALECTS, route
@@ -53,11 +53,15 @@ from cg.wire.reply import ResponseParseError
 from cg.wire.shape import validate_shape
 from cg.wire.splice import Insert, Keep, Plan, plan_views
 from cg.wire.usage import UsageError, from_provider
-from tests.strategies import bodies, small_json
+from tests.strategies import bodies, responses_bodies, small_json
 
 DIALECT_NAMES = sorted(DIALECTS)  # every registered request dialect
-ANSWER_DIALECTS = [d for d in DIALECT_NAMES if d in ("anthropic", "openai")]
-PATHS = {"anthropic": "/v1/messages", "openai": "/v1/chat/completions"}
+ANSWER_DIALECTS = DIALECT_NAMES  # every dialect answers in its own JSON and SSE form
+PATHS = {
+    "anthropic": "/v1/messages",
+    "openai": "/v1/chat/completions",
+    "responses": "/v1/responses",
+}
 
 
 # What the inputs did, by target: the run's vacuity guard (a fuzzer whose every input is rejected
@@ -115,7 +119,7 @@ class Splicer:
 
     def apply(self, req: RequestContext, plan: Plan) -> Step:
         index = req.index
-        span = select_span(index.views, self.keep_first, self.keep_last)
+        span = select_span(index.views, self.keep_first, self.keep_last, index.dialect.pairing)
         if isinstance(span, str):
             return Step(None, span)
         summary = Insert.message(
@@ -144,6 +148,11 @@ def t_rewrite(data: bytes) -> None:
     result = rewrite_body(raw, d, [Splicer(keep_first, keep_last)])
     SEEN[f"rewrite:{result.outcome}"] += 1
     assert result.outcome in ("passed_through", "rewritten", "failed_open"), result.record
+    if result.outcome == "failed_open" and result.record.get("violations"):
+        # The span logic never introduces a violation the input did not have: a failed-open
+        # rewrite of a valid body would be a summary lost on a real transcript.
+        had = {v.rule for v in validate_shape(index_body(raw, d).views, d)}
+        assert {v["rule"] for v in result.record["violations"]} <= had, result.record
     assert "internal error" not in str(result.record.get("reason")), result.record
     for rec in result.record.get("components", ()):
         assert "error" not in rec, rec  # the component (the span logic) raised
@@ -168,11 +177,12 @@ def t_span(data: bytes) -> None:
     except BodyRejected:
         return
     n = len(index.messages)
-    span = select_span(index.views, kf, kl)
+    span = select_span(index.views, kf, kl, index.dialect.pairing)
     if isinstance(span, str):
         return
     assert 0 <= span.head < span.end <= n
-    assert span.head <= kf and (kl == 0 or span.end <= n)
+    lead = leading_system(index.views) if index.dialect.pairing == "id" else 0
+    assert span.head <= lead + kf and (kl == 0 or span.end <= n)
     plan: Plan = [Keep(i) for i in range(span.head)]
     plan.append(Insert.message({"role": "user", "content": "s"}, index.dialect))
     plan.extend(Keep(i) for i in range(span.end, n))
@@ -197,7 +207,7 @@ def _use(reply: answers.Reply, form: str) -> None:
     answers.tool_calls(reply)
     stripped = answers.strip_calls(reply, "context_guru_expand")
     assert all(c.name != "context_guru_expand" for c in answers.tool_calls(stripped))
-    answers.assistant_message(reply)
+    answers.assistant_messages(reply)  # what the continuation loop appends
     answers.tool_results(reply.dialect, [("id", "text")])
     usage = answers.client_usage([reply, reply])
     final = answers.with_usage(stripped, usage) if usage else stripped
@@ -226,6 +236,7 @@ def t_answer_json(data: bytes) -> None:
         SEEN["answer_json:refused"] += 1
         return
     SEEN["answer_json:parsed"] += 1
+    SEEN[f"answer_json:parsed:{dialect}"] += 1
     _use(reply, "json")
 
 
@@ -237,6 +248,7 @@ def t_answer_sse(data: bytes) -> None:
         SEEN["answer_sse:refused"] += 1
         return
     SEEN["answer_sse:parsed"] += 1
+    SEEN[f"answer_sse:parsed:{dialect}"] += 1
     _use(reply, "sse")
 
 
@@ -402,6 +414,7 @@ def t_hooks(data: bytes, workdir: str | None = None) -> None:
         record = flow.metadata.get("context_guru")
         assert isinstance(record, dict)
         SEEN[f"hooks:{record['outcome']}"] += 1
+        SEEN[f"hooks:{dialect}:{record['outcome']}"] += 1
         if record.get("expand", {}).get("injected"):
             SEEN["hooks:expand_offered"] += 1
         sent = flow.request.raw_content
@@ -450,7 +463,8 @@ _TOKENS = [
     b"data: [DONE]\n\n", b'"role"', b'"user"', b'"assistant"', b'"tool"', b'"system"',
     b'"content"', b'"type"', b'"text"', b'"tool_use"', b'"tool_result"', b'"tool_use_id"',
     b'"tool_calls"', b'"messages"', b'"usage"', b'"index"', b'"delta"', b'"id"', b'"name"',
-    b'"input"', b'"context_guru_expand"', b"\xff", b"\xc3", b"\xef\xbb\xbf", b"\0\0",
+    b'"input"', b'"context_guru_expand"', b'"output"', b'"function_call"', b'"call_id"',
+    b'"output_text"', b'"reasoning"', b"event: response.completed\n", b"\xff", b"\xc3", b"\xef\xbb\xbf", b"\0\0",
 ]  # fmt: skip
 
 
@@ -487,6 +501,8 @@ def _prefixed(
 def request_bytes(dialect: str) -> st.SearchStrategy[bytes]:
     if dialect in ("anthropic", "openai"):
         valid = bodies(dialect).map(lambda s: s.raw)  # type: ignore[arg-type]
+    elif dialect == "responses":
+        valid = responses_bodies().map(lambda s: s.raw)
     else:
         valid = small_json.map(lambda v: json.dumps({"messages": [v]}).encode())
     return st.one_of(valid, mutated(valid), st.binary(max_size=200))
@@ -554,7 +570,71 @@ def openai_answer(draw: st.DrawFn) -> dict[str, Any]:
     }
 
 
+@st.composite
+def responses_answer(draw: st.DrawFn) -> dict[str, Any]:
+    """A Responses API `response` object: output items of every kind Codex meets (reasoning,
+    message, function and custom tool calls, our expand tool, an unknown item)."""
+    text = st.text(max_size=40)
+    item = st.one_of(
+        st.builds(
+            lambda t: {
+                "type": "message",
+                "id": "msg_1",
+                "role": "assistant",
+                "status": "completed",
+                "content": [{"type": "output_text", "text": t, "annotations": []}],
+            },
+            text,
+        ),
+        st.builds(
+            lambda t: {
+                "type": "reasoning",
+                "id": "rs_1",
+                "summary": [{"type": "summary_text", "text": t}],
+                "encrypted_content": "gAAAA",
+            },
+            text,
+        ),
+        st.builds(
+            lambda n, a, i: {
+                "type": "function_call",
+                "id": f"fc_{i}",
+                "call_id": f"call_{i}",
+                "name": n,
+                "arguments": a,
+                "status": "completed",
+            },
+            st.sampled_from(["context_guru_expand", "exec"]),
+            st.sampled_from(['{"id": "x"}', "{", "", "[]"]),
+            st.integers(0, 9),
+        ),
+        st.builds(
+            lambda t: {"type": "custom_tool_call", "call_id": "call_c", "name": "x", "input": t},
+            text,
+        ),
+        st.builds(lambda v: {"type": "mystery_item", "x": v}, small_json),
+    )
+    usage = st.fixed_dictionaries(
+        {"input_tokens": st.integers(0, 10**6), "output_tokens": st.integers(0, 10**6)},
+        optional={
+            "input_tokens_details": st.fixed_dictionaries({"cached_tokens": st.integers(0, 10**6)}),
+            "total_tokens": st.integers(0, 10**6),
+        },
+    )
+    return {
+        "id": "resp_1",
+        "object": "response",
+        "created_at": 1,
+        "status": draw(st.sampled_from(["completed", "incomplete"])),
+        "model": "gpt-fuzz",
+        "output": draw(st.lists(item, max_size=4)),
+        "usage": draw(usage),
+    }
+
+
 def answer_values(dialect: str) -> st.SearchStrategy[dict[str, Any]]:
+    if dialect == "responses":
+        return responses_answer()
     return anthropic_answer() if dialect == "anthropic" else openai_answer()
 
 
@@ -631,12 +711,18 @@ def tap_bytes() -> st.SearchStrategy[bytes]:
 
 
 def hook_bytes() -> st.SearchStrategy[bytes]:
-    return st.tuples(
-        st.integers(0, len(DIALECT_NAMES) - 1),
-        st.integers(0, 1),
-        st.one_of(*(request_bytes(d) for d in DIALECT_NAMES)),
-        st.one_of(*(answer_bytes(d, s) for d in ANSWER_DIALECTS for s in (True, False))),
-    ).map(lambda t: bytes([t[0], t[1]]) + t[2] + b"\0\0" + t[3])
+    """The dialect byte, the answer's content type, a request of that dialect (or, sometimes, of
+    another: a body sent to the wrong path), the answer."""
+
+    def for_dialect(k: int) -> st.SearchStrategy[bytes]:
+        d = DIALECT_NAMES[k]
+        body = st.one_of(request_bytes(d), request_bytes(d), *map(request_bytes, DIALECT_NAMES))
+        answer = st.one_of(answer_bytes(d, True), answer_bytes(d, False))
+        return st.tuples(st.integers(0, 1), body, answer).map(
+            lambda t: bytes([k, t[0]]) + t[1] + b"\0\0" + t[2]
+        )
+
+    return st.integers(0, len(DIALECT_NAMES) - 1).flatmap(for_dialect)
 
 
 @dataclass(frozen=True)
