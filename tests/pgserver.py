@@ -97,7 +97,9 @@ class PgServer:
         if b is None:
             raise RuntimeError("no PostgreSQL binaries")
         root = Path(tempfile.mkdtemp(prefix="cg-pg-", dir="/tmp"))
-        srv = cls(b, root, free_port(), "".join(secrets.choice(PASSWORD_ALPHABET) for _ in range(20)))
+        srv = cls(
+            b, root, free_port(), "".join(secrets.choice(PASSWORD_ALPHABET) for _ in range(20))
+        )
         if os.geteuid() == 0:
             nobody = pwd.getpwnam("nobody")
             srv._ids = (nobody.pw_uid, nobody.pw_gid)

@@ -244,7 +244,7 @@ class _Op:
 class PgStore(Store):
     """A PostgreSQL database shared by every instance; see the module docstring."""
 
-    def __init__(  # noqa: PLR0913 - the SQLite store's knobs plus the lease
+    def __init__(
         self,
         url: str,
         *,
@@ -281,6 +281,7 @@ class PgStore(Store):
         self._held: set[str] = set()  # conversations this instance holds a claim on
         self._touched: dict[tuple[str, str], float] = {}
         self._closed = threading.Event()
+        self._live = threading.Event()  # LISTEN went up at least once
         self._queue: queue.Queue[_Op | None] = queue.Queue()
         self._conn: Any = None
         self._conn = self._connect("open")
@@ -293,6 +294,9 @@ class PgStore(Store):
         self._writer = threading.Thread(target=self._write_loop, name="cg-pg-write", daemon=True)
         self._listener.start()
         self._writer.start()
+        # Serve from the cache from the first request on (a store that is not listening reads
+        # every time); bounded: a LISTEN that fails leaves the store usable, only slower.
+        self._live.wait(self.connect_timeout + 3.0)
         if evict:
             try:
                 self.evict()
@@ -493,6 +497,7 @@ class PgStore(Store):
                 conn.execute(f"LISTEN {CHANNEL}")
                 # Whatever was cached before may have missed notices: start afresh.
                 self.cache.clear(live=True)
+                self._live.set()
                 while not self._closed.is_set():
                     for n in conn.notifies(timeout=0.5):
                         self._notice(n.payload)
@@ -521,7 +526,8 @@ class PgStore(Store):
                 cur = c.sessions.get(session)
                 if cur is None or cur.last_request <= float(t):
                     c.sessions.put(
-                        session, SessionRecord(session, float(t), None if ttl == "-" else float(ttl))
+                        session,
+                        SessionRecord(session, float(t), None if ttl == "-" else float(ttl)),
                     )
             elif kind == "x":  # a stash deleted
                 key, _, session = rest.partition(" ")
@@ -535,6 +541,13 @@ class PgStore(Store):
     @property
     def listening(self) -> bool:
         return self.cache.live
+
+    def _catch_up(self) -> None:
+        """Before a read the cache could not answer while not listening: this process's queued
+        writes committed first (read-your-writes), unless the writer is failing now."""
+        if not self.cache.live and self._queue.qsize() and self.error is None:
+            with suppress(StoreError):
+                self.flush(1.0)
 
     # -- interface: plumbing ------------------------------------------------------------------
 
@@ -717,6 +730,7 @@ class PgStore(Store):
                     return True
             c.misses += 1
             gen = c.gen
+        self._catch_up()
         with self._read("has_stash") as conn:
             if session is None:
                 row = conn.execute(
@@ -756,7 +770,10 @@ class PgStore(Store):
         meta = json.dumps(cp.meta, ensure_ascii=False, sort_keys=True) if cp.meta else None
         c = self.cache
         with c.lock:
+            known = c.live and cp.session in c.cps
             prev = c.cps.get(cp.session)
+        if not known:
+            prev = self.get_checkpoint(cp.session)
         created = prev.created if prev is not None else t
         me, conv = self.instance, cp.session
 
@@ -826,6 +843,7 @@ class PgStore(Store):
                 return cp
             c.misses += 1
             gen = c.gen
+        self._catch_up()
         with self._read("get_checkpoint") as conn:
             row = conn.execute(
                 f"SELECT {_CP_COLS} FROM cg_checkpoints WHERE session = %s", (session,)
@@ -904,6 +922,7 @@ class PgStore(Store):
                 return rec
             c.misses += 1
             gen = c.gen
+        self._catch_up()
         with self._read("get_session") as conn:
             row = conn.execute(
                 "SELECT last_request, cache_ttl FROM cg_sessions WHERE session = %s", (session,)
@@ -947,9 +966,7 @@ class PgStore(Store):
                 """
             ).fetchall()
         return [
-            SessionInfo(
-                r[0], r[1], r[2], r[3], r[4], int(r[5]), int(r[6]), last_seen=r[7] or None
-            )
+            SessionInfo(r[0], r[1], r[2], r[3], r[4], int(r[5]), int(r[6]), last_seen=r[7] or None)
             for r in rows
         ]
 
@@ -1030,8 +1047,7 @@ class PgStore(Store):
         with self._read("ledger_turns") as conn:
             rows = conn.execute(sql, args).fetchall()
         return {
-            r[0]: LedgerTurns(int(r[1]), int(r[2]), int(r[3]), int(r[4]), float(r[5]))
-            for r in rows
+            r[0]: LedgerTurns(int(r[1]), int(r[2]), int(r[3]), int(r[4]), float(r[5])) for r in rows
         }
 
     def cache_state(self, session: str) -> str | None:
@@ -1099,13 +1115,12 @@ class PgStore(Store):
                 victims.append((key, session))
                 total -= int(size)
             with conn.cursor() as cur:
-                cur.executemany(
-                    "DELETE FROM cg_stashes WHERE key = %s AND session = %s", victims
-                )
+                cur.executemany("DELETE FROM cg_stashes WHERE key = %s AND session = %s", victims)
             lru = len(victims)
         result = EvictResult(expired, lru, cps, sess)
         if result.total:
             conn.execute("SELECT pg_notify(%s, 'e')", (CHANNEL,))
+            self._notice("e")  # this instance too, before the caller reads again
         self._last_evict = t
         self.evicted += result.expired_stashes + result.lru_stashes
         return result
