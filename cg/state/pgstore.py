@@ -219,6 +219,10 @@ class _Cache:
         self.hits = 0
         self.misses = 0
         self.notices = 0
+        # The token of the last `p TOKEN` notice: notices arrive in commit order, so an
+        # instance that shows a ping has applied every change committed before it (an
+        # operator's or a test's way to know the instances caught up, /_cg/health).
+        self.ping = ""
 
     def clear(self, live: bool) -> None:
         with self.lock:
@@ -282,6 +286,7 @@ class PgStore(Store):
         self._touched: dict[tuple[str, str], float] = {}
         self._closed = threading.Event()
         self._live = threading.Event()  # LISTEN went up at least once
+        self._stale = threading.Event()  # the server went away since the reader connected
         self._queue: queue.Queue[_Op | None] = queue.Queue()
         self._conn: Any = None
         self._conn = self._connect("open")
@@ -374,7 +379,13 @@ class PgStore(Store):
         with self._lock:
             if self._closed.is_set():
                 raise StoreError(f"{what}: the store {self.path} is closed")
+            if self._stale.is_set() and self._conn is not None:
+                # The listener lost the server: this idle connection is likely dead too.
+                with suppress(Exception):
+                    self._conn.close()
+                self._conn = None
             if self._conn is None or self._conn.closed:
+                self._stale.clear()
                 self._conn = self._connect(what)
             try:
                 yield self._conn
@@ -508,6 +519,7 @@ class PgStore(Store):
                 self._fail("listen", e)
             finally:
                 self.cache.clear(live=False)
+                self._stale.set()
                 if conn is not None:
                     with suppress(Exception):
                         conn.close()
@@ -533,6 +545,8 @@ class PgStore(Store):
                 key, _, session = rest.partition(" ")
                 for k in [k for k in c.stashes if k[0] == key and (not session or k[1] == session)]:
                     c.stashes.pop(k, None)
+            elif kind == "p":
+                c.ping = rest[:64]
             elif kind == "e":  # an eviction removed rows: nothing cached can be trusted
                 c.cps.clear()
                 c.sessions.clear()
@@ -558,7 +572,7 @@ class PgStore(Store):
             "engine": "postgresql",
             "url": self.path,
             "listening": c.live,
-            "cache": {"hits": c.hits, "misses": c.misses, "notices": c.notices},
+            "cache": {"hits": c.hits, "misses": c.misses, "notices": c.notices, "ping": c.ping},
             "queued": self._queue.qsize(),
             "dropped": self.dropped,
         }
