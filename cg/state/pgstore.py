@@ -27,8 +27,8 @@ modes, is docs/postgres.md; in short:
   holds a live lease and the conversation's checkpoint is still the one the commission was
   decided on (else someone already wrote a newer one: reuse it). The lease is renewed by the
   writer while the job runs; a holder killed mid-commission stops renewing, and once the lease
-  runs out the next instance to commission takes it over. `put_checkpoint` releases the claim
-  in the same transaction.
+  runs out the next instance to commission takes it over. The holder releases the claim after
+  its checkpoint is written (in that order: a claim in between finds the new checkpoint).
 
 The password in the URL is never shown: `path` (what logs, `/_cg/health`, stats and errors
 print) is the URL with the password replaced, and every error message is scrubbed of it.
@@ -243,6 +243,7 @@ class _Op:
     what: str
     future: concurrent.futures.Future[Any] | None = None
     retry: bool = True
+    counted: bool = True  # submitted (in `_outstanding`); the writer's own chores are not
 
 
 class PgStore(Store):
@@ -288,6 +289,8 @@ class PgStore(Store):
         self._live = threading.Event()  # LISTEN went up at least once
         self._stale = threading.Event()  # the server went away since the reader connected
         self._queue: queue.Queue[_Op | None] = queue.Queue()
+        self._outstanding = 0  # operations submitted and not finished yet
+        self._count = threading.Lock()
         self._conn: Any = None
         self._conn = self._connect("open")
         try:
@@ -408,6 +411,8 @@ class PgStore(Store):
             if op.future is not None:
                 op.future.set_exception(StoreError(self.error))
             return
+        with self._count:
+            self._outstanding += 1
         self._queue.put(op)
 
     def _write_loop(self) -> None:
@@ -427,14 +432,18 @@ class PgStore(Store):
                     break
             if self._held and time.monotonic() >= next_renew:
                 next_renew = time.monotonic() + renew_every
-                conn, _ = self._attempt(conn, _Op(self._renew, "renew claims", retry=False))
+                renew = _Op(self._renew, "renew claims", retry=False, counted=False)
+                conn, _ = self._attempt(conn, renew)
             if op is None:
                 if self.now() - self._last_evict < self.evict_interval or self._closed.is_set():
                     continue
-                op = _Op(self._evict_tx, "evict", retry=False)
+                op = _Op(self._evict_tx, "evict", retry=False, counted=False)
                 self._last_evict = self.now()  # tried: not again before the interval
             conn, again = self._attempt(conn, op)
             pending = op if again else None
+            if not again and op.counted:
+                with self._count:
+                    self._outstanding = max(0, self._outstanding - 1)
             if again:
                 self._closed.wait(RECONNECT_PAUSE)
         if conn is not None:
@@ -556,12 +565,20 @@ class PgStore(Store):
     def listening(self) -> bool:
         return self.cache.live
 
-    def _catch_up(self) -> None:
-        """Before a read the cache could not answer while not listening: this process's queued
-        writes committed first (read-your-writes), unless the writer is failing now."""
-        if not self.cache.live and self._queue.qsize() and self.error is None:
+    def _drain(self, timeout: float = 2.0) -> None:
+        """Before a read from the database: this process's writes committed first
+        (read-your-writes). Skipped when none are outstanding, and when the store is failing
+        now (the writer is waiting for the server: the read fails at once instead of after
+        `timeout` seconds on the event loop)."""
+        if self._outstanding and self.error is None:
             with suppress(StoreError):
-                self.flush(1.0)
+                self.flush(timeout)
+
+    def _catch_up(self) -> None:
+        """A read the cache could not answer while not listening: drained first (a listening
+        cache already holds this process's own writes)."""
+        if not self.cache.live:
+            self._drain(1.0)
 
     # -- interface: plumbing ------------------------------------------------------------------
 
@@ -701,8 +718,7 @@ class PgStore(Store):
         if not valid_key(key):
             return None
         t = self.now()
-        with suppress(StoreError):
-            self.flush(2.0)
+        self._drain()
         with self._read("get_stash") as conn:
             if session is None:
                 row = conn.execute(
@@ -789,7 +805,7 @@ class PgStore(Store):
         if not known:
             prev = self.get_checkpoint(cp.session)
         created = prev.created if prev is not None else t
-        me, conv = self.instance, cp.session
+        conv = cp.session
 
         def run(conn: Any) -> None:
             conn.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (conv,))
@@ -806,12 +822,8 @@ class PgStore(Store):
                     cp.key, cp.message, created, t, meta,
                 ),
             )  # fmt: skip
-            conn.execute(
-                "DELETE FROM cg_claims WHERE conversation = %s AND holder = %s", (conv, me)
-            )
             conn.execute("SELECT pg_notify(%s, %s)", (CHANNEL, f"c {conv}"))
 
-        self._held.discard(conv)
         self._submit(_Op(run, "put_checkpoint"))
         out = Checkpoint(
             cp.session, cp.summary, cp.head_count, cp.covered_count, cp.covered_hash,
@@ -871,8 +883,7 @@ class PgStore(Store):
         return cp
 
     def checkpoints_of(self, session: str) -> list[Checkpoint]:
-        with suppress(StoreError):
-            self.flush(2.0)
+        self._drain()
         with self._read("checkpoints_of") as conn:
             rows = conn.execute(
                 f"SELECT {_CP_COLS} FROM cg_checkpoints WHERE {_OWNER} = %s ORDER BY updated",
@@ -948,8 +959,7 @@ class PgStore(Store):
         return rec
 
     def sessions(self) -> list[SessionInfo]:
-        with suppress(StoreError):
-            self.flush(2.0)
+        self._drain()
         with self._read("sessions") as conn:
             rows = conn.execute(
                 f"""
@@ -1038,7 +1048,7 @@ class PgStore(Store):
         self._submit(_Op(run, "record_usage"))
 
     def usage_rows(self, session: str | None = None) -> list[UsageRow]:
-        self.flush()
+        self._drain()
         sql = f"SELECT session, kind, model, tier, {_USAGE_COLS} FROM cg_usage"
         args: tuple[str, ...] = ()
         if session is not None:
@@ -1049,7 +1059,7 @@ class PgStore(Store):
         return [UsageRow(r[0], r[1], r[2], r[3], Usage(*(int(x) for x in r[4:]))) for r in rows]
 
     def ledger_turns(self, session: str | None = None) -> dict[str, LedgerTurns]:
-        self.flush()
+        self._drain()
         sql = (
             "SELECT session, turns, rewritten, tokens_not_sent, estimate_skipped, last_seen "
             "FROM cg_ledger"
@@ -1065,8 +1075,7 @@ class PgStore(Store):
         }
 
     def cache_state(self, session: str) -> str | None:
-        with suppress(StoreError):
-            self.flush(2.0)
+        self._drain()
         with self._read("cache_state") as conn:
             row = conn.execute(
                 "SELECT cache_state FROM cg_ledger WHERE session = %s", (session,)
@@ -1076,7 +1085,7 @@ class PgStore(Store):
     # -- bounds -------------------------------------------------------------------------------
 
     def stats(self) -> StoreStats:
-        self.flush()
+        self._drain()
         with self._read("stats") as conn:
             n, total = conn.execute(
                 "SELECT COUNT(*), COALESCE(SUM(size), 0) FROM cg_stashes"

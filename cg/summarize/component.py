@@ -404,7 +404,7 @@ class Summarize:
         """Run the summarizer for `job` (default: this component's) and store the result as the
         session's checkpoint. With no summarizer at all, the job is a counted no-op."""
         summarizer = summarizer or self.summarizer
-        stored = False
+        claimed = False
         try:
             if summarizer is None:
                 return "no_model"
@@ -414,6 +414,7 @@ class Summarize:
                 if not await self.store.claim(job.conversation, job.based_on):
                     job.note = "another instance holds this conversation's summary"
                     return "deferred"
+                claimed = True
             except StoreError:
                 return "failed"
             try:
@@ -447,13 +448,14 @@ class Summarize:
                     updated=0.0,
                 )
             )
-            stored = True
             # Counted complete once other instances can see it (PostgreSQL writes are queued).
             with contextlib.suppress(StoreError, TimeoutError):
                 await self.store.settle()
             return "completed"
         finally:
-            if not stored:
+            if claimed:
+                # After the checkpoint (writes commit in order): an instance that claims in
+                # between finds the new checkpoint and defers to it.
                 with contextlib.suppress(StoreError):
                     self.store.release(job.conversation)
             self.inflight.discard(job.conversation)

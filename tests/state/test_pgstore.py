@@ -102,12 +102,17 @@ def test_exactly_one_of_many_concurrent_claims_wins(two: tuple[PgStore, PgStore]
 def test_a_claim_is_refused_once_a_newer_checkpoint_exists(two: tuple[PgStore, PgStore]):
     a, b = two
     assert asyncio.run(a.claim("s#1", None))
-    a.put_checkpoint(cp("s#1", "h1"))  # releases the claim in the same transaction
+    a.put_checkpoint(cp("s#1", "h1"))
+    a.flush()
+    # b decided on "no checkpoint": a's is newer, reuse it (even before a releases its claim).
+    assert not asyncio.run(b.claim("s#1", None))
+    # Decided on a's checkpoint (a roll-forward): not while a holds the lease ...
+    assert not asyncio.run(b.claim("s#1", "h1"))
+    a.release("s#1")
     a.flush()
     assert a.claims() == []
-    # b decided on "no checkpoint": a's is newer, reuse it.
+    # ... granted once a let go; and still refused to a decision made on no checkpoint.
     assert not asyncio.run(b.claim("s#1", None))
-    # Decided on a's checkpoint (a roll-forward): granted.
     assert asyncio.run(b.claim("s#1", "h1"))
 
 
