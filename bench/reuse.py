@@ -378,7 +378,7 @@ def part_lines(sc: Scenario) -> list[Line]:
         ("input validate_shape", lambda: validate_shape(views, d)),
         ("session_of (header)", lambda: session_of(sc.headers, ix)),
         (
-            "apply · store.touch_session (SQLite write tx)",
+            "apply · store.touch_session (the store)",
             lambda: store.touch_session(sid, sc.tick(), ttl),
         ),
         ("apply · cache_ttl: regex over the body text", lambda: cache_ttl(ix.text)),
@@ -387,7 +387,7 @@ def part_lines(sc: Scenario) -> list[Line]:
             f"apply · {n} message facts: digests and token counts (memo hits)",
             lambda: comp.facts.all(ix),
         ),
-        ("apply · conversation key + store.get_checkpoint (SQLite write tx)", get_checkpoint),
+        ("apply · conversation key + store.get_checkpoint (the store)", get_checkpoint),
         ("apply · prefix_hash of the covered prefix", lambda: prefix_hash(digests[:ce])),
         (
             "apply · _splice: summary view, plan, repair_orphans",

@@ -51,7 +51,7 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import unquote, urlsplit, urlunsplit
 
 from cg.state.store import (
     LEDGER_TTL_DAYS,
@@ -244,6 +244,10 @@ class _Op:
     future: concurrent.futures.Future[Any] | None = None
     retry: bool = True
     counted: bool = True  # submitted (in `_outstanding`); the writer's own chores are not
+    # How it goes on the wire: "tx" a transaction; "pipeline" a transaction whose statements
+    # are sent together (one round trip: writes that read nothing back); "single" one
+    # autocommitted statement (the per-turn session clock: one round trip, no BEGIN/COMMIT).
+    mode: str = "tx"
 
 
 class PgStore(Store):
@@ -264,8 +268,9 @@ class PgStore(Store):
         if ttl_hours <= 0 or max_mb <= 0:
             raise ValueError("ttl_hours and max_mb must be positive")
         self._pg = _driver()
-        self.url = url
-        self._password = urlsplit(url).password or ""
+        self._url = url  # holds the password: never shown (`path` is what may be)
+        raw_pw = urlsplit(url).password or ""
+        self._secrets = sorted({p for p in (raw_pw, unquote(raw_pw)) if p}, key=len, reverse=True)
         self.persistent = True
         self.path = redact_url(url)
         self.journal_mode = "postgresql"
@@ -316,9 +321,10 @@ class PgStore(Store):
 
     def _scrub(self, text: str) -> str:
         """An error message without the password (a driver may quote the connection string)."""
-        if self._password:
-            text = text.replace(self._password, "***")
-        return text.replace(self.url, self.path)
+        text = text.replace(self._url, self.path)
+        for secret in self._secrets:
+            text = text.replace(secret, "***")
+        return text
 
     def _fail(self, what: str, e: BaseException) -> StoreError:
         msg = " ".join(str(e).split()) or type(e).__name__
@@ -329,7 +335,7 @@ class PgStore(Store):
     def _connect(self, what: str) -> Any:
         try:
             conn = self._pg.connect(
-                self.url,
+                self._url,
                 autocommit=True,
                 connect_timeout=self.connect_timeout,
                 options=f"-c statement_timeout={STATEMENT_TIMEOUT_MS}",
@@ -455,8 +461,14 @@ class PgStore(Store):
         try:
             if conn is None or conn.closed:
                 conn = self._connect(op.what)
-            with conn.transaction():
+            if op.mode == "single":
                 result = op.run(conn)
+            elif op.mode == "pipeline":
+                with conn.pipeline(), conn.transaction():
+                    result = op.run(conn)
+            else:
+                with conn.transaction():
+                    result = op.run(conn)
         except (self._pg.Error, StoreError) as e:
             lost = isinstance(e, (self._pg.OperationalError, StoreError)) or (
                 conn is not None and conn.closed
@@ -613,8 +625,9 @@ class PgStore(Store):
     def close(self) -> None:
         if self._closed.is_set():
             return
-        with suppress(StoreError):
-            self.flush(5.0)
+        if self.error is None:  # a failing store would only make the exit wait
+            with suppress(StoreError):
+                self.flush(3.0)
         self._closed.set()
         self._queue.put(None)
         self._writer.join(10)
@@ -672,6 +685,7 @@ class PgStore(Store):
                     (conversation, me),
                 ),
                 "release",
+                mode="single",
             )
         )
 
@@ -709,6 +723,7 @@ class PgStore(Store):
                     (key, session, t, t, len(span), dialect, n, span),
                 ),
                 "put_stash",
+                mode="single",
             )
         )
         with self.cache.lock:
@@ -742,6 +757,7 @@ class PgStore(Store):
                         (t, k, s),
                     ),
                     "get_stash: mark used",
+                    mode="single",
                 )
             )
         return Stash(row[0], row[1], row[2], t, row[4], row[5], row[6], bytes(row[7]))
@@ -824,7 +840,7 @@ class PgStore(Store):
             )  # fmt: skip
             conn.execute("SELECT pg_notify(%s, %s)", (CHANNEL, f"c {conv}"))
 
-        self._submit(_Op(run, "put_checkpoint"))
+        self._submit(_Op(run, "put_checkpoint", mode="pipeline"))
         out = Checkpoint(
             cp.session, cp.summary, cp.head_count, cp.covered_count, cp.covered_hash,
             cp.key, cp.message, created, t, dict(cp.meta),
@@ -853,6 +869,7 @@ class PgStore(Store):
                     (t, k[0], k[1], t - TOUCH_INTERVAL),
                 ),
                 "get_checkpoint: mark used",
+                mode="single",
             )
         )
 
@@ -905,7 +922,7 @@ class PgStore(Store):
             conn.execute("DELETE FROM cg_checkpoints WHERE session = %s", (session,))
             conn.execute("SELECT pg_notify(%s, %s)", (CHANNEL, f"c {session}"))
 
-        self._submit(_Op(run, "delete_checkpoint"))
+        self._submit(_Op(run, "delete_checkpoint", mode="pipeline"))
         with c.lock:
             c.gen += 1
             if c.live:
@@ -920,17 +937,20 @@ class PgStore(Store):
         t = self.now() if now is None else now
         prev = self.get_session(session)
 
-        def run(conn: Any) -> None:
-            conn.execute(
-                "INSERT INTO cg_sessions (session, last_request, cache_ttl) VALUES (%s, %s, %s) "
-                "ON CONFLICT (session) DO UPDATE SET last_request = excluded.last_request, "
-                "cache_ttl = excluded.cache_ttl",
-                (session, t, cache_ttl),
-            )
-            ttl = "-" if cache_ttl is None else repr(float(cache_ttl))
-            conn.execute("SELECT pg_notify(%s, %s)", (CHANNEL, f"s {t!r} {ttl} {session}"))
+        ttl = "-" if cache_ttl is None else repr(float(cache_ttl))
+        notice = f"s {t!r} {ttl} {session}"
 
-        self._submit(_Op(run, "touch_session"))
+        def run(conn: Any) -> None:
+            # One statement, autocommitted: the notice goes out with its commit.
+            conn.execute(
+                "WITH up AS (INSERT INTO cg_sessions (session, last_request, cache_ttl) "
+                "VALUES (%s, %s, %s) ON CONFLICT (session) DO UPDATE SET "
+                "last_request = excluded.last_request, cache_ttl = excluded.cache_ttl "
+                "RETURNING 1) SELECT pg_notify(%s, %s) FROM up",
+                (session, t, cache_ttl, CHANNEL, notice),
+            )
+
+        self._submit(_Op(run, "touch_session", mode="single"))
         c = self.cache
         with c.lock:
             c.gen += 1
@@ -1045,7 +1065,7 @@ class PgStore(Store):
                 ),
             )  # fmt: skip
 
-        self._submit(_Op(run, "record_usage"))
+        self._submit(_Op(run, "record_usage", mode="pipeline"))
 
     def usage_rows(self, session: str | None = None) -> list[UsageRow]:
         self._drain()

@@ -415,7 +415,7 @@ class Summarize:
                     job.note = "another instance holds this conversation's summary"
                     return "deferred"
                 claimed = True
-            except StoreError:
+            except (StoreError, TimeoutError):
                 return "failed"
             try:
                 summary = await self._summarize(summarizer, job)
