@@ -78,6 +78,8 @@ CHANNEL = "cg_store"
 LEASE_SECONDS = 30.0  # a claim's lease; renewed every third of it while its job runs
 CONNECT_TIMEOUT = 2  # seconds; a database that is down is noticed at once on loopback
 STATEMENT_TIMEOUT_MS = 2000
+LINGER = 0.05  # seconds the writer gathers plain writes before committing them together
+BATCH_MAX = 200  # operations per gathered transaction
 QUEUE_MAX = 20_000  # queued writes beyond this are dropped (and counted): memory stays bounded
 CACHE_MAX = 20_000  # entries per cache; the least recently used go first
 RECONNECT_PAUSE = 0.5
@@ -248,6 +250,12 @@ class _Op:
     # are sent together (one round trip: writes that read nothing back); "single" one
     # autocommitted statement (the per-turn session clock: one round trip, no BEGIN/COMMIT).
     mode: str = "tx"
+    parts: list[_Op] | None = None  # a batch: these operations, committed together
+
+
+def _batchable(op: _Op) -> bool:
+    """A plain write: retried after a reconnect, nobody waiting for its result."""
+    return op.retry and op.future is None and op.counted and op.parts is None
 
 
 class PgStore(Store):
@@ -294,6 +302,7 @@ class PgStore(Store):
         self._live = threading.Event()  # LISTEN went up at least once
         self._stale = threading.Event()  # the server went away since the reader connected
         self._queue: queue.Queue[_Op | None] = queue.Queue()
+        self._kick = threading.Event()  # ends the writer's gathering of plain writes
         self._outstanding = 0  # operations submitted and not finished yet
         self._count = threading.Lock()
         self._conn: Any = None
@@ -348,18 +357,14 @@ class PgStore(Store):
     def _migrate_pg(self, conn: Any) -> None:
         """Create or bring the schema to PG_SCHEMA_VERSION, one version per transaction, under
         an advisory lock, so instances starting together migrate it once."""
-        try:
-            conn.execute(
-                "CREATE TABLE IF NOT EXISTS cg_meta (k TEXT PRIMARY KEY, v BIGINT NOT NULL)"
-            )
-        except self._pg.errors.UniqueViolation:
-            pass  # another instance created it at the same moment
-        except self._pg.Error as e:
-            raise self._fail("cannot open the store (schema)", e) from None
         while True:
             try:
                 with conn.transaction():
                     conn.execute("SELECT pg_advisory_xact_lock(%s)", (_MIGRATION_LOCK,))
+                    # Under the lock: two instances creating it at once would collide.
+                    conn.execute(
+                        "CREATE TABLE IF NOT EXISTS cg_meta (k TEXT PRIMARY KEY, v BIGINT NOT NULL)"
+                    )
                     row = conn.execute("SELECT v FROM cg_meta WHERE k = 'schema'").fetchone()
                     version = int(row[0]) if row else 0
                     if version > PG_SCHEMA_VERSION:
@@ -420,15 +425,26 @@ class PgStore(Store):
         with self._count:
             self._outstanding += 1
         self._queue.put(op)
+        if not _batchable(op):
+            self._kick.set()  # someone waits: stop gathering
 
     def _write_loop(self) -> None:
-        """Commit queued operations in order; renew held claims and evict when due."""
+        """Commit queued operations in order; renew held claims and evict when due.
+
+        Plain writes (no caller waiting) are gathered for up to LINGER seconds and committed
+        together, in one pipelined transaction: the writer thread then wakes a few times a
+        second under load instead of once per turn, and each wake is one round trip. A thread
+        that wakes while a turn runs on the event loop competes with it for the GIL and, on a
+        small machine, for the CPU; batching keeps that rare. An operation someone waits for
+        (a claim, a flush) ends the wait at once."""
         conn: Any = None
-        pending: _Op | None = None  # a write that failed on a lost connection: retried first
+        pending: _Op | None = None  # failed on a lost connection: retried first
+        ahead: _Op | None = None  # taken from the queue while gathering; next in line
         renew_every = max(self.lease / 3.0, 0.05)
         next_renew = time.monotonic() + renew_every
         while True:
-            op = pending
+            op = pending or ahead
+            ahead = None
             if op is None:
                 try:
                     op = self._queue.get(timeout=min(renew_every, 1.0))
@@ -436,6 +452,8 @@ class PgStore(Store):
                     op = None
                 if op is None and self._closed.is_set() and self._queue.empty():
                     break
+                if op is not None and _batchable(op):
+                    op, ahead = self._gather(op)
             if self._held and time.monotonic() >= next_renew:
                 next_renew = time.monotonic() + renew_every
                 renew = _Op(self._renew, "renew claims", retry=False, counted=False)
@@ -447,17 +465,58 @@ class PgStore(Store):
                 self._last_evict = self.now()  # tried: not again before the interval
             conn, again = self._attempt(conn, op)
             pending = op if again else None
-            if not again and op.counted:
-                with self._count:
-                    self._outstanding = max(0, self._outstanding - 1)
             if again:
                 self._closed.wait(RECONNECT_PAUSE)
         if conn is not None:
             with suppress(Exception):
                 conn.close()
 
+    def _gather(self, first: _Op) -> tuple[_Op, _Op | None]:
+        """`first` and the plain writes queued within LINGER after it, as one operation; and
+        the operation that ended the gathering (someone waits for it), if any."""
+        self._kick.wait(LINGER)
+        self._kick.clear()
+        ops = [first]
+        ahead: _Op | None = None
+        while len(ops) < BATCH_MAX:
+            try:
+                nxt = self._queue.get_nowait()
+            except queue.Empty:
+                break
+            if nxt is None or not _batchable(nxt):
+                ahead = nxt
+                break
+            ops.append(nxt)
+        if len(ops) == 1:
+            return first, ahead
+
+        def run(conn: Any) -> None:
+            for op in ops:
+                op.run(conn)
+
+        return _Op(run, f"{len(ops)} writes", mode="pipeline", parts=ops), ahead
+
     def _attempt(self, conn: Any, op: _Op) -> tuple[Any, bool]:
-        """Run `op` in one transaction: (the connection to go on with, whether to retry it)."""
+        """Run `op` in one transaction: (the connection to go on with, whether to retry it).
+        A batch the database refuses is run again one by one, so one bad write drops alone."""
+        conn, again, failed = self._try(conn, op)
+        if failed and op.parts is not None:
+            for part in op.parts:
+                conn, again = self._attempt(conn, part)
+                if again:  # the connection went: the rest waits for the reconnect
+                    rest = op.parts[op.parts.index(part) :]
+                    op.parts[:] = rest
+                    return conn, True
+            return conn, False
+        if not again:
+            done = len(op.parts) if op.parts is not None else int(op.counted)
+            if done:
+                with self._count:
+                    self._outstanding = max(0, self._outstanding - done)
+        return conn, again
+
+    def _try(self, conn: Any, op: _Op) -> tuple[Any, bool, bool]:
+        """(connection, retry after a reconnect, refused by the database)."""
         try:
             if conn is None or conn.closed:
                 conn = self._connect(op.what)
@@ -479,22 +538,26 @@ class PgStore(Store):
                     conn.close()
                 conn = None
             if lost and op.retry and not self._closed.is_set():
-                return conn, True
+                return conn, True, False
+            if op.parts is not None and not lost:
+                return conn, False, True  # which one? run them one by one
             if op.future is None:
-                self.dropped += 1
+                self.dropped += len(op.parts) if op.parts is not None else 1
             elif not op.future.done():
                 op.future.set_exception(StoreError(str(err)))
-            return conn, False
+            return conn, False, False
         except Exception as e:  # noqa: BLE001 - a bug in one op never stops the writer
             err = self._fail(op.what, e)
+            if op.parts is not None:
+                return conn, False, True
             if op.future is not None and not op.future.done():
                 op.future.set_exception(err)
-            return conn, False
+            return conn, False, False
         if op.future is not None and not op.future.done():
             op.future.set_result(result)
         if op.retry:
             self.error = None  # a write went through: whatever failed before is over
-        return conn, False
+        return conn, False, False
 
     def _call(self, run: Callable[[Any], Any], what: str, timeout: float = 5.0) -> Any:
         """Run `run` on the writer, after everything queued before it; wait for its result."""
@@ -630,6 +693,7 @@ class PgStore(Store):
                 self.flush(3.0)
         self._closed.set()
         self._queue.put(None)
+        self._kick.set()
         self._writer.join(10)
         self._listener.join(5)
         with self._lock:

@@ -179,9 +179,38 @@ def test_three_instances_round_robin_one_summary_the_same_bytes_everywhere(
             assert r.status_code == 200, r.text
             assert r.json()["messages"] == sent
         no_password(pg_server.password, ps)
+        # Nothing in the database holds the agent's key (and the dump is not empty).
+        dump = database_text(pg_url)
+        assert session in dump and "=== History Summary ===" in dump
+        assert "sk-e2e" not in dump
     finally:
         for a in agents:
             a.__exit__()
+
+
+def database_text(url: str) -> str:
+    """Every row of every context-guru table, as text."""
+    import psycopg
+
+    out: list[str] = []
+    with psycopg.connect(url, autocommit=True) as c:
+        tables = c.execute(
+            "SELECT tablename FROM pg_tables WHERE tablename LIKE 'cg\\_%' ORDER BY 1"
+        ).fetchall()
+        assert len(tables) >= 7, tables
+        for (t,) in tables:
+            for row in c.execute(f"SELECT * FROM {t}").fetchall():
+                out.append(
+                    repr(
+                        [
+                            bytes(v).decode("utf-8", "replace")
+                            if isinstance(v, memoryview | bytes)
+                            else v
+                            for v in row
+                        ]
+                    )
+                )
+    return "\n".join(out)
 
 
 def test_a_holder_killed_mid_commission_loses_its_lease_to_another_instance(

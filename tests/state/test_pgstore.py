@@ -227,3 +227,19 @@ def test_instances_starting_together_migrate_once(pg_url: str):
         s.close()
     assert not errors and len(stores) == 4
     assert str(urlsplit(pg_url).password) not in stores[0].path
+
+
+def test_gathered_writes_commit_together_and_a_bad_one_drops_alone(pg_url: str):
+    from cg.wire.usage import Usage
+
+    with PgStore(pg_url) as st:
+        st.touch_session("a", now=1.0)
+        st.record_usage("a", [("agent", "m", "", Usage(2**70, 0, 0, 0, 0, 1))])  # > BIGINT
+        st.record_usage("a", [("agent", "m", "", Usage(5, 0, 0, 0, 7, 1))])
+        st.touch_session("b", now=2.0)
+        rows = st.usage_rows("a")  # waits for the writes
+        assert [(r.usage.input_tokens, r.usage.output_tokens) for r in rows] == [(5, 7)]
+        assert (
+            st.dropped == 1
+        )  # counted (health: store.dropped); the error cleared by the next write
+        assert {i.session for i in st.sessions()} == {"a", "b"}
