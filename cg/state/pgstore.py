@@ -1194,6 +1194,8 @@ class PgStore(Store):
     def _evict_tx(self, conn: Any) -> EvictResult:
         t = self.now()
         cutoff = t - self.ttl
+        # A big eviction may take longer than the 2 s a hot-path read is allowed.
+        conn.execute("SET LOCAL statement_timeout = 60000")
         conn.execute("SELECT pg_advisory_xact_lock(%s)", (_EVICT_LOCK,))
         expired = conn.execute("DELETE FROM cg_stashes WHERE last_used < %s", (cutoff,)).rowcount
         cps = conn.execute(
