@@ -56,6 +56,7 @@ import statistics
 import sys
 import tempfile
 import time
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -65,6 +66,8 @@ from bench.corpus import TARGET_MESSAGES, anthropic_body, openai_body
 from bench.hotpath import machine, p90, previous_turn, primed
 from cg.expand.tool import TOOL_JSON, markers
 from cg.pipeline.rewrite import ExpandPolicy, Rewrite, _inject, rewrite_body
+from cg.settings import StoreConfig
+from cg.state.pgstore import redact_url
 from cg.state.session import session_of
 from cg.state.store import Checkpoint, Store
 from cg.state.tokens import TokenCounter
@@ -156,15 +159,16 @@ class Scenario:
         return Summarize(self.comp.cfg, self.store, TokenCounter())
 
 
-def setup(name: str, raw: bytes, dialect: Dialect, db: Path) -> Scenario:
+def setup(name: str, raw: bytes, dialect: Dialect, db: Path | str) -> Scenario:
     """Make the checkpoint as the addon does (turn 1 commissions, `complete` stores), then run
-    the reuse turn once and check it."""
+    the reuse turn once and check it. `db`: an SQLite file, or a `postgresql://` URL (the
+    shared store: the reuse turn is then served from its local cache, with no round trip)."""
     index = index_body(raw, dialect)
     n = len(index.messages)
     assert n == TARGET_MESSAGES, f"{name}: {n} messages"
     prev_raw = previous_turn(index)
     prev = index_body(prev_raw, dialect)
-    store = Store(db)
+    store = Store.open(StoreConfig(), str(db))
     sc = Scenario(
         name=name,
         dialect=dialect,
@@ -173,7 +177,8 @@ def setup(name: str, raw: bytes, dialect: Dialect, db: Path) -> Scenario:
         prev=prev,
         store=store,
         comp=Summarize(config(), store, TokenCounter()),
-        headers={"x-context-guru-session": f"bench-reuse-{name}"},
+        # A fresh session each run: a database outlives the run (a file in a temp dir does not).
+        headers={"x-context-guru-session": f"bench-reuse-{name}-{uuid.uuid4().hex[:8]}"},
         expand=ExpandPolicy("auto", store),
         now=time.time(),  # the store's own clock (eviction, stash use) is real time too
     )
@@ -373,7 +378,7 @@ def part_lines(sc: Scenario) -> list[Line]:
         ("input validate_shape", lambda: validate_shape(views, d)),
         ("session_of (header)", lambda: session_of(sc.headers, ix)),
         (
-            "apply · store.touch_session (SQLite write tx)",
+            "apply · store.touch_session (the store)",
             lambda: store.touch_session(sid, sc.tick(), ttl),
         ),
         ("apply · cache_ttl: regex over the body text", lambda: cache_ttl(ix.text)),
@@ -382,7 +387,7 @@ def part_lines(sc: Scenario) -> list[Line]:
             f"apply · {n} message facts: digests and token counts (memo hits)",
             lambda: comp.facts.all(ix),
         ),
-        ("apply · conversation key + store.get_checkpoint (SQLite write tx)", get_checkpoint),
+        ("apply · conversation key + store.get_checkpoint (the store)", get_checkpoint),
         ("apply · prefix_hash of the covered prefix", lambda: prefix_hash(digests[:ce])),
         (
             "apply · _splice: summary view, plan, repair_orphans",
@@ -515,7 +520,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--dialect", choices=("anthropic", "openai", "both"), default="both", help="which body"
     )
+    ap.add_argument(
+        "--store",
+        action="append",
+        default=None,
+        metavar="TARGET",
+        help="the store to time on: 'sqlite' (a temp file, the default) or a postgresql:// URL; "
+        "repeat to compare (each line is named dialect/engine)",
+    )
     args = ap.parse_args(argv)
+    stores: list[str] = args.store or ["sqlite"]
     if args.reps < 1 or args.warmup < 0 or args.restart_reps < 0:
         ap.error("--reps must be >= 1, --warmup and --restart-reps >= 0")
 
@@ -530,9 +544,17 @@ def main(argv: list[str] | None = None) -> int:
     parts: list[Row] = []
     bodies: dict[str, dict[str, Any]] = {}
     profiles: dict[str, str] = {}
+    multi = stores != ["sqlite"]
     with tempfile.TemporaryDirectory(prefix="cg-bench-reuse-") as tmp:
         scenarios = [
-            setup(name, build(), d, Path(tmp) / f"{name}.sqlite3") for name, build, d in cases
+            setup(
+                f"{name}/{'sqlite' if target == 'sqlite' else 'postgresql'}" if multi else name,
+                build(),
+                d,
+                Path(tmp) / f"{name}.sqlite3" if target == "sqlite" else target,
+            )
+            for target in stores
+            for name, build, d in cases
         ]
         try:
             lines = [ln for sc in scenarios for ln in turn_lines(sc)]
@@ -593,7 +615,8 @@ def main(argv: list[str] | None = None) -> int:
     else:
         m = machine()
         load = " ".join(f"{x:.2f}" for x in m["loadavg"])
-        print(f"{m['cpu']}, {m['nproc']} CPUs, Python {m['python']}, load average {load}\n")
+        print(f"{m['cpu']}, {m['nproc']} CPUs, Python {m['python']}, load average {load}")
+        print(f"stores: {', '.join(redact_url(t) for t in stores)}\n")
         for name, b in bodies.items():
             pt = b["previous_turn"]
             print(

@@ -1,9 +1,9 @@
 """`context-guru` (also `python -m cg`): look at what the proxy did, and what it would do.
 
     context-guru replay FILE [--preset P] [--config F] [--summary TEXT] [--json]
-    context-guru expand KEY [--db PATH] [--json]
-    context-guru sessions [--db PATH] [--config F] [--json]
-    context-guru stats [--db PATH | --proxy URL] [--config F] [--json]
+    context-guru expand KEY [--db PATH|URL] [--json]
+    context-guru sessions [--db PATH|URL] [--config F] [--json]
+    context-guru stats [--db PATH|URL | --proxy URL] [--config F] [--json]
     context-guru simulate FILE… [--preset P]… [--config F] [--json] [--summary-ratio R]
                          [--summary-latency S] [--model NAME] [--plot OUT.png]
 
@@ -40,6 +40,10 @@ def _store(db: str | None) -> Any:
     """The store, opened to read: the CLI never evicts (the proxy's config sets the TTL)."""
     from cg.state.store import Store
 
+    if db is not None and db.startswith(("postgresql://", "postgres://")):
+        from cg.state.pgstore import PgStore
+
+        return PgStore(db, evict=False)  # the shared store several proxies use
     path = Path(db or StoreConfig().path).expanduser()
     if not path.is_file():
         raise ValueError(f"no context-guru store at {path}")

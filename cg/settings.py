@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 PRESETS_DIR = Path(__file__).resolve().parent.parent / "presets"
 
@@ -20,8 +20,20 @@ PRESETS_DIR = Path(__file__).resolve().parent.parent / "presets"
 class StoreConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
     path: str = "~/.context-guru/cg.sqlite3"
+    # `postgresql://user:password@host:port/db`: the store several proxies share (it takes
+    # precedence over `path`); the password is never shown (docs/postgres.md).
+    url: str | None = None
     ttl_hours: float = Field(72, gt=0)
     max_mb: float = Field(512, gt=0)
+    # PostgreSQL: how long a summary claim lives without being renewed (its holder died).
+    lease_seconds: float = Field(30, gt=0)
+
+    @field_validator("url")
+    @classmethod
+    def _postgres_url(cls, v: str | None) -> str | None:
+        if v is not None and not v.startswith(("postgresql://", "postgres://")):
+            raise ValueError("must be a postgresql:// URL (the SQLite file is `path`)")
+        return v
 
 
 class Rates(BaseModel):
@@ -135,7 +147,7 @@ def load_config(preset: str, config_file: str | None, known_components: Sequence
     try:
         cfg = Config.model_validate(data)
     except ValidationError as e:
-        raise ValueError(describe(e, "config")) from None
+        raise ValueError(describe(e, "config", secret_keys=("url",))) from None
     parse_prices(cfg.prices, "config: prices")
     for name in cfg.pipeline:
         if name not in known_components:

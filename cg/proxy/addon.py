@@ -130,8 +130,10 @@ class ContextGuru:
             "cg_db",
             str,
             "",
-            "The SQLite file for stashes, checkpoints and session clocks; empty means the "
-            "config's store.path (default ~/.context-guru/cg.sqlite3).",
+            "The store for stashes, checkpoints and session clocks: an SQLite file, or a "
+            "postgresql://user@host:port/db URL shared by several proxies (its password is "
+            "never shown; PGPASSWORD or ~/.pgpass keep it out of the option); empty means the "
+            "config's store.url or store.path (default ~/.context-guru/cg.sqlite3).",
         )
         loader.add_option(
             "cg_expand_inject",
@@ -268,17 +270,15 @@ class ContextGuru:
         A store that cannot be opened is not fatal: the proxy runs on an in-memory store, and
         `full` markers degrade to none (nothing could be restored from them).
         """
-        path = cg_db or config.store.path
+        path = cg_db or config.store.url or config.store.path
         if self.store is not None and self.store_note == path and self.store_error is None:
             return self.store
         if self.store is not None:
             self.store.close()
         try:
-            self.store = Store.from_config(
-                config.store, path=cg_db or None, busy_timeout_ms=STORE_BUSY_MS
-            )
+            self.store = Store.open(config.store, cg_db or None, busy_timeout_ms=STORE_BUSY_MS)
             if self.store_error is not None:
-                log.warning("context-guru: the store %s opened; acting again", path)
+                log.warning("context-guru: the store %s opened; acting again", self.store.path)
             self.store_error = None
         except StoreError as e:
             if self.store_error is None:
@@ -305,6 +305,8 @@ class ContextGuru:
         out: dict[str, Any] = {"ok": down is None}
         if store is not None:
             out["persistent"] = store.persistent
+            with contextlib.suppress(Exception):
+                out.update(store.describe())
         if down is not None:
             out["error"] = down
         return out
@@ -529,6 +531,8 @@ class ContextGuru:
             counts.completed += 1
         elif outcome == "timed_out":
             counts.timed_out += 1
+        elif outcome == "deferred":
+            counts.deferred += 1
         else:
             counts.failed += 1
         path = getattr(job, "path", None)

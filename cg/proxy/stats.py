@@ -13,6 +13,9 @@ class SummaryCounts:
     failed: int = 0
     timed_out: int = 0
     reused: int = 0
+    # Jobs not run here: another instance sharing the store claimed the conversation, or had
+    # already written a newer checkpoint (its summary is reused instead).
+    deferred: int = 0
     # Which request wrote each job's summary (SPEC §5.5): the shared-cache call, the standalone
     # prompt after a shared answer with no <summary>, or the standalone prompt alone.
     shared: int = 0

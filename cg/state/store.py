@@ -374,6 +374,34 @@ class Store:
         )
 
     @classmethod
+    def open(
+        cls,
+        cfg: StoreConfig,
+        target: str | None = None,
+        now: Callable[[], float] = time.time,
+        busy_timeout_ms: int = DEFAULT_BUSY_TIMEOUT_MS,
+    ) -> Store:
+        """The configured store, whichever the engine: `target` (option `cg_db`), else
+        `store.url`, else `store.path`. A `postgresql://` URL opens the shared PostgreSQL store
+        (`cg.state.pgstore`, imported only then, so the SQLite default never loads psycopg);
+        anything else is an SQLite file."""
+        where = target or cfg.url or cfg.path
+        if where.startswith(("postgresql://", "postgres://")):
+            from cg.state.pgstore import PgStore
+
+            return PgStore(
+                where, ttl_hours=cfg.ttl_hours, max_mb=cfg.max_mb, now=now,
+                lease_seconds=cfg.lease_seconds,
+            )  # fmt: skip
+        return cls(
+            where,
+            ttl_hours=cfg.ttl_hours,
+            max_mb=cfg.max_mb,
+            now=now,
+            busy_timeout_ms=busy_timeout_ms,
+        )
+
+    @classmethod
     def memory(cls, now: Callable[[], float] = time.time) -> Store:
         """A store that does not persist (`persistent` is False): for tests and degraded runs."""
         return cls(MEMORY, now=now)
@@ -543,6 +571,25 @@ class Store:
         with self._tx("probe") as conn:
             version = int(conn.execute("PRAGMA user_version").fetchone()[0])
             conn.execute(f"PRAGMA user_version = {version}")
+
+    # -- what several instances share (the PostgreSQL store); one process needs none of it ----
+
+    async def claim(self, conversation: str, based_on: str | None) -> bool:
+        """Take the right to summarize `conversation`. One SQLite file serves one proxy, whose
+        own in-flight set already keeps one summary per conversation: always True here. The
+        PostgreSQL store claims it in the database (`cg.state.pgstore`)."""
+        return True
+
+    def release(self, conversation: str) -> None:
+        """Give up a claim taken by `claim` (nothing to do for SQLite)."""
+
+    async def settle(self) -> None:
+        """Wait until this process's writes are committed where other instances see them
+        (SQLite writes synchronously: nothing to wait for)."""
+
+    def describe(self) -> dict[str, Any]:
+        """What `/_cg/health` shows of the engine (never a credential)."""
+        return {"engine": "sqlite", "path": self.path}
 
     def _maybe_evict(self) -> None:
         if self.now() - self._last_evict >= self.evict_interval:

@@ -25,6 +25,7 @@ Which request writes the summary (`Commission.path`, counted by the caller):
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import json
 from collections.abc import Mapping, Sequence
@@ -33,7 +34,7 @@ from typing import Any, Literal, Protocol, runtime_checkable
 
 from cg.pipeline.contract import RequestContext, Step
 from cg.state.facts import FactsCache, canonical_digest
-from cg.state.store import Checkpoint, Store, owner, stash_key
+from cg.state.store import Checkpoint, Store, StoreError, owner, stash_key
 from cg.state.tokens import TokenCounter
 from cg.summarize.config import SummarizeConfig
 from cg.summarize.prompt import build_prompt, extract_summary, has_summary, summary_text
@@ -52,7 +53,9 @@ from cg.wire.body import BodyIndex
 from cg.wire.dialects import DIALECTS, MessageView
 from cg.wire.splice import Insert, Keep, Plan, is_identity
 
-Outcome = Literal["completed", "blank", "failed", "timed_out", "no_model"]
+# `deferred`: another instance sharing the store holds the claim on this conversation, or has
+# already written a newer checkpoint (`Store.claim`): its summary is reused, none is made here.
+Outcome = Literal["completed", "blank", "failed", "timed_out", "no_model", "deferred"]
 Path = Literal["shared", "fallback", "standalone"]
 # How long a shared-cache job waits for its commissioning turn's answer to begin (the provider
 # writes its cache entry then). Bounded, so a flow that never answers cannot hold a job.
@@ -117,6 +120,9 @@ class Commission:
     transcript: list[MessageView]
     previous_summary: str | None
     origin: Any = field(default=None, repr=False)
+    # The covered hash of the checkpoint in the store when this was decided (None: none): the
+    # claim is refused when another instance has written a newer one since.
+    based_on: str | None = None
     conversation: str = ""  # the checkpoint key; defaults to the session
     forwarded: bytes | None = field(default=None, repr=False)
     layouts: tuple[Layout, ...] = ()
@@ -243,13 +249,14 @@ class Summarize:
 
         step = Step(None, "no checkpoint", detail)
         cp = self.store.get_checkpoint(conv)
+        based_on = cp.covered_hash if cp is not None else None
         middle_tokens = 0
         if cp is not None:
             ce = cp.head_count + cp.covered_count
             if ce > n or prefix_hash(digests[:ce]) != cp.covered_hash:
                 self.store.delete_checkpoint(conv)
                 detail["checkpoint"] = "diverged: invalidated"
-                cp = None
+                cp = based_on = None
             elif ce > span.end:
                 detail["checkpoint"] = "covers into the tail: not reused this turn"
                 cp = None
@@ -314,6 +321,7 @@ class Summarize:
             detail["commission"] = "a summary for this session is already in flight"
         else:
             step.commission = self._commission(req, conv, span, digests, cp, step.plan)
+            step.commission.based_on = based_on
             detail["commission"] = why
             if step.plan is None:
                 step.reason = "commissioned a summary; this turn forwards untouched"
@@ -396,9 +404,19 @@ class Summarize:
         """Run the summarizer for `job` (default: this component's) and store the result as the
         session's checkpoint. With no summarizer at all, the job is a counted no-op."""
         summarizer = summarizer or self.summarizer
+        claimed = False
         try:
             if summarizer is None:
                 return "no_model"
+            # Several proxies on one store: only the instance that claims the conversation
+            # calls the summarizer; the others reuse what it writes.
+            try:
+                if not await self.store.claim(job.conversation, job.based_on):
+                    job.note = "another instance holds this conversation's summary"
+                    return "deferred"
+                claimed = True
+            except (StoreError, TimeoutError):
+                return "failed"
             try:
                 summary = await self._summarize(summarizer, job)
             except SummarizerTimeout:
@@ -430,8 +448,16 @@ class Summarize:
                     updated=0.0,
                 )
             )
+            # Counted complete once other instances can see it (PostgreSQL writes are queued).
+            with contextlib.suppress(StoreError, TimeoutError):
+                await self.store.settle()
             return "completed"
         finally:
+            if claimed:
+                # After the checkpoint (writes commit in order): an instance that claims in
+                # between finds the new checkpoint and defers to it.
+                with contextlib.suppress(StoreError):
+                    self.store.release(job.conversation)
             self.inflight.discard(job.conversation)
             job.origin = None
             job.forwarded = None

@@ -67,10 +67,18 @@ PRICES = PriceTable(
 H = {"x-context-guru-session": "s1"}
 
 
-@pytest.fixture
-def store(tmp_path: Path) -> Iterator[Store]:
-    with Store(tmp_path / "cg.sqlite3") as st:
-        yield st
+@pytest.fixture(params=["sqlite", "postgresql"])
+def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store]:
+    """The ledger on both engines: an SQLite file, and a database on the suite's PostgreSQL
+    server (skipped without one, unless CG_REQUIRE_POSTGRES=1)."""
+    if request.param == "sqlite":
+        with Store(tmp_path / "cg.sqlite3") as st:
+            yield st
+        return
+    from cg.state.pgstore import PgStore
+
+    with PgStore(request.getfixturevalue("pg_url")) as pg:
+        yield pg
 
 
 @pytest.fixture

@@ -13,6 +13,7 @@ import sys
 import textwrap
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -49,6 +50,28 @@ def clock() -> Clock:
 @pytest.fixture
 def db(tmp_path: Path) -> Path:
     return tmp_path / "sub" / "cg.sqlite3"
+
+
+# The semantics tests run on both engines: an SQLite file, and a fresh database on the suite's
+# PostgreSQL server (tests/conftest.py; skipped without one unless CG_REQUIRE_POSTGRES=1).
+Target = Path | str
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def target(request: pytest.FixtureRequest, tmp_path: Path) -> Target:
+    if request.param == "sqlite":
+        return tmp_path / "sub" / "cg.sqlite3"
+    url: str = request.getfixturevalue("pg_url")
+    return url
+
+
+def make(target: Target, **kw: Any) -> Store:
+    """The store on `target`: the SQLite file, or the PostgreSQL store on that URL."""
+    if isinstance(target, str):
+        from cg.state.pgstore import PgStore
+
+        return PgStore(target, **kw)
+    return Store(target, **kw)
 
 
 SOURCES = [
@@ -92,8 +115,8 @@ def test_key_allow_list_refuses_malformed_ids(bad: object):
 # -- stashes ---------------------------------------------------------------------------------
 
 
-def test_stash_round_trips_byte_exact(db: Path, clock: Clock):
-    with Store(db, now=clock) as st:
+def test_stash_round_trips_byte_exact(target: Target, clock: Clock):
+    with make(target, now=clock) as st:
         key = stash_key(SOURCES)
         st.put_stash(key, "s1", SOURCES, "anthropic")
         got = st.get_stash(key, "s1")
@@ -107,15 +130,15 @@ def test_stash_round_trips_byte_exact(db: Path, clock: Clock):
     assert b"\\u00e9" in got.span and "😀".encode() in got.span
 
 
-def test_an_empty_span_round_trips(db: Path):
-    with Store(db) as st:
+def test_an_empty_span_round_trips(target: Target):
+    with make(target) as st:
         st.put_stash(stash_key([]), "s", [], "openai")
         got = st.get_stash(stash_key([]))
     assert got is not None and got.sources() == [] and got.count == 0
 
 
-def test_stash_is_scoped_to_its_owner_session(db: Path):
-    with Store(db) as st:
+def test_stash_is_scoped_to_its_owner_session(target: Target):
+    with make(target) as st:
         key = stash_key(SOURCES)
         st.put_stash(key, "owner", SOURCES, "anthropic")
         assert st.get_stash(key, "owner") is not None
@@ -127,9 +150,9 @@ def test_stash_is_scoped_to_its_owner_session(db: Path):
         assert got is not None and got.session == "owner"
 
 
-def test_same_span_in_two_sessions_resolves_for_both(db: Path):
+def test_same_span_in_two_sessions_resolves_for_both(target: Target):
     # A resumed conversation under a new session id stashes identical content.
-    with Store(db) as st:
+    with make(target) as st:
         key = stash_key(SOURCES)
         st.put_stash(key, "old", SOURCES, "anthropic")
         st.put_stash(key, "new", SOURCES, "anthropic")
@@ -138,8 +161,8 @@ def test_same_span_in_two_sessions_resolves_for_both(db: Path):
         assert st.stats().stashes == 2
 
 
-def test_put_stash_is_idempotent_and_refreshes_last_used(db: Path, clock: Clock):
-    with Store(db, now=clock) as st:
+def test_put_stash_is_idempotent_and_refreshes_last_used(target: Target, clock: Clock):
+    with make(target, now=clock) as st:
         key = stash_key(SOURCES)
         st.put_stash(key, "s", SOURCES, "anthropic")
         clock.t += 10
@@ -149,8 +172,8 @@ def test_put_stash_is_idempotent_and_refreshes_last_used(db: Path, clock: Clock)
         assert got is not None and got.created == clock.t - 10 and got.sources() == SOURCES
 
 
-def test_get_stash_marks_it_used_has_stash_does_not(db: Path, clock: Clock):
-    with Store(db, now=clock) as st:
+def test_get_stash_marks_it_used_has_stash_does_not(target: Target, clock: Clock):
+    with make(target, now=clock) as st:
         key = stash_key(SOURCES)
         st.put_stash(key, "s", SOURCES, "anthropic")
         clock.t += 100
@@ -161,8 +184,8 @@ def test_get_stash_marks_it_used_has_stash_does_not(db: Path, clock: Clock):
         assert st.sessions()[0].session == "s"
 
 
-def test_unknown_or_malformed_keys_resolve_to_none(db: Path):
-    with Store(db) as st:
+def test_unknown_or_malformed_keys_resolve_to_none(target: Target):
+    with make(target) as st:
         assert st.get_stash("0" * 24) is None
         assert st.get_stash("'; DROP TABLE stashes; --") is None
         assert not st.has_stash("nope")
@@ -170,8 +193,8 @@ def test_unknown_or_malformed_keys_resolve_to_none(db: Path):
             st.put_stash("not-a-key", "s", SOURCES, "anthropic")
 
 
-def test_delete_stash(db: Path):
-    with Store(db) as st:
+def test_delete_stash(target: Target):
+    with make(target) as st:
         key = stash_key(SOURCES)
         st.put_stash(key, "a", SOURCES, "anthropic")
         st.put_stash(key, "b", SOURCES, "anthropic")
@@ -184,8 +207,8 @@ def test_delete_stash(db: Path):
 # -- checkpoints -----------------------------------------------------------------------------
 
 
-def test_checkpoint_put_get_replace_delete(db: Path, clock: Clock):
-    with Store(db, now=clock) as st:
+def test_checkpoint_put_get_replace_delete(target: Target, clock: Clock):
+    with make(target, now=clock) as st:
         assert st.get_checkpoint("s1") is None
         cp = checkpoint(n=4)
         stored = st.put_checkpoint(cp)
@@ -207,12 +230,12 @@ def test_checkpoint_put_get_replace_delete(db: Path, clock: Clock):
         assert st.get_checkpoint("s1") is None
 
 
-def test_checkpoint_message_and_meta_round_trip_exactly(db: Path):
+def test_checkpoint_message_and_meta_round_trip_exactly(target: Target):
     text = (
         '{"role": "user", "content": "=== History Summary ===\\n<summary>caf\\u00e9 😀</summary>"}'
     )
     cp = Checkpoint("s", "café 😀", 2, 7, "ab" * 16, stash_key(SOURCES), text, meta={"n": [1, "é"]})
-    with Store(db) as st:
+    with make(target) as st:
         st.put_checkpoint(cp)
         got = st.get_checkpoint("s")
     assert got is not None
@@ -227,9 +250,9 @@ def test_checkpoint_message_and_meta_round_trip_exactly(db: Path):
     )
 
 
-def test_a_restart_keeps_checkpoints_stashes_and_session_clocks(db: Path, clock: Clock):
+def test_a_restart_keeps_checkpoints_stashes_and_session_clocks(target: Target, clock: Clock):
     key = stash_key(SOURCES)
-    st = Store(db, now=clock)
+    st = make(target, now=clock)
     st.put_stash(key, "s1", SOURCES, "anthropic")
     stored = st.put_checkpoint(checkpoint(key=key))
     st.touch_session("s1", cache_ttl=300.0)
@@ -237,7 +260,7 @@ def test_a_restart_keeps_checkpoints_stashes_and_session_clocks(db: Path, clock:
     with pytest.raises(StoreError, match="closed"):
         st.get_checkpoint("s1")
 
-    with Store(db, now=clock) as again:
+    with make(target, now=clock) as again:
         assert again.get_checkpoint("s1") == stored
         got = again.get_stash(key, "s1")
         assert got is not None and got.sources() == SOURCES
@@ -246,9 +269,9 @@ def test_a_restart_keeps_checkpoints_stashes_and_session_clocks(db: Path, clock:
         assert rec is not None and rec.cache_ttl == 300.0
 
 
-def test_reading_a_checkpoint_keeps_its_stash_from_lru_eviction(db: Path, clock: Clock):
+def test_reading_a_checkpoint_keeps_its_stash_from_lru_eviction(target: Target, clock: Clock):
     old, live = stash_key(["1"]), stash_key(["2"])
-    with Store(db, now=clock) as st:
+    with make(target, now=clock) as st:
         st.put_stash(live, "s", ["2" * 100], "anthropic")
         clock.t += 1
         st.put_stash(old, "t", ["1" * 100], "anthropic")
@@ -264,8 +287,8 @@ def test_reading_a_checkpoint_keeps_its_stash_from_lru_eviction(db: Path, clock:
 # -- sessions --------------------------------------------------------------------------------
 
 
-def test_touch_session_returns_the_previous_record(db: Path, clock: Clock):
-    with Store(db, now=clock) as st:
+def test_touch_session_returns_the_previous_record(target: Target, clock: Clock):
+    with make(target, now=clock) as st:
         assert st.touch_session("s") is None  # first seen
         assert st.last_request("s") == clock.t
         first = clock.t
@@ -278,8 +301,8 @@ def test_touch_session_returns_the_previous_record(db: Path, clock: Clock):
         assert st.last_request("unknown") is None
 
 
-def test_sessions_lists_every_known_session_most_recent_first(db: Path, clock: Clock):
-    with Store(db, now=clock) as st:
+def test_sessions_lists_every_known_session_most_recent_first(target: Target, clock: Clock):
+    with make(target, now=clock) as st:
         st.touch_session("a")
         clock.t += 1
         st.put_checkpoint(checkpoint("b", n=5))
@@ -296,8 +319,8 @@ def test_sessions_lists_every_known_session_most_recent_first(db: Path, clock: C
 # -- eviction --------------------------------------------------------------------------------
 
 
-def test_ttl_eviction_on_last_used(db: Path, clock: Clock):
-    with Store(db, now=clock, ttl_hours=1, evict_interval=0) as st:
+def test_ttl_eviction_on_last_used(target: Target, clock: Clock):
+    with make(target, now=clock, ttl_hours=1, evict_interval=0) as st:
         stale, fresh = stash_key(["1"]), stash_key(["2"])
         st.put_stash(stale, "s", ["1"], "anthropic")
         st.put_stash(fresh, "s", ["2"], "anthropic")
@@ -314,8 +337,8 @@ def test_ttl_eviction_on_last_used(db: Path, clock: Clock):
         assert st.stats().evicted == 1
 
 
-def test_a_checkpoint_lives_while_its_session_is_active(db: Path, clock: Clock):
-    with Store(db, now=clock, ttl_hours=1) as st:
+def test_a_checkpoint_lives_while_its_session_is_active(target: Target, clock: Clock):
+    with make(target, now=clock, ttl_hours=1) as st:
         st.put_checkpoint(checkpoint("live"))
         clock.t += 2 * HOUR
         st.touch_session("live")
@@ -323,15 +346,16 @@ def test_a_checkpoint_lives_while_its_session_is_active(db: Path, clock: Clock):
         assert st.get_checkpoint("live") is not None
 
 
-def test_eviction_runs_on_open(db: Path, clock: Clock):
-    with Store(db, now=clock, ttl_hours=1) as st:
+def test_eviction_runs_on_open(target: Target, clock: Clock):
+    with make(target, now=clock, ttl_hours=1) as st:
         st.put_stash(stash_key(SOURCES), "s", SOURCES, "anthropic")
     clock.t += 2 * HOUR
-    with Store(db, now=clock, ttl_hours=1) as st:
+    with make(target, now=clock, ttl_hours=1) as st:
         assert st.stats().stashes == 0
 
 
 def test_eviction_runs_opportunistically_on_put_at_most_once_per_interval(db: Path, clock: Clock):
+    # SQLite evicts on the writing call; the PostgreSQL store's writer evicts when idle.
     with Store(db, now=clock, ttl_hours=1, evict_interval=600) as st:
         a = stash_key(["a"])
         st.put_stash(a, "s", ["a"], "anthropic")
@@ -345,8 +369,8 @@ def test_eviction_runs_opportunistically_on_put_at_most_once_per_interval(db: Pa
         assert not st.has_stash(c)
 
 
-def test_no_eviction_between_intervals(db: Path, clock: Clock):
-    with Store(db, now=clock, ttl_hours=1, evict_interval=10 * HOUR) as st:
+def test_no_eviction_between_intervals(target: Target, clock: Clock):
+    with make(target, now=clock, ttl_hours=1, evict_interval=10 * HOUR) as st:
         a = stash_key(["a"])
         st.put_stash(a, "s", ["a"], "anthropic")
         clock.t += 2 * HOUR
@@ -355,11 +379,11 @@ def test_no_eviction_between_intervals(db: Path, clock: Clock):
         assert st.evict().expired_stashes == 1
 
 
-def test_size_bound_evicts_least_recently_used_first(db: Path, clock: Clock):
+def test_size_bound_evicts_least_recently_used_first(target: Target, clock: Clock):
     mb = 1024 * 1024
     blob = "x" * (mb // 5)  # four of these fit in 1 MiB, five do not (with their brackets)
     keys = [stash_key([f"{i}"]) for i in range(6)]
-    with Store(db, now=clock, max_mb=1, evict_interval=HOUR) as st:
+    with make(target, now=clock, max_mb=1, evict_interval=HOUR) as st:
         for i, k in enumerate(keys[:4]):
             st.put_stash(k, "s", [json.dumps(blob + str(i))], "anthropic")
             clock.t += 1
