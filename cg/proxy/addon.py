@@ -31,7 +31,7 @@ from cg.expand import tool as expand_mod
 from cg.expand.tool import TOOL_NAME
 from cg.pipeline.contract import Commissioner, Component
 from cg.pipeline.rewrite import ExpandPolicy, rewrite_body
-from cg.proxy import control
+from cg.proxy import control, dashboard
 from cg.proxy import view as views
 from cg.proxy.agents import CLAUDE_CODE, CODEX, claude_code, codex, codex_compaction
 from cg.proxy.calls import call_flow
@@ -809,11 +809,40 @@ class ContextGuru:
 
     def _routes(self) -> dict[str, control.Handler]:
         return {
+            "": self._dashboard_endpoint,
             "health": self._health_endpoint,
             "stats": lambda f, caller: control.json_response(200, self.stats_json()),
             "sessions": self._sessions_endpoint,
             "expand": self._expand_endpoint,
         }
+
+    def _dashboard_endpoint(self, flow: http.HTTPFlow, caller: control.Caller) -> http.Response:
+        """`GET /_cg/`: the savings dashboard (HTML), for a local caller; a remote one reads
+        its own session only, as `/_cg/sessions`."""
+        scope = caller.scope()
+        if scope == "":
+            return control.no_session()
+        sessions = self.sessions_json(scope)
+        ledger = self.meter.ledger
+        history = dict(ledger.history) if ledger is not None else {}
+        if scope is not None:
+            history = {k: v for k, v in history.items() if k == scope}
+        page = dashboard.render(
+            self.stats_json() if scope is None else {},
+            sessions.get("sessions", []),
+            {k: list(v) for k, v in history.items()},
+            error=sessions.get("error"),
+        )
+        return http.Response.make(
+            200,
+            page.encode("utf-8"),
+            {
+                "content-type": "text/html; charset=utf-8",
+                "cache-control": "no-store",
+                "content-security-policy": dashboard.CSP,
+                "x-content-type-options": "nosniff",
+            },
+        )
 
     def _health_endpoint(self, flow: http.HTTPFlow, caller: control.Caller) -> http.Response:
         """`{"ok": true, …, "store": {"ok": …}}`: `ok` says the addon answers (it serves, as a
