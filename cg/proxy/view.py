@@ -46,7 +46,7 @@ META = "context_guru"  # the decision record (cg.pipeline.rewrite), whole
 RECORD = "context_guru_view"  # what the views read: small, versioned
 VERSION = 1
 SUMMARY_PREFIX = "=== History Summary ==="
-WIDTH = 100  # wrapped, never cut: mitmweb shows one line per line, scrolling sideways
+WIDTH = 88  # wrapped, never cut: mitmweb shows one line per line, scrolling sideways
 FIRST_LINES = 3  # of a message's text, a tool call's input or a tool result
 Line = list[tuple[str, str | bytes]]
 

@@ -95,7 +95,7 @@ async def test_a_rewritten_flow_reads_as_head_summary_tail(tmp_path: Path) -> No
         assert any(line.startswith("── head") for line in text)
         assert any(line.startswith("── the summary") for line in text)
         assert any(line.startswith("── tail") for line in text)
-        assert max(len(line) for line in text) <= 110  # wrapped, never cut at 160
+        assert max(len(line) for line in text) <= 100  # wrapped, never cut at 160
         sent = json.loads(f.request.content or b"")
         summary = next(
             m["content"]
