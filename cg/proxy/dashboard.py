@@ -39,7 +39,7 @@ def esc(x: Any) -> str:
 def usd(x: Any) -> str:
     if not isinstance(x, int | float):
         return "unknown"
-    return f"${x:,.4f}"
+    return f"-${-x:,.4f}" if x < 0 else f"${x:,.4f}"
 
 
 def num(x: Any) -> str:

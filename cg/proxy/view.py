@@ -626,7 +626,7 @@ class OriginalView(contentviews.View):
 def _original(
     title: str, body: bytes, flow: mflow.Flow | None, http_message: http.Message | None
 ) -> contentviews.TViewResult:
-    lines: list[Line] = [[("header", title)]]
+    lines: list[Line] = [[("header", ln.strip())] for ln in wrap(title, "", None)]
     return "context-guru original", iter([*lines, *_plain(body, flow, http_message)])
 
 

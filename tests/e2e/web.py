@@ -14,7 +14,7 @@ import os
 import shutil
 import socket
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -81,6 +81,7 @@ class Web:
     flows: Path  # the flow file mitmweb writes as flows finish
     db: Path
     workdir: Path
+    records: list[dict[str, Any]] = field(default_factory=list)  # the session's decisions
 
     @property
     def web_url(self) -> str:
@@ -93,7 +94,7 @@ class Web:
 def start_mitmweb(provider: FakeProvider, workdir: Path) -> Web:
     workdir.mkdir(parents=True, exist_ok=True)
     config = workdir / "cg.yaml"
-    summarize = low(min_messages=6, resummarize_tokens=100_000, model={"share_cache": "never"})
+    summarize = low(min_messages=6, resummarize_tokens=3000, model={"share_cache": "never"})
     config.write_text(yaml.safe_dump({"components": {"summarize": summarize}, "prices": PRICES}))
     db, flows, port = workdir / "cg.sqlite3", workdir / "flows.mitm", free_port()
     proxy = Proxy.start(
@@ -126,8 +127,12 @@ def transcript(steps: int) -> list[dict[str, Any]]:
             "input": {"command": f"pytest tests/test_parser.py -k step{i}"},
         }
         out.append({"role": "assistant", "content": [{"type": "text", "text": f"Step {i}."}, call]})
+        passed = "\n".join(
+            f"tests/test_parser.py::test_case_{j:02d} PASSED  [{j * 2:3d}%]" for j in range(40)
+        )
         result = (
-            f"step {i}: 3 passed, 1 failed\nFAILED tests/test_parser.py::test_nested\n"
+            f"step {i}: 40 passed, 1 failed\n{passed}\n"
+            "FAILED tests/test_parser.py::test_nested\n"
             "E   assert parse('((a))') == [['a']]\nE   IndexError: pop from empty list"
         )
         out.append(
@@ -145,7 +150,7 @@ def drive(web: Web, provider: FakeProvider, turns: int = TURNS) -> list[dict[str
     """The session's turns through the proxy: each sends the whole transcript so far; the
     decision record of each, in order. Waits (on conditions) for the summary after the turn
     that commissioned it."""
-    provider.script_summarizer(Reply(text=f"<summary>{SUMMARY}</summary>"))
+    provider.script_summarizer(*[Reply(text=f"<summary>{SUMMARY}</summary>")] * turns)
     records: list[dict[str, Any]] = []
     headers = {
         "x-api-key": SECRET,
@@ -168,7 +173,14 @@ def drive(web: Web, provider: FakeProvider, turns: int = TURNS) -> list[dict[str
             rec = web.proxy.records.cg(eid)
             records.append(rec)
             if any("commission" in comp for comp in rec.get("components", ())):
-                web.proxy.wait_stats(lambda s: s["summaries"]["completed"] >= 1, 30)
+                # The summary lands before the next turn, as it would in a slower session.
+                want = web.proxy.stats()["summaries"]["commissioned"]
+                web.proxy.wait_stats(
+                    lambda s, want=want: (
+                        s["summaries"]["completed"] + s["summaries"]["failed"] >= want
+                    ),
+                    30,
+                )
     return records
 
 
