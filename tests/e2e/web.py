@@ -174,13 +174,12 @@ def drive(web: Web, provider: FakeProvider, turns: int = TURNS) -> list[dict[str
             records.append(rec)
             if any("commission" in comp for comp in rec.get("components", ())):
                 # The summary lands before the next turn, as it would in a slower session.
-                want = web.proxy.stats()["summaries"]["commissioned"]
-                web.proxy.wait_stats(
-                    lambda s, want=want: (
-                        s["summaries"]["completed"] + s["summaries"]["failed"] >= want
-                    ),
-                    30,
-                )
+                want: int = web.proxy.stats()["summaries"]["commissioned"]
+
+                def landed(s: dict[str, Any], want: int = want) -> bool:
+                    return bool(s["summaries"]["completed"] + s["summaries"]["failed"] >= want)
+
+                web.proxy.wait_stats(landed, 30)
     return records
 
 
