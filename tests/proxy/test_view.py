@@ -3,6 +3,7 @@ made by the summarize component with a fake model) — and the bad input each vi
 
 from __future__ import annotations
 
+import asyncio
 import io
 import json
 from pathlib import Path
@@ -216,3 +217,83 @@ async def test_a_reloaded_script_leaves_one_view_of_each() -> None:
         assert names.count("context-guru") == 1 and names.count("context-guru original") == 1
         assert all(v in contentviews.views for v in second.views)
         second.done()
+
+
+class Seen:
+    """An addon that keeps every flow whose response hook runs (our own calls shown)."""
+
+    def __init__(self) -> None:
+        self.flows: list[http.HTTPFlow] = []
+
+    def response(self, flow: http.HTTPFlow) -> None:
+        self.flows.append(flow)
+
+
+def mock_pool(cg: ContextGuru, handler: Any, f: http.HTTPFlow) -> None:
+    """Every call upstream the addon makes for `f` answered by `handler`, in process."""
+    import httpx
+
+    from cg.proxy.addon import upstream_sni
+
+    client = httpx.AsyncClient(transport=httpx.MockTransport(handler))
+    cg.pool._client = client
+    sni = upstream_sni(f.request)
+    if sni:
+        cg.pool._named[sni] = client
+
+
+async def test_a_refused_rewrite_is_marked_retried(tmp_path: Path) -> None:
+    import httpx
+
+    cg = ContextGuru()
+    with taddons.context(cg) as tctx:
+        _, f = await summarized(tmp_path, cg, tctx)
+        mock_pool(cg, lambda req: httpx.Response(200, stream=httpx.ByteStream(b"{}")), f)
+        f.response = http.Response.make(
+            400, b'{"type":"error","error":{"type":"invalid_request_error","message":"no"}}'
+        )
+        await cg.response(f)
+        rec = f.metadata[RECORD]
+        assert "retry_error" not in f.metadata[META], f.metadata[META]
+        assert rec["action"] == "retried_original" and f.marked == ":repeat:"
+        assert f.comment.startswith("cg: retried with the original: ")
+        lines = render(cg.views[1], f)
+        assert "the original was re-sent" in lines[0]
+        assert render(cg.views[0], f)[0] == f.comment
+        cg.done()
+
+
+async def test_an_expand_round_is_a_flow_of_its_own(tmp_path: Path) -> None:
+    import httpx
+
+    cg, seen = ContextGuru(), Seen()
+    with taddons.context(cg, seen) as tctx:
+        _, f = await summarized(tmp_path, cg, tctx)
+        key = f.metadata[RECORD]["stash"]
+        final = {
+            "id": "msg_2", "type": "message", "role": "assistant", "model": "claude-x",
+            "content": [{"type": "text", "text": "done"}], "stop_reason": "end_turn",
+            "usage": {"input_tokens": 5, "output_tokens": 1},
+        }  # fmt: skip
+        mock_pool(cg, lambda req: httpx.Response(200, json=final), f)
+        call = {
+            "id": "msg_1", "type": "message", "role": "assistant", "model": "claude-x",
+            "content": [
+                {"type": "tool_use", "id": "toolu_x", "name": "context_guru_expand",
+                 "input": {"id": key}}
+            ],
+            "stop_reason": "tool_use", "usage": {"input_tokens": 5, "output_tokens": 1},
+        }  # fmt: skip
+        f.response = http.Response.make(
+            200, json.dumps(call).encode(), {"content-type": "application/json"}
+        )
+        await cg.response(f)
+        await asyncio.gather(*cg.showing)
+        rounds = [x for x in seen.flows if x.metadata.get(RECORD, {}).get("action") == "expand"]
+        assert len(rounds) == 1, [x.comment for x in seen.flows]
+        (r,) = rounds
+        assert r.marked == ":mag:" and r.comment == f"cg: expand round 1 for flow {f.id[:8]}"
+        assert "sk-ant-SECRET-view" not in repr(r.get_state())
+        assert r.response is not None and json.loads(r.response.content or b"") == final
+        assert b"done" in (f.response.content or b"")  # the final answer (SSE: it streamed)
+        cg.done()
