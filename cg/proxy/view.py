@@ -319,8 +319,11 @@ def message_lines(m: Any, names: dict[str, str], limit: int | None = FIRST_LINES
                 yield [("text", ln)]
 
 
-def transcript_lines(messages: list[Any], first: int = 0) -> Iterator[Line]:
-    """Each message as `[i] role` and its lines; a summary message whole, wrapped."""
+def transcript_lines(
+    messages: list[Any], first: int = 0, whole_last: bool = False
+) -> Iterator[Line]:
+    """Each message as `[i] role` and its lines; a summary message whole, wrapped (and the
+    last message whole with `whole_last`: the summarizer's instruction)."""
     names: dict[str, str] = {}
     for i, m in enumerate(messages, first):
         role = m.get("role") or m.get("type") if isinstance(m, dict) else "?"
@@ -331,7 +334,8 @@ def transcript_lines(messages: list[Any], first: int = 0) -> Iterator[Line]:
                 yield [("text", ln)]
             continue
         yield [("header", f"[{i}] {role}")]
-        yield from message_lines(m, names)
+        whole = whole_last and i == first + len(messages) - 1
+        yield from message_lines(m, names, None if whole else FIRST_LINES)
 
 
 # -- rebuilding the original ----------------------------------------------------------------
@@ -512,9 +516,9 @@ class RewriteView(contentviews.View):
             return
         at = next((i for i, m in enumerate(messages) if summary_text(m) is not None), None)
         yield [("text", "")]
-        if at is None:
+        if at is None or rec.get("action") == "summary":
             yield [("header", f"── the {len(messages)} messages sent ──")]
-            yield from transcript_lines(messages)
+            yield from transcript_lines(messages, whole_last=rec.get("action") == "summary")
             return
         yield [("header", f"── head: messages 0–{at - 1}, kept byte for byte ──")]
         yield from transcript_lines(messages[:at])

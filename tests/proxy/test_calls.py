@@ -66,6 +66,9 @@ async def test_a_summarizer_call_becomes_a_marked_redacted_flow() -> None:
         assert cg.stats.requests == 0  # never itself processed by the pipeline
         view = cg.views[0]
         assert view.render_priority(b"", flow=f, http_message=f.request) == 2
+        _, lines = view(f.request.content or b"", flow=f, http_message=f.request)
+        text = ["".join(str(t) for _, t in line) for line in lines]
+        assert text[0] == f.comment and any("summarize this" in line for line in text)
         cg.done()
 
 
