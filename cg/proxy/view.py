@@ -427,11 +427,11 @@ def header_lines(rec: dict[str, Any]) -> Iterator[Line]:
     action = str(rec.get("action"))
     yield [("header", comment(rec))]
     who = [
-        f"session {rec.get('session') or '?'}",
-        f"preset {rec.get('preset') or '?'}",
+        f"session {rec['session']}" if rec.get("session") else "no session",
+        f"preset {rec['preset']}" if rec.get("preset") else "",
         f"{rec.get('dialect')} dialect",
     ]
-    yield [("text", "  " + ", ".join(who))]
+    yield [("text", "  " + ", ".join(w for w in who if w))]
     msgs, toks = _span(rec.get("messages")), _span(rec.get("tokens"))
     if msgs is not None:
         line = f"  messages {msgs[0]} → {msgs[1]}"
@@ -461,7 +461,8 @@ def header_lines(rec: dict[str, Any]) -> Iterator[Line]:
     if rec.get("for_flow"):
         yield [("text", f"  for flow {rec['for_flow']}")]
     if rec.get("reason"):
-        yield [("text", f"  why: {rec['reason']}")]
+        for ln in wrap(f"why: {rec['reason']}", "  "):
+            yield [("text", ln)]
     if isinstance(rec.get("ms"), int | float):
         yield [("text", f"  {rec['ms']:.2f} ms in the proxy's request hook")]
     if action in ("rewritten", "retried_original"):
