@@ -606,7 +606,7 @@ class OriginalView(contentviews.View):
             return _fallback(why, data, flow, http_message)
         try:
             original = rebuild_original(data, rec, stash)
-        except (ValueError, UnicodeDecodeError) as e:
+        except Exception as e:  # noqa: BLE001 - a bad body or stash is one line, never a crash
             return _fallback(
                 f"context-guru original: cannot rebuild ({e})", data, flow, http_message
             )
