@@ -415,8 +415,29 @@ def part_lines(sc: Scenario) -> list[Line]:
         cache = primed(sc.prev)
         return lambda: index_body(sc.raw, d, cache)
 
+    def backup() -> Callable[[], object]:
+        # A fresh flow per call (a flow keeps its first backup): what the request hook does
+        # before assigning the rewritten body, so mitmweb's Revert works.
+        from mitmproxy.test import tflow, tutils
+
+        f = tflow.tflow(req=tutils.treq(content=sc.raw))
+        return f.backup
+
+    decision = sc.call(primed(sc.prev)).record
+
+    def view_record() -> object:
+        from mitmproxy.test import tflow
+
+        from cg.proxy import view as views
+
+        rec = views.view_record(decision, client_bytes=len(sc.raw))
+        views.mark(tflow.tflow(), rec)
+        return rec
+
     lines = [Line(sc.name, "part", "index_body, warm (primed cache)", warm_index)]
     lines += [Line(sc.name, "part", name, fixed(fn)) for name, fn in steps]
+    lines.append(Line(sc.name, "part", "addon · flow.backup() (mitmweb's Revert)", backup))
+    lines.append(Line(sc.name, "part", "addon · view record + mark", fixed(view_record)))
     return lines
 
 

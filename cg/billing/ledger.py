@@ -26,7 +26,7 @@ Nothing here holds a header or a credential: headers are read for the session id
 from __future__ import annotations
 
 import json
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -41,6 +41,7 @@ from cg.wire.body import BodyIndex, BodyRejected, index_body
 from cg.wire.dialects import DIALECTS
 from cg.wire.usage import Usage
 
+HISTORY_TURNS = 200  # per session, for the dashboard's chart (memory only)
 UNKNOWN_MODEL = "unknown"
 UNIDENTIFIED = "unidentified"  # a flow whose body could not be read to find its session
 STATE_ENTRIES = 64  # cache entries stored per session: the newest prefixes are what the next
@@ -91,6 +92,10 @@ class Ledger:
         self.facts = facts
         self.max_sessions = max_sessions
         self._caches: OrderedDict[str, PromptCache] = OrderedDict()
+        # The dashboard's chart: each session's latest turns priced, in memory only (this
+        # process's turns; the ledger's sums are what persists).
+        self.history: OrderedDict[str, deque[dict[str, Any]]] = OrderedDict()
+        self._summarizer_due: dict[str, float | None] = {}
 
     # -- writing --------------------------------------------------------------------------
 
@@ -142,12 +147,48 @@ class Ledger:
             )
         state = _dump(cache, turn.at) if cache is not None else None
         self.store.record_usage(session, rows, counters, state)
+        self._remember(session, turn, rows)
         return session
+
+    def _remember(self, session: str, turn: Turn, rows: list[tuple[str, str, str, Usage]]) -> None:
+        """One point of the dashboard's chart: what this turn was billed (with the summarizer
+        calls since the last turn) and, ESTIMATE, what it would have been unrewritten."""
+
+        def priced(kind: str) -> float | None:
+            total: float | None = 0.0
+            for k, model, tier, usage in rows:
+                if k != kind:
+                    continue
+                c = self.prices.cost(model, usage, tier)
+                total = None if c is None or total is None else total + c
+            return total
+
+        billed, without = priced("agent"), priced("estimate")
+        summ = self._summarizer_due.pop(session, 0.0)
+        if billed is not None:
+            billed = None if summ is None else billed + summ
+        points = self.history.pop(session, None) or deque(maxlen=HISTORY_TURNS)
+        self.history[session] = points
+        while len(self.history) > self.max_sessions:
+            self.history.popitem(last=False)
+        points.append(
+            {
+                "at": turn.at,
+                "rewritten": turn.rewritten,
+                "billed_usd": billed,
+                "without_rewrite_usd": without,
+                "summarizer_usd": summ,
+            }
+        )
 
     def summarizer_call(self, session: str, model: str, usage: Usage) -> None:
         """Record one summarizer answer's usage (SummarizerClient's `on_usage`)."""
         model = model or UNKNOWN_MODEL
-        self.store.record_usage(session, [("summarizer", model, self._tier(model, usage), usage)])
+        tier = self._tier(model, usage)
+        self.store.record_usage(session, [("summarizer", model, tier, usage)])
+        cost = self.prices.cost(model, usage, tier)
+        due = self._summarizer_due.get(session, 0.0)
+        self._summarizer_due[session] = None if cost is None or due is None else due + cost
 
     # -- reading --------------------------------------------------------------------------
 

@@ -19,7 +19,9 @@ never summarized or stashed again.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -44,7 +46,7 @@ from cg.wire.answers import (
 from cg.wire.body import index_body
 from cg.wire.dialects import DIALECTS
 from cg.wire.jsonspan import rebuild_array
-from cg.wire.upstream import HOP_BY_HOP, agent_request
+from cg.wire.upstream import HOP_BY_HOP, ExchangeSink, agent_request, exchange_of
 
 MAX_ROUNDS = 3
 # The re-sent body is the decoded one: its content-encoding no longer applies.
@@ -124,9 +126,11 @@ async def run(
     resolve: Callable[[str], str],
     max_rounds: int = MAX_ROUNDS,
     sni: str | None = None,
+    on_round: ExchangeSink | None = None,
 ) -> Outcome:
     """Drive the loop from the first reply; `sent` is the request body that produced it.
-    `sni`: `url` names an address; TLS and `Host` name this provider (`sni_name`)."""
+    `sni`: `url` names an address; TLS and `Host` name this provider (`sni_name`).
+    `on_round` is handed each round's request and answer (a flow of its own in mitmweb)."""
     items = headers.items() if isinstance(headers, Mapping) else headers
     # The agent's headers as bytes (httpx would refuse a non-ASCII str).
     agent_headers = [(_bytes(k), _bytes(v)) for k, v in items]
@@ -148,7 +152,11 @@ async def run(
             req = agent_request(
                 client, "POST", url, agent_headers, body.encode("utf-8"), drop=_DROP, sni=sni
             )
+            started = time.time()
             resp = await client.send(req)
+            if on_round is not None:
+                with contextlib.suppress(Exception):  # showing a round never ends the loop
+                    on_round(exchange_of(req, started, resp))
             ctype = resp.headers.get("content-type", "")
             if resp.status_code != 200:
                 log[-1]["error"] = f"HTTP {resp.status_code}"

@@ -15,6 +15,7 @@ import gc
 import json
 import logging
 import time
+import uuid
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
@@ -30,13 +31,13 @@ from cg.expand import tool as expand_mod
 from cg.expand.tool import TOOL_NAME
 from cg.pipeline.contract import Commissioner, Component
 from cg.pipeline.rewrite import ExpandPolicy, rewrite_body
-from cg.proxy import control
+from cg.proxy import control, dashboard
+from cg.proxy import view as views
 from cg.proxy.agents import CLAUDE_CODE, CODEX, claude_code, codex, codex_compaction
+from cg.proxy.calls import call_flow
 from cg.proxy.meter import Meter
 from cg.proxy.resend import resend
 from cg.proxy.stats import Stats
-from cg.proxy.view import ORIGINAL, RewriteView
-from cg.proxy.view import comment as view_comment
 from cg.settings import AUTO, Config, host_allowed, load_presets
 from cg.state.facts import FactsCache
 from cg.state.store import Store, StoreError, valid_key
@@ -45,13 +46,12 @@ from cg.summarize.client import HttpPool, Origin, SummarizerClient, timeout_from
 from cg.wire.answers import Reply, ResponseParseError, tool_calls
 from cg.wire.body import BodyIndex, MessageCache
 from cg.wire.dialects import route
-from cg.wire.upstream import provider_message, sni_name, upstream_verify
+from cg.wire.upstream import Exchange, provider_message, sni_name, upstream_verify
 
 log = logging.getLogger("context_guru")
 
 META = "context_guru"
 BYPASS_HEADER = "x-context-guru-bypass"
-KEEP_ORIGINAL_MAX = 8 * 1024 * 1024  # the original body of a rewritten flow, kept for mitmweb
 # Every store call runs on the event loop: a file another process holds locked may stall all
 # traffic this long per call, never the 5 s a reader (the CLI) may wait.
 STORE_BUSY_MS = 250
@@ -71,6 +71,19 @@ def redact(headers: http.Headers) -> None:
     for name in CREDENTIAL_HEADERS:
         if name in headers:
             headers.set_all(name, [REDACTED] * len(headers.get_all(name)))
+
+
+def redact_backup(flow: http.HTTPFlow) -> None:
+    """The credential out of the flow's backup too (`flow.backup()`, taken before a rewrite for
+    mitmweb's Revert): a saved flow file carries the backup, headers included."""
+    backup = getattr(flow, "_backup", None)
+    req = backup.get("request") if isinstance(backup, dict) else None
+    if not isinstance(req, dict) or "headers" not in req:
+        return
+    names = {n.encode() for n in CREDENTIAL_HEADERS}
+    req["headers"] = tuple(
+        (k, REDACTED.encode() if k.lower() in names else v) for k, v in req["headers"]
+    )
 
 
 def upstream_sni(req: http.Request) -> str | None:
@@ -105,12 +118,19 @@ class ContextGuru:
         # Summary jobs waiting for their commissioning flow's answer to begin, by flow id.
         self.awaiting: dict[str, list[Any]] = {}
         self.expand = ExpandPolicy("auto", None)
-        self.view = RewriteView(lambda key: self.store.get_stash(key) if self.store else None)
+        self.views = views.all_views(self._stash)
+        # Flows shown for our own calls, being added (kept referenced until done).
+        self.showing: set[asyncio.Task[None]] = set()
+
+    def _stash(self, key: str) -> Any:
+        """A stash for the views (mitmweb's thread or the loop: a read, never raises out)."""
+        return self.store.get_stash(key) if self.store is not None else None
 
     def load(self, loader: Any) -> None:
-        for v in [v for v in contentviews.views if v.name == RewriteView.name]:
-            contentviews.remove(v)  # a reloaded script leaves its predecessor's view behind
-        contentviews.add(self.view)
+        for v in [v for v in contentviews.views if v.name in views.names()]:
+            contentviews.remove(v)  # a reloaded script leaves its predecessor's views behind
+        for v in self.views:
+            contentviews.add(v)
         loader.add_option(
             "cg_preset",
             str,
@@ -219,6 +239,7 @@ class ContextGuru:
                             timeout=timeout,
                             on_usage=self.meter.summarizer,
                             shared_proxy=opts.cg_shared,
+                            on_call=self._summary_call,
                         ),
                         facts=self.facts,
                     ),
@@ -358,8 +379,9 @@ class ContextGuru:
         gc.freeze()
 
     def done(self) -> None:
-        if self.view in contentviews.views:
-            contentviews.remove(self.view)
+        for v in self.views:
+            if v in contentviews.views:
+                contentviews.remove(v)
         for flow in list(self.live.values()):
             self._release(flow)  # flows in flight at exit: a saved file gets them redacted
         for task in list(self.tasks.values()):
@@ -375,6 +397,10 @@ class ContextGuru:
     # -- hooks -------------------------------------------------------------------------------
 
     def request(self, flow: http.HTTPFlow) -> None:
+        if not flow.live:
+            # A flow read from a file (`-r`, mitmweb's open) or one of our own calls shown as a
+            # flow: nothing goes upstream, so nothing is rewritten, counted or booked.
+            return
         req = flow.request
         if control.is_control(req.path):
             control.answer(flow, self._routes(), self.control)
@@ -391,6 +417,7 @@ class ContextGuru:
         t0 = time.perf_counter()
         record: dict[str, Any]
         raw: bytes | None = None
+        summary_flow: str | None = None
         index: BodyIndex | None = None
         try:
             down = self._store_down() if any(self.pipelines.values()) else None
@@ -448,6 +475,8 @@ class ContextGuru:
                 self._count_components(record)
                 if result.body is not None:
                     original = req.raw_content
+                    # mitmweb's Revert: the request as it came (its bytes by reference).
+                    flow.backup()  # type: ignore[no-untyped-call]
                     try:
                         req.content = result.body
                         self.originals[flow.id] = original
@@ -459,18 +488,26 @@ class ContextGuru:
                     # The body as it goes upstream: what the provider caches for this session.
                     sent = result.body if record["outcome"] == "rewritten" else raw
                     origin = Origin.of(req.url, req.headers, upstream_sni(req))
+                    summary_flow = str(uuid.uuid4())
+                    for _, job in result.commissions:
+                        job.flow_id, job.call_flow_id = flow.id, summary_flow
                     self._commission(result.commissions, origin, sent, flow.id)
         self.stats.count(record["outcome"])
         record.setdefault("timings_ms", {})["hook"] = round((time.perf_counter() - t0) * 1000, 3)
         flow.metadata[META] = record
         self.meter.note(flow, record, index, self.max_body)
+        commissioned = summary_flow is not None
+        views.mark(
+            flow,
+            views.view_record(
+                record,
+                commissioned=commissioned,
+                summary_flow=summary_flow if commissioned else None,
+                client_bytes=len(raw) if raw is not None else None,
+            ),
+        )
         if record["outcome"] == "failed_open":
             log.warning("context-guru failed open on %s: %s", req.path, record["reason"])
-        elif record["outcome"] == "rewritten":
-            flow.marked = ":scissors:"
-            flow.comment = view_comment(record)
-            if raw is not None and len(raw) <= KEEP_ORIGINAL_MAX:
-                flow.metadata[ORIGINAL] = raw.decode("utf-8", "replace")
 
     # -- summaries, off the hot path ------------------------------------------------------------
 
@@ -579,12 +616,65 @@ class ContextGuru:
             return None
         return await asyncio.wait_for(asyncio.shield(task), timeout)
 
+    # -- our own calls, shown as flows ----------------------------------------------------------
+
+    def _summary_call(self, job: Any, kind: str, exchange: Exchange) -> None:
+        """A summarizer request and its answer: a flow of its own in mitmweb (and in `-w`),
+        marked, commented, its credential redacted; never processed by the pipeline."""
+        first = job.call_flow_id
+        job.call_flow_id = None  # a later attempt or the fallback gets an id of its own
+        rec = {
+            "v": views.VERSION,
+            "action": "summary",
+            "dialect": job.dialect,
+            "session": job.session,
+            "summarizing": [job.head, job.end],
+            "call": kind,
+            "for_flow": job.flow_id,
+            "status": exchange.status,
+            "error": exchange.error,
+            "reason": f"{kind} request for the summary commissioned by flow {job.flow_id}",
+        }
+        self._show(call_flow(exchange, rec, first))
+
+    def _expand_round(self, flow: http.HTTPFlow, record: dict[str, Any], ex: Exchange) -> None:
+        """One expand round sent on `flow`'s behalf: a flow of its own."""
+        rounds = record.setdefault("expand", {}).setdefault("shown", 0) + 1
+        record["expand"]["shown"] = rounds
+        rec = {
+            "v": views.VERSION,
+            "action": "expand",
+            "dialect": record.get("dialect"),
+            "session": (flow.metadata.get(views.RECORD) or {}).get("session"),
+            "round": rounds,
+            "for_flow": flow.id,
+            "status": ex.status,
+            "reason": f"the model called {TOOL_NAME}; round {rounds} re-sent for flow {flow.id}",
+        }
+        self._show(call_flow(ex, rec))
+
+    def _show(self, flow: http.HTTPFlow) -> None:
+        """Add a finished flow to whatever shows flows (mitmweb's list, `-w`, the dumper): the
+        master runs it through the addons' hooks as a flow read from a file (not live, so no
+        addon sends it anywhere, and ours skips it)."""
+        master = getattr(ctx, "master", None)
+        if master is None or not hasattr(master, "load_flow"):
+            return
+        try:
+            task = asyncio.get_running_loop().create_task(master.load_flow(flow))
+        except RuntimeError:
+            return
+        self.showing.add(task)
+        task.add_done_callback(self.showing.discard)
+
     # -- the 400 safety net --------------------------------------------------------------------
 
     async def response(self, flow: http.HTTPFlow) -> None:
         """The answer of a provider flow: continue an expand call, or re-send a refused
         rewrite; then book the usage the provider reported (every round, each once); then the
         request's credential is no longer needed here."""
+        if not flow.live:
+            return  # read from a file, or our own call shown: booked when it happened
         try:
             replies = await self._answer(flow)
             record = flow.metadata.get(META)
@@ -598,6 +688,7 @@ class ContextGuru:
         self.live.pop(flow.id, None)
         if self.redact and META in flow.metadata:
             redact(flow.request.headers)
+            redact_backup(flow)
 
     async def _answer(self, flow: http.HTTPFlow) -> list[Reply] | None:
         """A 400 to a rewritten request: re-send the original bytes once, return that answer.
@@ -625,7 +716,11 @@ class ContextGuru:
         self.stats.retried_original += 1
         record["outcome"] = "retried_original"
         record["reason"] = "the provider refused the rewrite (400); the original was re-sent"
-        flow.comment = "cg: provider refused the rewrite (400); original re-sent"
+        rec = flow.metadata.get(views.RECORD)
+        if isinstance(rec, dict):
+            rec["action"] = "retried_original"
+            rec["reason"] = record["reason"]
+            views.mark(flow, rec)
         log.warning("context-guru: provider refused a rewrite: %s", record["provider_400"])
         return None
 
@@ -675,6 +770,7 @@ class ContextGuru:
             bool(record.get("stream")) or ctype.startswith("text/event-stream"),
             resolve,
             sni=sni,
+            on_round=functools.partial(self._expand_round, flow, record),
         )
         record["expand"]["rounds"] = out.rounds
         record["expand"]["log"] = out.log
@@ -686,6 +782,8 @@ class ContextGuru:
         return out.replies
 
     def error(self, flow: http.HTTPFlow) -> None:
+        if not flow.live and flow.id not in self.live:
+            return
         self._answer_began(flow)
         self.originals.pop(flow.id, None)
         record = flow.metadata.get(META)
@@ -700,6 +798,8 @@ class ContextGuru:
         Except when the expand tool was injected: the answer may call it, and the client must
         never see that call, so that answer is buffered and read whole.
         """
+        if not flow.live:
+            return
         self._answer_began(flow)
         record = flow.metadata.get(META)
         if record is None or flow.response is None:
@@ -713,11 +813,40 @@ class ContextGuru:
 
     def _routes(self) -> dict[str, control.Handler]:
         return {
+            "": self._dashboard_endpoint,
             "health": self._health_endpoint,
             "stats": lambda f, caller: control.json_response(200, self.stats_json()),
             "sessions": self._sessions_endpoint,
             "expand": self._expand_endpoint,
         }
+
+    def _dashboard_endpoint(self, flow: http.HTTPFlow, caller: control.Caller) -> http.Response:
+        """`GET /_cg/`: the savings dashboard (HTML), for a local caller; a remote one reads
+        its own session only, as `/_cg/sessions`."""
+        scope = caller.scope()
+        if scope == "":
+            return control.no_session()
+        sessions = self.sessions_json(scope)
+        ledger = self.meter.ledger
+        history = dict(ledger.history) if ledger is not None else {}
+        if scope is not None:
+            history = {k: v for k, v in history.items() if k == scope}
+        page = dashboard.render(
+            self.stats_json() if scope is None else {},
+            sessions.get("sessions", []),
+            {k: list(v) for k, v in history.items()},
+            error=sessions.get("error"),
+        )
+        return http.Response.make(
+            200,
+            page.encode("utf-8"),
+            {
+                "content-type": "text/html; charset=utf-8",
+                "cache-control": "no-store",
+                "content-security-policy": dashboard.CSP,
+                "x-content-type-options": "nosniff",
+            },
+        )
 
     def _health_endpoint(self, flow: http.HTTPFlow, caller: control.Caller) -> http.Response:
         """`{"ok": true, …, "store": {"ok": …}}`: `ok` says the addon answers (it serves, as a

@@ -42,7 +42,7 @@ from cg.summarize.component import (
 from cg.summarize.config import ModelConfig
 from cg.summarize.prompt import MAX_TOKENS as MAX_TOKENS
 from cg.wire.answers import Reply, ResponseParseError, parse_json, parse_sse
-from cg.wire.upstream import sni_extensions
+from cg.wire.upstream import Exchange, exchange_of, sni_extensions
 from cg.wire.usage import Usage, UsageError, from_provider
 
 HEADER = "x-context-guru"
@@ -82,6 +82,9 @@ INCOMING_HEADERS = (
     "openai-project",
 )
 UsageSink = Callable[[str, str, Usage], None]
+# Every request the summarizer sends, with its answer: (the job, which request — `shared` or
+# `standalone` — and the exchange). The mitmproxy face shows each as a flow of its own.
+CallSink = Callable[[Commission, str, Exchange], None]
 
 
 @dataclass(frozen=True, slots=True)
@@ -244,8 +247,10 @@ class SummarizerClient:
         env: Mapping[str, str] | None = None,
         on_usage: UsageSink | None = None,
         shared_proxy: bool = False,
+        on_call: CallSink | None = None,
     ) -> None:
         self.cfg = cfg
+        self.on_call = on_call
         self.shared_proxy = shared_proxy
         self.pool = client
         self.level = level
@@ -257,7 +262,7 @@ class SummarizerClient:
         """The standalone prompt, as one non-streaming user message."""
         ep = resolve_endpoint(self.cfg, job, self.env, self.shared_proxy)
         body = json.dumps(request_body(ep, prompt, self.level)).encode()
-        resp = await self._post(ep.url, body, ep.headers, ep.sni)
+        resp = await self._post(ep.url, body, ep.headers, ep.sni, job, "standalone")
         try:
             doc = resp.json()
         except ValueError:
@@ -277,7 +282,7 @@ class SummarizerClient:
         headers = dict(origin.headers)
         if job.dialect == "anthropic":
             headers.setdefault("anthropic-version", ANTHROPIC_VERSION)
-        resp = await self._post(origin.url, body, headers, origin.sni)
+        resp = await self._post(origin.url, body, headers, origin.sni, job, "shared")
         ctype = resp.headers.get("content-type", "")
         try:
             if ctype.startswith("text/event-stream"):
@@ -301,11 +306,35 @@ class SummarizerClient:
         except Exception:  # noqa: BLE001 - accounting must never fail a summary
             return
 
+    def _shown(
+        self,
+        job: Commission | None,
+        kind: str,
+        req: httpx.Request,
+        started: float,
+        resp: httpx.Response | None = None,
+        error: str | None = None,
+    ) -> None:
+        """Hand one attempt to `on_call` (a flow in mitmweb); never fails the summary."""
+        if self.on_call is None or job is None:
+            return
+        try:
+            self.on_call(job, kind, exchange_of(req, started, resp, error))
+        except Exception:  # noqa: BLE001 - showing a call must never fail it
+            return
+
     async def _post(
-        self, url: str, body: bytes, headers: Mapping[str, str], sni: str | None = None
+        self,
+        url: str,
+        body: bytes,
+        headers: Mapping[str, str],
+        sni: str | None = None,
+        job: Commission | None = None,
+        kind: str = "standalone",
     ) -> httpx.Response:
         """POST under one deadline with bounded retries; the 200 response, read whole. `sni`:
-        the provider's name when `url` names an address (`Origin.sni`)."""
+        the provider's name when `url` names an address (`Origin.sni`). Each attempt, with
+        its answer or error, goes to `on_call` (`job`, `kind`)."""
         headers = {**headers, "content-type": "application/json", HEADER: "summarize"}
         deadline = time.monotonic() + self.timeout
         last = "no attempt made"
@@ -316,21 +345,28 @@ class SummarizerClient:
             if left <= 0:
                 break
             attempts += 1
+            client = self.pool.client(sni)
+            req = client.build_request(
+                "POST",
+                url,
+                content=body,
+                headers=headers,
+                timeout=left,
+                extensions=sni_extensions(sni),
+            )
+            started = time.time()
             try:
                 # httpx's timeout bounds each read, not the whole answer: the deadline does.
                 async with asyncio.timeout(left):
-                    resp = await self.pool.client(sni).post(
-                        url,
-                        content=body,
-                        headers=headers,
-                        timeout=left,
-                        extensions=sni_extensions(sni),
-                    )
+                    resp = await client.send(req)
             except (httpx.TimeoutException, TimeoutError):
+                self._shown(job, kind, req, started, error=f"no answer within {self.timeout:g}s")
                 raise SummarizerTimeout(f"no answer within {self.timeout:g}s") from None
             except httpx.TransportError as e:
                 last = f"{type(e).__name__}"
+                self._shown(job, kind, req, started, error=last)
             else:
+                self._shown(job, kind, req, started, resp)
                 if resp.status_code == 200:
                     return resp
                 last = f"HTTP {resp.status_code}"

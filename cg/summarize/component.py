@@ -130,6 +130,10 @@ class Commission:
     answer_status: int | None = None  # the commissioning answer's HTTP status, once it began
     path: Path | None = None  # which request wrote (or tried to write) the summary
     note: str = ""  # why that path, for the log line
+    # Who shows the job's calls (the mitmproxy face): the commissioning flow's id, and the id
+    # its first call's flow is to have (named in the commissioning flow's comment up front).
+    flow_id: str | None = None
+    call_flow_id: str | None = None
 
     def answer_began(self, status: int | None) -> None:
         """The commissioning turn's answer began with `status` (None: the flow failed first)."""

@@ -16,7 +16,9 @@ from __future__ import annotations
 
 import ipaddress
 import json
-from collections.abc import Iterable
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from typing import Any
 
 import httpx
@@ -120,3 +122,48 @@ def agent_request(
     for name in {k for k in out.headers if k.encode() not in sent}:
         del out.headers[name]
     return out
+
+
+@dataclass(frozen=True, slots=True)
+class Exchange:
+    """One request we sent upstream ourselves (a summary, an expand round) and what came back,
+    handed to whoever shows it (the mitmproxy face turns it into a flow). Plain data, so the
+    layers that send never import mitmproxy. The headers are as sent: the receiver redacts the
+    credential before anything is kept. `status` None: no answer (`error` says why)."""
+
+    method: str
+    url: str
+    request_headers: tuple[tuple[str, str], ...]
+    request_body: bytes
+    started: float  # wall clock (time.time()), as mitmproxy's timestamps
+    ended: float
+    status: int | None = None
+    response_headers: tuple[tuple[str, str], ...] = ()
+    response_body: bytes = b""
+    error: str | None = None
+
+
+ExchangeSink = Callable[[Exchange], None]
+
+
+def exchange_of(
+    req: httpx.Request,
+    started: float,
+    resp: httpx.Response | None = None,
+    error: str | None = None,
+) -> Exchange:
+    """An `Exchange` from an httpx request and its (read) response, or the error instead."""
+    return Exchange(
+        req.method,
+        str(req.url),
+        tuple((k.decode("latin-1"), v.decode("latin-1")) for k, v in req.headers.raw),
+        req.content,
+        started,
+        time.time(),
+        resp.status_code if resp is not None else None,
+        tuple((k.decode("latin-1"), v.decode("latin-1")) for k, v in resp.headers.raw)
+        if resp is not None
+        else (),
+        resp.content if resp is not None else b"",
+        error,
+    )

@@ -133,15 +133,19 @@ class Proxy:
         env: Mapping[str, str] | None = None,
         mode: str | None = None,
         scripts: Sequence[Path] = (),
+        program: Path = MITMDUMP,
+        args: Sequence[str] = (),
     ) -> Proxy:
         """Start mitmdump in front of `upstream`; `options` are extra `--set` values, `env`
         extra environment variables (see HERMETIC). `mode` replaces `reverse:{upstream}` (e.g.
-        `regular`); `scripts` load before cg_addon.py, so their hooks see a request first."""
+        `regular`); `scripts` load before cg_addon.py, so their hooks see a request first.
+        `program` (mitmweb, say) replaces mitmdump, `args` go first on its command line."""
         confdir = workdir / "confdir"
         confdir.mkdir(parents=True, exist_ok=True)
         record = workdir / "decisions.jsonl"
         cmd = [
-            str(MITMDUMP),
+            str(program),
+            *args,
             "--mode",
             mode or f"reverse:{upstream}",
             "--listen-host",

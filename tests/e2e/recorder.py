@@ -4,7 +4,8 @@
 
 Load it after cg_addon.py. Each line: phase (response|error), method, path, the `x-e2e-id` request
 header tests use to find their flow, status, error, and `cg` — `flow.metadata["context_guru"]`, or
-null for a flow the addon did not decide on. Lines are flushed as written.
+null for a flow the addon did not decide on. Lines are flushed as written. The addon's own calls
+(a summary, an expand round), which it shows as flows, get no line.
 """
 
 from __future__ import annotations
@@ -41,6 +42,13 @@ class Recorder:
 
     def _write(self, phase: str, flow: http.HTTPFlow) -> None:
         if self.out is None:
+            return
+        if not flow.live and flow.metadata.get("context_guru_view", {}).get("action") in (
+            "summary",
+            "expand",
+        ):
+            # The addon's own calls, shown as flows: an expand round carries the agent's
+            # headers (its x-e2e-id too), and is not the agent's flow.
             return
         line = {
             "phase": phase,

@@ -163,7 +163,7 @@ async def test_a_rewrite_replaces_the_body_once_and_marks_the_flow(toy_config: s
         assert f.request.headers["content-length"] == str(len(f.request.raw_content or b""))
         rec = f.metadata[META]
         assert rec["outcome"] == "rewritten"
-        assert f.marked and f.comment == "cg: 5→3 messages"
+        assert f.marked == ":scissors:" and f.comment == "cg: rewritten 5→3 messages"
         assert cg.stats.rewritten == 1
 
 
@@ -180,7 +180,8 @@ async def test_a_violating_rewrite_fails_open(tmp_path: Path, toy_config: str) -
         rec = f.metadata[META]
         assert rec["outcome"] == "failed_open"
         assert rec["violations"][0]["rule"] == "system-position"
-        assert not f.marked and cg.stats.failed_open == 1
+        assert f.marked == ":warning:" and f.comment.startswith("cg: failed open: ")
+        assert cg.stats.failed_open == 1
 
 
 async def test_gzip_body_is_decoded_rewritten_and_reencoded(toy_config: str) -> None:

@@ -65,6 +65,8 @@ def ask(
     cg.request(f)
     assert f.response is not None
     body = f.response.content or b""
+    if f.response.headers.get("content-type", "").startswith("text/html"):
+        return f, f.response.status_code, body.decode()  # the dashboard, /_cg/
     return f, f.response.status_code, json.loads(body) if body else None
 
 
