@@ -45,7 +45,7 @@ import httpx
 from tests.e2e.harness import Proxy, low, start_summarize
 from tests.fakeprovider import FakeProvider, Recorded, Reply
 
-TAG = re.compile(r"\bS\d{3}-[0-9a-f]{8}\b")
+TAG = re.compile(r"\bS\d{3,}-[0-9a-f]{8}\b")  # 1,000 sessions and more: S1000-…
 MARKER = re.compile(r"<<cg:([0-9a-f]{24})>>")
 HEADER = "=== History Summary ==="
 SESSION_HEADER = "x-context-guru-session"
