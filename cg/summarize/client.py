@@ -378,8 +378,11 @@ class HttpPool:
 
     MAX_NAMED = 16
 
-    def __init__(self, verify: bool | str = True) -> None:
+    def __init__(self, verify: bool | str = True, max_connections: int | None = 16) -> None:
         self.verify = verify
+        # None: no cap (the expand relay holds a connection for a whole streamed answer, one
+        # per agent turn in flight: a cap would queue turns behind others' generations).
+        self.max_connections = max_connections
         self._client: httpx.AsyncClient | None = None
         self._named: dict[str, httpx.AsyncClient] = {}
         self._closing: set[asyncio.Task[None]] = set()
@@ -388,7 +391,7 @@ class HttpPool:
         return httpx.AsyncClient(
             trust_env=False,
             verify=self.verify,
-            limits=httpx.Limits(max_connections=16, max_keepalive_connections=8),
+            limits=httpx.Limits(max_connections=self.max_connections, max_keepalive_connections=8),
         )
 
     def client(self, sni: str | None = None) -> httpx.AsyncClient:
