@@ -657,6 +657,7 @@ class ContextGuru:
                 self.meter.answered(flow, record, replies)
         finally:
             self._release(flow)
+            self.facts.flush()  # new messages' token counts, to the store (after the answer)
 
     def _release(self, flow: http.HTTPFlow) -> None:
         """The flow is done with upstream: forget it, and redact its credential."""

@@ -194,6 +194,9 @@ class Summarize:
         self.table = table or shipped_windows()
         self.inflight: set[str] = set()
         self.facts = facts or FactsCache(tokens)
+        # Token counts outlive a restart in the store (the last store configured wins: every
+        # component of one configuration shares it).
+        self.facts.backing = store
         self.answer_wait = ANSWER_WAIT
 
     @property
@@ -435,6 +438,7 @@ class Summarize:
             self.inflight.discard(job.conversation)
             job.origin = None
             job.forwarded = None
+            self.facts.flush()  # the covered history's counts, for a restarted proxy
 
     async def _summarize(self, summarizer: Summarizer, job: Commission) -> str | None:
         """The summary text: from the shared-cache request when it can be made, else (or when
