@@ -475,12 +475,13 @@ class ContextGuru:
                         req.content = raw
                         record["outcome"] = "failed_open"
                         record["reason"] = f"cannot re-encode body: {e}"
-                self._relay(flow, record)
                 if result.commissions:
                     # The body as it goes upstream: what the provider caches for this session.
                     sent = result.body if record["outcome"] == "rewritten" else raw
                     origin = Origin.of(req.url, req.headers, upstream_sni(req))
                     self._commission(result.commissions, origin, sent, flow.id)
+                # Last: the summary's origin above is the provider, never the relay.
+                self._relay(flow, record)
         self.stats.count(record["outcome"])
         record.setdefault("timings_ms", {})["hook"] = round((time.perf_counter() - t0) * 1000, 3)
         flow.metadata[META] = record
