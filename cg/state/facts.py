@@ -157,9 +157,15 @@ class FactsCache:
         """Every message's facts. Those no memo knows are asked of the store in one query
         before any is computed: after a restart, that is the whole history but the new turn."""
         n = len(index.messages)
+        owner, known = index.memo.get("facts", (None, []))
+        if owner is not self:
+            known = []
+        if len(known) == n:
+            return list(known)
         out: list[MessageFacts | None] = [None] * n
+        out[: len(known)] = known  # the previous turn's, for the messages it shares
         missing: list[tuple[int, bytes]] = []
-        for i in range(n):
+        for i in range(len(known), n):
             facts = self._seen(index.messages[i].view)
             if facts is None:
                 raw = self._raw_key(index, i)
@@ -179,7 +185,9 @@ class FactsCache:
                     self._memo_raw(raw, facts)
                 self._remember(index.messages[i].view, facts)
                 out[i] = facts
-        return [f for f in out if f is not None]
+        result = [f for f in out if f is not None]
+        index.memo["facts"] = (self, result)
+        return list(result)
 
     def _load(self, raws: list[bytes]) -> dict[bytes, FactRow]:
         if self.backing is None:
@@ -238,8 +246,17 @@ class FactsCache:
     def prelude(self, index: BodyIndex) -> Prelude:
         """The members before `messages` that the cache keys on; tokens of system and tools.
 
-        Memoised on the members' raw text: an agent sends the same system and tools every turn.
+        Memoised on the members' raw text: an agent sends the same system and tools every turn
+        (and on the index, which a next turn sharing every byte outside the array inherits).
         """
+        owner, known = index.memo.get("prelude", (None, None))
+        if owner is self and isinstance(known, Prelude):
+            return known
+        prelude = self._prelude(index)
+        index.memo["prelude"] = (self, prelude)
+        return prelude
+
+    def _prelude(self, index: BodyIndex) -> Prelude:
         h = hashlib.blake2b(digest_size=16)
         for k, m in index.members.items():
             if k in PRELUDE_MEMBERS:

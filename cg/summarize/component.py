@@ -40,6 +40,7 @@ from cg.summarize.prompt import build_prompt, extract_summary, has_summary, summ
 from cg.summarize.shared import Layout, SharedRequest, build
 from cg.summarize.span import Span, repair_orphans, select_span
 from cg.summarize.triggers import (
+    CACHE_TTL_1H,
     CACHE_TTL_DEFAULT,
     RequestFacts,
     WindowTable,
@@ -161,6 +162,11 @@ def message_digest(index: BodyIndex, i: int) -> bytes:
     return canonical_digest(index.messages[i].value)
 
 
+def _outside(index: BodyIndex) -> str:
+    """The body's text outside the transcript array (whose breakpoints the facts know)."""
+    return index.text[: index.array.start] + index.text[index.array.end :]
+
+
 def conversation_key(session: str, first: bytes) -> str:
     """The checkpoint key of a conversation: its session and its first message."""
     return f"{session}#{first.hex()[:12]}"
@@ -224,8 +230,13 @@ class Summarize:
         n = len(index.messages)
         if not is_identity(plan, n):
             return Step(None, "summarize runs alone: an earlier component changed the plan")
+        stats = self.facts.all(index)
         # The cache now alive was written by the previous request, with that request's TTL.
-        prev = self.store.touch_session(req.session, req.now, cache_ttl(index.text))
+        # Which TTL this one asks: its messages' breakpoints are in their memoised facts, so the
+        # ~1 MB body is not searched again every turn (`cache_ttl` reads what else there is).
+        long = any(s.long_ttl for s in stats) or self.facts.prelude(index).long_ttl
+        ttl_now = CACHE_TTL_1H if long else cache_ttl(_outside(index))
+        prev = self.store.touch_session(req.session, req.now, ttl_now)
         last = prev.last_request if prev is not None else None
         ttl = prev.cache_ttl if prev is not None and prev.cache_ttl else CACHE_TTL_DEFAULT
 
@@ -233,7 +244,6 @@ class Summarize:
         span = select_span(views, self.cfg.keep_first, self.cfg.keep_last, index.dialect.pairing)
         if isinstance(span, str):
             return Step(None, span)
-        stats = self.facts.all(index)
         digests = [s.digest for s in stats]
         # One session id can carry several conversations (an agent and its subagents): each
         # conversation, told apart by its first message, has its own checkpoint.

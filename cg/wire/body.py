@@ -53,6 +53,10 @@ class BodyIndex:
     # Byte offsets (in `raw`) of each message's end, then of the array's end: computed when a
     # later turn compares its bytes with this one's; a warm index inherits its shared prefix's.
     _byte_ends: list[int] = field(default_factory=list)
+    # What readers computed about this body, by name: a list aligned with `messages` is carried
+    # over its shared prefix to the next turn's index (`MessageCache.extend`), anything else
+    # whole (that index shares every byte outside the array too).
+    memo: dict[str, Any] = field(default_factory=dict)
 
     def byte_ends(self) -> list[int]:
         """Where each message ends in `raw`, and (last) where the array ends."""
@@ -191,6 +195,8 @@ def _extend(prev: BodyIndex, k: int, raw: bytes, text: str, dialect: Dialect) ->
         out.append(_message(dialect, n, arr.elements[n]))
     index = BodyIndex(raw, text, dialect, by_key, arr, out)
     index._byte_ends = prev.byte_ends()[:k]
+    for name, (owner, value) in prev.memo.items():
+        index.memo[name] = (owner, value[:k] if isinstance(value, list) else value)
     return index
 
 
