@@ -18,7 +18,13 @@ from cg.state.session import session_of
 from cg.state.store import Store
 from cg.wire.body import BodyIndex, BodyRejected, MessageCache, index_body
 from cg.wire.dialects import Dialect
-from cg.wire.shape import check_wire_roles_at, introduced, separated, validate_shape
+from cg.wire.shape import (
+    check_wire_roles_at,
+    introduced,
+    separated,
+    validate_index,
+    validate_shape,
+)
 from cg.wire.splice import is_identity, plan_sources, plan_views, splice_text
 
 Outcome = Literal["passed_through", "rewritten", "failed_open"]
@@ -84,7 +90,7 @@ def rewrite_body(
         record["messages_in"] = len(index.messages)
         stream = index.members.get("stream")
         record["stream"] = stream is not None and stream.value is True
-        before = validate_shape(index.views, dialect)
+        before = validate_index(index)
         if before:
             record["input_violations"] = [v.to_json() for v in before]
 

@@ -57,6 +57,7 @@ class BodyIndex:
     # over its shared prefix to the next turn's index (`MessageCache.extend`), anything else
     # whole (that index shares every byte outside the array too).
     memo: dict[str, Any] = field(default_factory=dict)
+    shared: int = 0  # leading messages shared byte for byte with the previous turn's body
 
     def byte_ends(self) -> list[int]:
         """Where each message ends in `raw`, and (last) where the array ends."""
@@ -193,7 +194,7 @@ def _extend(prev: BodyIndex, k: int, raw: bytes, text: str, dialect: Dialect) ->
     out = prev.messages[:k]
     for n in range(k, len(arr.elements)):
         out.append(_message(dialect, n, arr.elements[n]))
-    index = BodyIndex(raw, text, dialect, by_key, arr, out)
+    index = BodyIndex(raw, text, dialect, by_key, arr, out, shared=k)
     index._byte_ends = prev.byte_ends()[:k]
     for name, (owner, value) in prev.memo.items():
         index.memo[name] = (owner, value[:k] if isinstance(value, list) else value)

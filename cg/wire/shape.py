@@ -28,6 +28,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from cg.wire.body import BodyIndex
 from cg.wire.dialects import DIALECTS, Dialect, MessageView
 
 _DECODER = json.JSONDecoder()
@@ -60,10 +61,39 @@ def validate_shape(
     views = _views(messages, d)
     if d.pairing == "id":
         return _item_rules(views, d)
+    return _list_rules(views, d, 0)
+
+
+def validate_index(index: BodyIndex) -> list[Violation]:
+    """`validate_shape` of a request's own messages, carried over the prefix it shares with
+    the previous turn (`BodyIndex.shared`): a violation of the list rules depends on its
+    message and its neighbours (a tool run at most), so only the messages from just before the
+    shared prefix's trailing tool run on are checked again."""
+    d = index.dialect
+    views = index.views
+    n = len(views)
+    memo = index.memo.get("violations")
+    k = index.shared
+    if memo is not None and memo[0] is d and 0 < k <= memo[1][0] and d.pairing != "id":
+        s = k
+        while s > 0 and views[s - 1].role == "tool":
+            s -= 1
+        start = max(0, min(k - 1, s - 1) - 1)
+        out = [v for v in memo[1][1] if v.index < start] + _list_rules(views, d, start)
+    else:
+        out = validate_shape(views, d)
+    index.memo["violations"] = (d, (n, tuple(out)))
+    return out
+
+
+def _list_rules(views: list[MessageView], d: Dialect, start: int) -> list[Violation]:
+    """The rules of a list whose results follow their calls (`next`, `run`), for the messages
+    from `start` on (each still read beside its neighbours)."""
     n = len(views)
     anthropic = d.pairing == "next"
     out: list[Violation] = []
-    for i, v in enumerate(views):
+    for i in range(start, n):
+        v = views[i]
         if i > 0 and v.is_system and i + 1 < n and views[i + 1].role != "assistant":
             out.append(Violation(i, "system-position", d.msg_system_position(i)))
 
