@@ -525,6 +525,7 @@ class ContextGuru:
             resolve,
             (req.data.scheme, req.data.host, req.data.port),
         )
+        job.times.append(time.perf_counter())
         req.headers[RELAY_HEADER] = self.relay.add(job)
         # The data fields: the `host` setter would rewrite the Host header as well.
         req.data.scheme, req.data.host, req.data.port = b"http", "127.0.0.1", self.relay.port
@@ -678,6 +679,14 @@ class ContextGuru:
         if original is None or flow.response is None:
             return None
         record = flow.metadata.get(META, {})
+        if job is not None and len(job.times) == 4:
+            t = job.times
+            record.setdefault("timings_ms", {})["relay"] = {
+                "to_relay": round((t[1] - t[0]) * 1000, 3),
+                "upstream_headers": round((t[2] - t[1]) * 1000, 3),
+                "body": round((t[3] - t[2]) * 1000, 3),
+                "relay_to_response_hook": round((time.perf_counter() - t[3]) * 1000, 3),
+            }
         if job is not None and job.gated:
             # Streamed through the relay, which ran any continuation itself.
             if job.continued:

@@ -21,6 +21,8 @@ import asyncio
 import contextlib
 import logging
 import secrets
+import socket
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -63,6 +65,9 @@ class RelayJob:
     log: list[dict[str, Any]] = field(default_factory=list)
     replies: list[Reply] | None = None
     error: str | None = None
+    # perf_counter() when the job was made, reached the relay, had the provider's headers, and
+    # was answered: where a relayed turn's time goes (`timings_ms` in its record).
+    times: list[float] = field(default_factory=list)
 
 
 class Relay:
@@ -91,20 +96,35 @@ class Relay:
         return token
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        sock = writer.get_extra_info("socket")
+        if sock is not None:  # small writes (an event, a head) go out at once: no Nagle stall
+            with contextlib.suppress(OSError):
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         try:
-            head = await reader.readuntil(b"\r\n\r\n")
-            headers: dict[bytes, bytes] = {}
-            for line in head.split(b"\r\n")[1:]:
-                name, sep, value = line.partition(b":")
-                if sep:
-                    headers[name.strip().lower()] = value.strip()
-            await _drain_body(reader, headers)
-            job = self.jobs.pop(headers.get(HEADER.encode(), b"").decode("latin-1"), None)
-            if job is None:
-                writer.write(_status(502, b"unknown relay job") + b"content-length: 0\r\n\r\n")
-            else:
-                await self._relay(job, writer)
-            await writer.drain()
+            # Keep-alive: mitmproxy sends its client's next request on the same connection.
+            while not reader.at_eof():
+                try:
+                    head = await reader.readuntil(b"\r\n\r\n")
+                except asyncio.IncompleteReadError:
+                    break  # closed between requests
+                headers: dict[bytes, bytes] = {}
+                for line in head.split(b"\r\n")[1:]:
+                    name, sep, value = line.partition(b":")
+                    if sep:
+                        headers[name.strip().lower()] = value.strip()
+                await _drain_body(reader, headers)
+                job = self.jobs.pop(headers.get(HEADER.encode(), b"").decode("latin-1"), None)
+                if job is None:
+                    writer.write(
+                        _status(502, b"unknown relay job")
+                        + b"content-length: 0\r\nconnection: close\r\n\r\n"
+                    )
+                    await writer.drain()
+                    break
+                job.times.append(time.perf_counter())
+                if not await self._relay(job, writer):
+                    break
+                await writer.drain()
         except (OSError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, ValueError):
             pass  # mitmproxy went away (its client did): nothing to answer
         finally:
@@ -112,27 +132,31 @@ class Relay:
             with contextlib.suppress(OSError):
                 await writer.wait_closed()
 
-    async def _relay(self, job: RelayJob, writer: asyncio.StreamWriter) -> None:
+    async def _relay(self, job: RelayJob, writer: asyncio.StreamWriter) -> bool:
+        """Answer one job; whether the connection may carry another."""
         client = self.clients(job.sni)
         req = agent_request(client, "POST", job.url, job.headers, job.body, _DROP, job.sni)
         try:
             resp = await client.send(req, stream=True)
+            job.times.append(time.perf_counter())
         except httpx.HTTPError as e:
             job.error = f"{type(e).__name__}: {e}"
             msg = f"context-guru relay: the provider could not be reached ({type(e).__name__})"
             body = msg.encode()
             writer.write(
                 _status(502, b"Bad Gateway")
-                + b"content-type: text/plain\r\ncontent-length: %d\r\n\r\n" % len(body)
+                + b"content-type: text/plain\r\ncontent-length: %d\r\n" % len(body)
+                + b"connection: close\r\n\r\n"
                 + body
             )
-            return
+            return False
         try:
             lines = [_status(resp.status_code, resp.reason_phrase.encode("latin-1", "replace"))]
             for k, v in resp.headers.raw:
                 if k.lower() not in _RESPONSE_DROP:
                     lines.append(k + b": " + v + b"\r\n")
-            lines.append(b"transfer-encoding: chunked\r\nconnection: close\r\n\r\n")
+            lines.append(b"transfer-encoding: chunked\r\n\r\n")
+            # At once (with TCP_NODELAY): the answer's headers mark when it began.
             writer.write(b"".join(lines))
             ctype = resp.headers.get("content-type", "")
             gate = None
@@ -149,8 +173,10 @@ class Relay:
                 if out:
                     writer.write(b"%x\r\n%s\r\n" % (len(out), out))
             writer.write(b"0\r\n\r\n")
+            job.times.append(time.perf_counter())
         finally:
             await resp.aclose()
+        return True
 
     async def _continue(self, job: RelayJob, gate: ExpandGate, ctype: str) -> bytes:
         """Our call began: run the loop on the whole first answer, and complete the stream."""
