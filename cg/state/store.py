@@ -15,8 +15,9 @@ Tables (schema version in `PRAGMA user_version`):
                  skipped) and the few live entries of its estimate's prompt-cache model (v2)
     facts        a message's raw-bytes digest -> what `cg.state.facts` knows of it (canonical
                  digest, tokens, tool output tokens, breakpoint flags), so the first turn after a
-                 restart reads its token counts instead of tokenising ~1 MB again (v3); ~80 bytes
-                 a message, expired by the store TTL after it was first seen
+                 restart reads its token counts instead of tokenising ~1 MB again (v3); ~100
+                 bytes a message, expired by the store TTL after it was first seen and capped
+                 at a quarter of `max_mb` (oldest first)
 
 Migrations: v1 (stashes, checkpoints, sessions) -> v2 adds `usage` and `ledger` -> v3 adds
 `facts`; each step runs
@@ -677,6 +678,7 @@ class Store:
                 "VALUES (?, ?, ?, ?, ?, ?)",
                 [(r, d, n, ",".join(map(str, o)), f, t) for r, d, n, o, f in rows],
             )
+        self._maybe_evict()
 
     # -- checkpoints ------------------------------------------------------------------------
 
@@ -924,6 +926,14 @@ class Store:
             ).rowcount
             sess = conn.execute("DELETE FROM sessions WHERE last_request < ?", (cutoff,)).rowcount
             conn.execute("DELETE FROM facts WHERE seen < ?", (cutoff,))
+            # Facts are a cache (a lost row is a recount): at most a quarter of `max_mb`
+            # (~100 bytes a row with its index), the oldest first.
+            cap = max(1000, self.max_bytes // 400)
+            conn.execute(
+                "DELETE FROM facts WHERE raw IN (SELECT raw FROM facts ORDER BY seen DESC "
+                "LIMIT -1 OFFSET ?)",
+                (cap,),
+            )
             # The ledger outlives the stashes: it is tiny, and it is the record of what was spent.
             ledger_cutoff = t - max(self.ttl, LEDGER_TTL_DAYS * 86400.0)
             conn.execute(
