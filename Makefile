@@ -45,6 +45,7 @@ bench: $(VENV)/.installed-test
 	$(BIN)/python -m bench.proxy_latency --dialect both --traffic both --concurrency 16
 	$(BIN)/python -m bench.proxy_latency --dialect both --traffic same --preset summarize --concurrency 16
 	$(BIN)/python -m bench.proxy_latency --traffic same --size 3000 --concurrency 16
+	$(BIN)/python -m bench.ttfb
 	$(BIN)/python -m bench.sizes
 	$(BIN)/python -m bench.peers
 	uptime

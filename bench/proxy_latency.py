@@ -65,6 +65,7 @@ HOST = "127.0.0.1"
 READY_TIMEOUT_S = 60.0
 STOP_TIMEOUT_S = 10.0
 VERIFY_HEADER = "x-bench-verify"
+SSE_HEADER = "x-bench-sse"  # answer as SSE, the rest this many seconds after the first delta
 PROBE = ROOT / "bench" / "probe.py"
 PROBE_PATH = "/_bench/probe"
 PATHS = {"anthropic": "/v1/messages?beta=true", "openai": "/v1/chat/completions"}
@@ -122,9 +123,41 @@ class _Upstream(BaseHTTPRequestHandler):
         )
         self.wfile.write(head.encode("ascii") + body)
 
+    def _sse(self, pause: float) -> None:
+        """An Anthropic SSE answer: its first text delta at once, the rest `pause` s later."""
+
+        def ev(name: str, data: dict[str, Any]) -> bytes:
+            return f"event: {name}\ndata: {json.dumps({'type': name, **data})}\n\n".encode()
+
+        msg = {k: v for k, v in json.loads(self._REPLY).items() if k != "content"}
+        msg.update(content=[], stop_reason=None)
+        first = (
+            ev("message_start", {"message": msg})
+            + ev("content_block_start", {"index": 0, "content_block": {"type": "text", "text": ""}})
+            + ev("content_block_delta", {"index": 0, "delta": {"type": "text_delta", "text": "Hi"}})
+        )
+        rest = (
+            ev("content_block_delta", {"index": 0, "delta": {"type": "text_delta", "text": "!"}})
+            + ev("content_block_stop", {"index": 0})
+            + ev(
+                "message_delta",
+                {"delta": {"stop_reason": "end_turn"}, "usage": {"output_tokens": 2}},
+            )
+            + ev("message_stop", {})
+        )
+        self.wfile.write(
+            b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
+            b"transfer-encoding: chunked\r\n\r\n" + b"%x\r\n%s\r\n" % (len(first), first)
+        )
+        self.wfile.flush()
+        threading.Event().wait(pause)  # a model still generating
+        self.wfile.write(b"%x\r\n%s\r\n0\r\n\r\n" % (len(rest), rest))
+
     def do_POST(self) -> None:
         body = self.rfile.read(int(self.headers.get("content-length", "0")))
-        if self.headers.get(VERIFY_HEADER):
+        if self.headers.get(SSE_HEADER):
+            self._sse(float(self.headers[SSE_HEADER]))
+        elif self.headers.get(VERIFY_HEADER):
             digest = hashlib.sha256(body).hexdigest()
             self._send(json.dumps({"bytes": len(body), "sha256": digest}).encode())
         elif "chat/completions" in self.path:
