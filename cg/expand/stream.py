@@ -104,55 +104,101 @@ def call_begins(dialect: str, event: bytes) -> tuple[int, int | None] | None:
     return None
 
 
+def _reasoning_begins(event: bytes) -> tuple[int, int | None] | None:
+    """(output index, sequence number) when this Responses event adds a reasoning item."""
+    if b"response.output_item.added" not in event or b"reasoning" not in event:
+        return None
+    obj = _data(event)
+    item = obj.get("item") if isinstance(obj, dict) else None
+    if (
+        isinstance(obj, dict)
+        and obj.get("type") == "response.output_item.added"
+        and isinstance(item, dict)
+        and item.get("type") == "reasoning"
+        and isinstance(obj.get("output_index"), int)
+    ):
+        seq = obj.get("sequence_number")
+        return obj["output_index"], seq if isinstance(seq, int) else None
+    return None
+
+
 class ExpandGate:
-    """The SSE answer of a turn offered our tool, passed on up to our call (see the module)."""
+    """The SSE answer of a turn offered our tool, passed on up to our call (see the module).
+
+    Responses API: a reasoning item is held until the next item begins, since a call to our
+    tool takes the reasoning item right before it along when it is stripped (the client would
+    otherwise re-send that reasoning without its successor, which the API refuses). When the
+    next item is not our call, the reasoning item's events go out then.
+    """
 
     def __init__(self, dialect: str) -> None:
         self.dialect = dialect
         self.whole = bytearray()  # every byte of the answer, for the continuation to read
-        self._pending = bytearray()  # an event not yet complete
+        self.sent = 0  # bytes of `whole` passed on
+        self.scanned = 0  # bytes of `whole` read as complete events
         self.at: int | None = None  # where our call sits (block, call or output index)
         self.seq: int | None = None  # its event's sequence number (Responses)
         self.held = 0  # the offset in `whole` from which nothing was passed on
+        # (offset in `whole`, output index, sequence number) of a reasoning item held back
+        self._reasoning: tuple[int, int, int | None] | None = None
 
     @property
     def holding(self) -> bool:
         return self.at is not None
+
+    def _release(self, limit: int) -> bytes:
+        if limit <= self.sent:
+            return b""
+        out = bytes(self.whole[self.sent : limit])
+        self.sent = limit
+        return out
 
     def feed(self, chunk: bytes) -> bytes:
         """The bytes to pass on now (possibly empty)."""
         self.whole += chunk
         if self.at is not None:
             return b""
-        self._pending += chunk
-        end = _last_end(self._pending)
-        if end == 0:
+        end = _last_end(self.whole)
+        if end <= self.scanned:
             return b""
-        ready = bytes(self._pending[:end])
-        del self._pending[:end]
-        if _NAME not in ready:
-            return ready
-        start = 0
-        while start < len(ready):
-            stop = _event_end(ready, start)
-            if stop == -1:  # cannot happen: `ready` ends with a complete event
+        region = self.whole[self.scanned : end]
+        responses = self.dialect == "responses"
+        if _NAME not in region and not (
+            responses and (self._reasoning is not None or b"reasoning" in region)
+        ):
+            self.scanned = end
+            return self._release(end)
+        pos = self.scanned
+        while pos < end:
+            stop = _event_end(self.whole, pos)
+            if stop == -1 or stop > end:  # cannot happen: `end` ends a complete event
                 break
-            found = call_begins(self.dialect, ready[start:stop])
+            event = bytes(self.whole[pos:stop])
+            found = call_begins(self.dialect, event)
             if found is not None:
-                self.at, self.seq = found
-                self.held = len(self.whole) - len(self._pending) - (len(ready) - start)
-                self._pending.clear()
-                return ready[:start]
-            start = stop
-        return ready
+                if self._reasoning is not None:  # the reasoning item goes with the call
+                    self.held, at, seq = self._reasoning
+                    self.at, self.seq = at, seq
+                else:
+                    self.at, self.seq = found
+                    self.held = pos
+                self.scanned = end
+                return self._release(self.held)
+            if responses:
+                reasoning = _reasoning_begins(event)
+                if reasoning is not None:
+                    self._reasoning = (pos, *reasoning)
+                elif self._reasoning is not None and b"response.output_item.added" in event:
+                    self._reasoning = None  # another item followed it: it goes out
+            pos = stop
+        self.scanned = end
+        return self._release(self._reasoning[0] if self._reasoning is not None else end)
 
     def finish(self) -> bytes:
         """The end of an answer that never called our tool: whatever is still unsent."""
         if self.at is not None:
             return b""
-        out = bytes(self._pending)
-        self._pending.clear()
-        return out
+        return self._release(len(self.whole))
 
     def held_bytes(self) -> bytes:
         """Everything from our call on, as the provider sent it (for when the continuation

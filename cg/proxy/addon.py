@@ -481,7 +481,10 @@ class ContextGuru:
                     origin = Origin.of(req.url, req.headers, upstream_sni(req))
                     self._commission(result.commissions, origin, sent, flow.id)
                 # Last: the summary's origin above is the provider, never the relay.
-                self._relay(flow, record)
+                try:
+                    self._relay(flow, record)
+                except Exception as e:  # noqa: BLE001 - without the relay the answer is buffered
+                    log.warning("context-guru: relay not used: %s", type(e).__name__)
         self.stats.count(record["outcome"])
         record.setdefault("timings_ms", {})["hook"] = round((time.perf_counter() - t0) * 1000, 3)
         flow.metadata[META] = record
@@ -526,7 +529,8 @@ class ContextGuru:
             (req.data.scheme, req.data.host, req.data.port),
         )
         job.times.append(time.perf_counter())
-        req.headers[RELAY_HEADER] = self.relay.add(job)
+        job.token = self.relay.add(job)
+        req.headers[RELAY_HEADER] = job.token
         # The data fields: the `host` setter would rewrite the Host header as well.
         req.data.scheme, req.data.host, req.data.port = b"http", "127.0.0.1", self.relay.port
         self.relayed[flow.id] = job
@@ -535,6 +539,8 @@ class ContextGuru:
     def _unrelay(self, flow: http.HTTPFlow) -> RelayJob | None:
         """The flow's URL as the agent sent it again, and its relay token gone."""
         job = self.relayed.get(flow.id)
+        if job is not None:
+            self.relay.jobs.pop(job.token, None)  # never reached the relay: forget it (its key)
         if job is not None and RELAY_HEADER in flow.request.headers:
             del flow.request.headers[RELAY_HEADER]
             req = flow.request.data

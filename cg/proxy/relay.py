@@ -68,6 +68,7 @@ class RelayJob:
     # perf_counter() when the job was made, reached the relay, had the provider's headers, and
     # was answered: where a relayed turn's time goes (`timings_ms` in its record).
     times: list[float] = field(default_factory=list)
+    token: str = ""  # its key in `Relay.jobs` until the relay takes it
 
 
 class Relay:

@@ -120,3 +120,68 @@ def test_mixed_calls_keep_the_clients_own_call():
         )
         assert [c.name for c in tool_calls(whole)] == ["Bash"]
         assert TOOL_NAME not in str(whole.message)
+
+
+def responses(items: list[dict[str, Any]], n: int = 1) -> Reply:
+    return Reply(
+        "responses",
+        {
+            "id": f"resp_{n}",
+            "object": "response",
+            "created_at": 1,
+            "status": "completed",
+            "model": "m",
+            "output": items,
+            "usage": {"input_tokens": 10 * n, "output_tokens": n, "total_tokens": 11 * n},
+        },
+    )
+
+
+REASONING = {"id": "rs_1", "type": "reasoning", "summary": [], "encrypted_content": "gAAA"}
+
+
+def call(name: str, cid: str) -> dict[str, Any]:
+    return {
+        "id": f"fc_{cid}",
+        "type": "function_call",
+        "status": "completed",
+        "call_id": cid,
+        "name": name,
+        "arguments": '{"id":"x"}',
+    }
+
+
+def message(text: str, mid: str = "msg_1") -> dict[str, Any]:
+    return {
+        "id": mid,
+        "type": "message",
+        "status": "completed",
+        "role": "assistant",
+        "content": [{"type": "output_text", "text": text, "annotations": []}],
+    }
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.integers(0, 10_000), max_size=12))
+def test_a_responses_reasoning_item_goes_with_our_call(cuts):
+    """Held from the reasoning item right before our call: the client never holds a reasoning
+    item whose successor it will not see (it would re-send it alone, and be refused)."""
+    first = responses([message("Let me look."), REASONING, call(TOOL_NAME, "c1")])
+    body = render_sse(first)
+    gate = ExpandGate("responses")
+    sent = feed(gate, body, cuts)
+    assert gate.holding and gate.at == 1
+    assert b"Let me look." in sent and b"rs_1" not in sent and TOOL_NAME.encode() not in sent
+    final = responses([message("The answer.", "msg_2")], 2)
+    whole = parse_sse("responses", sent + rest(first, final, 1, gate.at, gate.seq))
+    assert [i["type"] for i in whole.message["output"]] == ["message", "message"]
+    assert whole.message["id"] == "resp_1"
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.integers(0, 10_000), max_size=12))
+def test_a_responses_reasoning_item_before_anything_else_passes(cuts):
+    body = render_sse(responses([REASONING, message(f"No {TOOL_NAME} call.")]))
+    gate = ExpandGate("responses")
+    assert feed(gate, body, cuts) == body
+    assert not gate.holding
