@@ -108,6 +108,9 @@ class ContextGuru:
         self.relay = Relay(self.relay_pool.client)
         self.relayed: dict[str, RelayJob] = {}
         self._bg: set[asyncio.Task[None]] = set()  # held, so that they are not collected
+        # The original body of a rewritten flow, decoded into its metadata for the mitmweb
+        # view: a ~1 MB copy per turn, kept only where a UI can show it (not under mitmdump).
+        self.keep_original = True
         self.originals: dict[str, bytes | None] = {}
         self.meter = Meter(self.stats.usage_reads)
         # Summary jobs waiting for their commissioning flow's answer to begin, by flow id.
@@ -365,6 +368,7 @@ class ContextGuru:
         Start the expand relay, unless requests go through an upstream proxy (which would
         never reach a relay on our loopback)."""
         gc.freeze()
+        self.keep_original = type(ctx.master).__name__ != "DumpMaster"
         modes = getattr(ctx.options, "mode", None) or []
         if any(str(m).startswith("upstream") for m in modes):
             return
@@ -494,7 +498,7 @@ class ContextGuru:
         elif record["outcome"] == "rewritten":
             flow.marked = ":scissors:"
             flow.comment = view_comment(record)
-            if raw is not None and len(raw) <= KEEP_ORIGINAL_MAX:
+            if self.keep_original and raw is not None and len(raw) <= KEEP_ORIGINAL_MAX:
                 flow.metadata[ORIGINAL] = raw.decode("utf-8", "replace")
 
     def _relay(self, flow: http.HTTPFlow, record: dict[str, Any]) -> None:
