@@ -391,7 +391,12 @@ class HttpPool:
         return httpx.AsyncClient(
             trust_env=False,
             verify=self.verify,
-            limits=httpx.Limits(max_connections=self.max_connections, max_keepalive_connections=8),
+            # Uncapped (the relay): as many kept alive as there are turns in flight, up to 64,
+            # so concurrent agents do not reconnect upstream on every turn.
+            limits=httpx.Limits(
+                max_connections=self.max_connections,
+                max_keepalive_connections=8 if self.max_connections else 64,
+            ),
         )
 
     def client(self, sni: str | None = None) -> httpx.AsyncClient:
