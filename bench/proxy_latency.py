@@ -26,7 +26,13 @@ differences). Before timing, each proxy is checked to forward the body byte-for-
 upstream echoes a SHA-256 of what it received), and afterwards the addon's `/_cg/stats` must show
 that it saw every request. Both proxies load `bench/probe.py`, which reports the addon's own
 timings (`flow.metadata`), its cache hits and every full garbage collection inside the process.
-`--extra-script PATH` loads another mitmproxy script into the addon proxy, for experiments.
+`--extra-script PATH` loads another mitmproxy script into the addon proxy, for experiments;
+`--set KEY=VALUE` sets one of its options. `--preset summarize` runs the addon's summarize
+preset instead of `off`: the verification turn commissions a summary (the upstream's answers all
+carry one), the run waits for it, and every timed turn must reuse the checkpoint (a turn whose
+request declares tools and streams then goes through the expand relay; its timings are
+reported). `--concurrency N` adds a throughput phase: N clients in parallel per target, each
+target alone. `--size BYTES` scales the same-body traffic (10 KB to 5 MB: `bench.sizes`).
 
 Every process is started and stopped by its PID; every wait has a deadline.
 """
