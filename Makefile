@@ -35,9 +35,20 @@ pytest: $(VENV)/.installed-test
 
 test: lint typecheck pytest
 
+# In-process, then through real mitmdumps (direct, plain, the addon: c=1 and c=16, the same and
+# a growing body, both dialects, pass-through and checkpoint reuse), the size sweep and its plot
+# (docs/bench-latency-vs-size.png, matplotlib from the test extras), and the peer when installed.
 bench: $(VENV)/.installed-test
+	uptime
 	$(BIN)/python -m bench.hotpath
 	$(BIN)/python -m bench.reuse
+	$(BIN)/python -m bench.proxy_latency --dialect both --traffic both --concurrency 16
+	$(BIN)/python -m bench.proxy_latency --dialect both --traffic same --preset summarize --concurrency 16
+	$(BIN)/python -m bench.proxy_latency --traffic same --size 3000 --concurrency 16
+	$(BIN)/python -m bench.ttfb
+	$(BIN)/python -m bench.sizes
+	$(BIN)/python -m bench.peers
+	uptime
 
 clean:
 	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache

@@ -26,7 +26,13 @@ differences). Before timing, each proxy is checked to forward the body byte-for-
 upstream echoes a SHA-256 of what it received), and afterwards the addon's `/_cg/stats` must show
 that it saw every request. Both proxies load `bench/probe.py`, which reports the addon's own
 timings (`flow.metadata`), its cache hits and every full garbage collection inside the process.
-`--extra-script PATH` loads another mitmproxy script into the addon proxy, for experiments.
+`--extra-script PATH` loads another mitmproxy script into the addon proxy, for experiments;
+`--set KEY=VALUE` sets one of its options. `--preset summarize` runs the addon's summarize
+preset instead of `off`: the verification turn commissions a summary (the upstream's answers all
+carry one), the run waits for it, and every timed turn must reuse the checkpoint (a turn whose
+request declares tools and streams then goes through the expand relay; its timings are
+reported). `--concurrency N` adds a throughput phase: N clients in parallel per target, each
+target alone. `--size BYTES` scales the same-body traffic (10 KB to 5 MB: `bench.sizes`).
 
 Every process is started and stopped by its PID; every wait has a deadline.
 """
@@ -44,6 +50,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -64,6 +71,7 @@ HOST = "127.0.0.1"
 READY_TIMEOUT_S = 60.0
 STOP_TIMEOUT_S = 10.0
 VERIFY_HEADER = "x-bench-verify"
+SSE_HEADER = "x-bench-sse"  # answer as SSE, the rest this many seconds after the first delta
 PROBE = ROOT / "bench" / "probe.py"
 PROBE_PATH = "/_bench/probe"
 PATHS = {"anthropic": "/v1/messages?beta=true", "openai": "/v1/chat/completions"}
@@ -80,14 +88,37 @@ class _Upstream(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     # One write per response, sent at once: no Nagle / delayed-ACK stall of ~40 ms per request.
     disable_nagle_algorithm = True
+    # A summary in every answer: under `--preset summarize` the addon's summarizer call (the
+    # shared-cache request, to this same upstream) gets one, and its checkpoint is reused.
     _REPLY = json.dumps(
         {
             "id": "msg_bench",
             "type": "message",
             "role": "assistant",
-            "content": [{"type": "text", "text": "ok"}],
+            "model": "claude-bench",
+            "content": [{"type": "text", "text": "<summary>The bench summary.</summary>"}],
             "stop_reason": "end_turn",
+            "stop_sequence": None,
             "usage": {"input_tokens": 1, "output_tokens": 1},
+        }
+    ).encode()
+    _OPENAI_REPLY = json.dumps(
+        {
+            "id": "chatcmpl-bench",
+            "object": "chat.completion",
+            "created": 1,
+            "model": "gpt-bench",
+            "choices": [
+                {
+                    "index": 0,
+                    "message": {
+                        "role": "assistant",
+                        "content": "<summary>The bench summary.</summary>",
+                    },
+                    "finish_reason": "stop",
+                }
+            ],
+            "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2},
         }
     ).encode()
 
@@ -98,11 +129,45 @@ class _Upstream(BaseHTTPRequestHandler):
         )
         self.wfile.write(head.encode("ascii") + body)
 
+    def _sse(self, pause: float) -> None:
+        """An Anthropic SSE answer: its first text delta at once, the rest `pause` s later."""
+
+        def ev(name: str, data: dict[str, Any]) -> bytes:
+            return f"event: {name}\ndata: {json.dumps({'type': name, **data})}\n\n".encode()
+
+        msg = {k: v for k, v in json.loads(self._REPLY).items() if k != "content"}
+        msg.update(content=[], stop_reason=None)
+        first = (
+            ev("message_start", {"message": msg})
+            + ev("content_block_start", {"index": 0, "content_block": {"type": "text", "text": ""}})
+            + ev("content_block_delta", {"index": 0, "delta": {"type": "text_delta", "text": "Hi"}})
+        )
+        rest = (
+            ev("content_block_delta", {"index": 0, "delta": {"type": "text_delta", "text": "!"}})
+            + ev("content_block_stop", {"index": 0})
+            + ev(
+                "message_delta",
+                {"delta": {"stop_reason": "end_turn"}, "usage": {"output_tokens": 2}},
+            )
+            + ev("message_stop", {})
+        )
+        self.wfile.write(
+            b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
+            b"transfer-encoding: chunked\r\n\r\n" + b"%x\r\n%s\r\n" % (len(first), first)
+        )
+        self.wfile.flush()
+        threading.Event().wait(pause)  # a model still generating
+        self.wfile.write(b"%x\r\n%s\r\n0\r\n\r\n" % (len(rest), rest))
+
     def do_POST(self) -> None:
         body = self.rfile.read(int(self.headers.get("content-length", "0")))
-        if self.headers.get(VERIFY_HEADER):
+        if self.headers.get(SSE_HEADER):
+            self._sse(float(self.headers[SSE_HEADER]))
+        elif self.headers.get(VERIFY_HEADER):
             digest = hashlib.sha256(body).hexdigest()
             self._send(json.dumps({"bytes": len(body), "sha256": digest}).encode())
+        elif "chat/completions" in self.path:
+            self._send(self._OPENAI_REPLY)
         else:
             self._send(self._REPLY)
 
@@ -215,9 +280,33 @@ def corpus_body(
     return build(n_messages, target)
 
 
-def same_traffic(dialect: str, rounds: int) -> Traffic:
-    body = corpus_body(dialect)
-    return Traffic("same", lambda r: body, [TARGET_MESSAGES] * (rounds + 1))
+def small_body(dialect: str, size: int) -> bytes:
+    """A body under ~150 KB (the capture's system and tools alone are ~70 KB): the corpus
+    transcript's first turns up to `size` bytes, with only `model`, `max_tokens` and `stream`
+    beside them."""
+    d = ANTHROPIC if dialect == "anthropic" else OPENAI
+    index = index_body(corpus_body(dialect), d)
+    model = index.members["model"].value
+    head = '{"model":' + json.dumps(model) + ',"max_tokens":1024,"stream":true,"messages":['
+    best = b""
+    for k in turn_ends(index):
+        body = (head + ",".join(index.source(i) for i in range(k)) + "]}").encode()
+        if not best or abs(len(body) - size) < abs(len(best) - size):
+            best = body
+        if len(body) > size:
+            break
+    return best
+
+
+def same_traffic(dialect: str, rounds: int, size: int = TARGET_BYTES) -> Traffic:
+    """The same body every round; `size` other than ~1 MiB scales its message count too."""
+    n = max(4, round(TARGET_MESSAGES * size / TARGET_BYTES))
+    if size < 150_000:
+        body = small_body(dialect, size)
+    else:
+        body = corpus_body(dialect, n, size) if size != TARGET_BYTES else corpus_body(dialect)
+    count = len(index_body(body, ANTHROPIC if dialect == "anthropic" else OPENAI).messages)
+    return Traffic("same", lambda r: body, [count] * (rounds + 1))
 
 
 def turn_ends(index: BodyIndex) -> list[int]:
@@ -269,11 +358,60 @@ def pct(samples: list[float], p: int) -> float:
     return s[max(0, -(-p * len(s) // 100) - 1)]
 
 
+def throughput(base: str, path: str, body: bytes, headers: dict[str, str], c: int, n: int) -> float:
+    """Requests per second with `c` clients in parallel (each its own keep-alive connection)
+    sending `n` POSTs each."""
+    errors: list[str] = []
+
+    def client() -> None:
+        with httpx.Client(base_url=base, trust_env=False, timeout=120.0) as cl:
+            for _ in range(n):
+                r = cl.post(path, content=body, headers=headers)
+                if r.status_code != 200:
+                    errors.append(f"HTTP {r.status_code}")
+
+    threads = [threading.Thread(target=client) for _ in range(c)]
+    t0 = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    dt = time.perf_counter() - t0
+    if errors:
+        raise RuntimeError(f"{base}: {errors[0]} ({len(errors)} failed)")
+    return c * n / dt
+
+
+def wait_for_summary(client: httpx.Client, deadline_s: float = 60.0) -> None:
+    """Under `summarize`: the first turn commissioned a summary; wait until it is stored."""
+    end = time.monotonic() + deadline_s
+    while time.monotonic() < end:
+        counts = client.get("/_cg/stats").json().get("summaries", {})
+        if counts.get("completed", 0) >= 1:
+            return
+        if counts.get("failed", 0) or counts.get("timed_out", 0):
+            raise RuntimeError(f"the bench summary failed: {counts}")
+        threading.Event().wait(0.05)  # cg: allow-sleep: polling a process we started
+    raise RuntimeError("no summary completed within the deadline")
+
+
 def run(
-    dialect: str, traffic_name: str, n: int, warmup: int, keep: bool, extra_scripts: list[str]
+    dialect: str,
+    traffic_name: str,
+    n: int,
+    warmup: int,
+    keep: bool,
+    extra_scripts: list[str],
+    preset: str = "off",
+    concurrency: int = 1,
+    size: int = TARGET_BYTES,
+    sets: list[str] | None = None,
 ) -> dict[str, Any]:
     rounds = warmup + n
-    traffic = (growing_traffic if traffic_name == "growing" else same_traffic)(dialect, rounds)
+    if traffic_name == "growing":
+        traffic = growing_traffic(dialect, rounds)
+    else:
+        traffic = same_traffic(dialect, rounds, size)
     path = PATHS[dialect]
     headers = {"content-type": "application/json", **HEADERS[dialect]}
     tmp = Path(tempfile.mkdtemp(prefix="cg-bench-"))
@@ -317,7 +455,10 @@ def run(
                 "-s",
                 str(ROOT / "cg_addon.py"),
                 "--set",
-                "cg_preset=off",
+                f"cg_preset={preset}",
+                "--set",
+                f"cg_db={tmp / 'cg.sqlite3'}",
+                *(a for kv in sets or [] for a in ("--set", kv)),
                 *(a for path in extra_scripts for a in ("-s", str(Path(path).resolve()))),
                 "-s",
                 str(PROBE),
@@ -333,7 +474,7 @@ def run(
         targets = [
             Target("upstream, direct", f"http://{HOST}:{up}"),
             Target("mitmdump, no script", f"http://{HOST}:{plain_port}"),
-            Target("mitmdump -s cg_addon.py, cg_preset=off", f"http://{HOST}:{addon_port}"),
+            Target(f"mitmdump -s cg_addon.py, cg_preset={preset}", f"http://{HOST}:{addon_port}"),
         ]
         clients = [httpx.Client(base_url=t.base, trust_env=False, timeout=60.0) for t in targets]
         try:
@@ -345,6 +486,14 @@ def run(
                 got = r.json()
                 if got.get("sha256") != digest:
                     raise RuntimeError(f"{t.name} did not forward the body unchanged: {got}")
+            reuse = False
+            if preset != "off":
+                # The verification turn commissioned the summary the timed turns reuse (a body
+                # too small to summarize commissions none: its turns pass through).
+                commissioned = clients[2].get("/_cg/stats").json()["summaries"]["commissioned"]
+                if commissioned:
+                    wait_for_summary(clients[2])
+                    reuse = True
             for rnd in range(rounds):
                 body = traffic.body(rnd)
                 if rnd >= warmup:
@@ -363,12 +512,20 @@ def run(
             stats = clients[2].get("/_cg/stats").json()
             probe = clients[2].get(PROBE_PATH).json()
             plain_probe = clients[1].get(PROBE_PATH).json()
+            rps: dict[str, float] = {}
+            if concurrency > 1:
+                body = traffic.body(rounds - 1)
+                per = max(2, n // concurrency)
+                for t in targets:  # after the sequential rounds, each target alone
+                    rps[t.name] = throughput(t.base, path, body, headers, concurrency, per)
         finally:
             for c in clients:
                 c.close()
-        seen = stats.get("passed_through", 0)
+        seen = stats.get("passed_through", 0) + stats.get("rewritten", 0)
         if seen != 1 + rounds:
-            raise RuntimeError(f"the addon passed through {seen} requests, expected {1 + rounds}")
+            raise RuntimeError(f"the addon saw {seen} requests, expected {1 + rounds}")
+        if reuse and stats.get("rewritten", 0) != rounds:
+            raise RuntimeError(f"not every timed turn reused the checkpoint: {stats}")
         if len(probe["records"]) != 1 + rounds:
             raise RuntimeError(f"the probe saw {len(probe['records'])} requests, not {1 + rounds}")
     finally:
@@ -403,6 +560,14 @@ def run(
             }
             for t in targets
         ],
+        "preset": preset,
+        "reuse": reuse,
+        "sets": sets or [],
+        "concurrency": concurrency,
+        "throughput_rps": rps,
+        "throughput_ratio_addon_plain": (
+            rps[addon_t.name] / rps[plain_t.name] if rps.get(plain_t.name) else None
+        ),
         "ratio_addon_plain": am / pm,
         "overhead_ms": am - pm,
         "overhead_paired_median_ms": statistics.median(paired),
@@ -424,6 +589,9 @@ def in_proxy(probe: dict[str, Any], warmup: int) -> dict[str, Any]:
         for k in ("index", "total", "hook")
         if all(k in r["timings_ms"] for r in timed)
     }
+    relay = [r["timings_ms"]["relay"] for r in timed if "relay" in r["timings_ms"]]
+    if relay:  # turns offered the expand tool, streamed through the loopback relay
+        out["relay_ms"] = {k: statistics.median(x[k] for x in relay) for k in relay[0]}
     if all(isinstance(h, int) for h in hits):
         new = [h - g for g, h in itertools.pairwise(hits)][warmup:]
         parsed = [r["messages_in"] - d for r, d in zip(timed, new, strict=True)]
@@ -472,6 +640,8 @@ def markdown(res: dict[str, Any]) -> str:
         for k in ("index_ms", "total_ms", "hook_ms")
         if k in ip
     )
+    if "relay_ms" in ip:
+        inside += "; relay: " + ", ".join(f"{k} {v:.2f} ms" for k, v in ip["relay_ms"].items())
     if "cache_hits_per_request" in ip:
         inside += (
             f"; cache hits per request {ip['cache_hits_per_request']:g}, "
@@ -491,6 +661,13 @@ def markdown(res: dict[str, Any]) -> str:
         f"Inside the addon proxy (medians, timed requests): {inside}.",
         f"Full garbage collections during the run — {gcs}.",
     ]
+    if res.get("throughput_rps"):
+        rps = res["throughput_rps"]
+        lines.append(
+            f"Throughput with {res['concurrency']} clients in parallel: "
+            + ", ".join(f"{k} {v:.1f} req/s" for k, v in rps.items())
+            + f"; addon/plain **{res['throughput_ratio_addon_plain']:.2f}×**."
+        )
     return "\n".join(lines)
 
 
@@ -516,6 +693,33 @@ def main(argv: list[str] | None = None) -> int:
         metavar="PATH",
         help="load this mitmproxy script too, in the addon proxy only (repeatable)",
     )
+    ap.add_argument(
+        "--preset",
+        default="off",
+        help="the addon's cg_preset (default off: index and validate only); summarize: the "
+        "first turn commissions a summary and every timed turn reuses its checkpoint",
+    )
+    ap.add_argument(
+        "--concurrency",
+        type=int,
+        default=1,
+        help="also measure throughput with this many clients in parallel (default 1: no)",
+    )
+    ap.add_argument(
+        "--size",
+        type=int,
+        default=TARGET_BYTES,
+        help="body size in bytes for --traffic same (default ~1 MiB, 400 messages; the "
+        "message count scales with it)",
+    )
+    ap.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        dest="sets",
+        help="a mitmproxy option for the addon proxy only, e.g. cg_expand_inject=never",
+    )
     ap.add_argument("--serve-upstream", metavar="PORT_FILE", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.serve_upstream:
@@ -526,7 +730,18 @@ def main(argv: list[str] | None = None) -> int:
     dialects = ["anthropic", "openai"] if args.dialect == "both" else [args.dialect]
     kinds = ["same", "growing"] if args.traffic == "both" else [args.traffic]
     results = [
-        run(d, k, args.n, args.warmup, args.keep, args.extra_script)
+        run(
+            d,
+            k,
+            args.n,
+            args.warmup,
+            args.keep,
+            args.extra_script,
+            args.preset,
+            args.concurrency,
+            args.size,
+            args.sets,
+        )
         for d in dialects
         for k in kinds
     ]

@@ -101,7 +101,9 @@ class Reply:
     the status line and headers are out and before any of the body — a test's gate that lets
     the proxy see the answer begin while its client still waits for it. `drip`: the answer's
     bytes are written one at a time, this many seconds apart (a slow server). `reset_after`:
-    after this many SSE frames the connection is reset (RST), mid-answer.
+    after this many SSE frames the connection is reset (RST), mid-answer. `gate_after`: with
+    `frames`, after this many frames the answer stops until `gate` is set (or GATE_TIMEOUT
+    passes, which sets `gate_timed_out`).
     """
 
     status: int = 200
@@ -120,6 +122,7 @@ class Reply:
     after_headers: Callable[[], None] | None = None
     drip: float | None = None
     reset_after: int | None = None
+    gate_after: int | None = None
 
     @classmethod
     def json(cls, status: int, payload: Any) -> Reply:
@@ -572,7 +575,9 @@ class _Handler(BaseHTTPRequestHandler):
             self.end_headers()
             if reply.after_headers is not None:
                 reply.after_headers()
-            for data in reply.frames:
+            for n, data in enumerate(reply.frames):
+                if n == reply.gate_after and reply.gate is not None:
+                    reply.gate_timed_out = not reply.gate.wait(GATE_TIMEOUT)
                 self._chunk(data)
             self._chunk(b"")
             return

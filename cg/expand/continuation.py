@@ -69,6 +69,7 @@ class Outcome:
     rounds: int
     log: list[dict[str, Any]] = field(default_factory=list)
     replies: list[Reply] = field(default_factory=list)  # the first answer, then each round's
+    final: Reply | None = None  # what `body` renders: for a stream already under way (`rest`)
 
 
 def parse(dialect: str, body: bytes, content_type: str) -> Reply:
@@ -175,5 +176,7 @@ async def run(
         # and a usage chunk (empty choices) would break clients that never asked for one.
         final = with_usage(final, client_usage(replies))
     if streamed:
-        return Outcome(render_sse(final), "text/event-stream; charset=utf-8", rounds, log, replies)
-    return Outcome(render_json(final), "application/json", rounds, log, replies)
+        return Outcome(
+            render_sse(final), "text/event-stream; charset=utf-8", rounds, log, replies, final
+        )
+    return Outcome(render_json(final), "application/json", rounds, log, replies, final)

@@ -18,7 +18,13 @@ from cg.state.session import session_of
 from cg.state.store import Store
 from cg.wire.body import BodyIndex, BodyRejected, MessageCache, index_body
 from cg.wire.dialects import Dialect
-from cg.wire.shape import check_wire_roles, introduced, separated, validate_shape
+from cg.wire.shape import (
+    check_wire_roles_at,
+    introduced,
+    separated,
+    validate_index,
+    validate_shape,
+)
 from cg.wire.splice import is_identity, plan_sources, plan_views, splice_text
 
 Outcome = Literal["passed_through", "rewritten", "failed_open"]
@@ -84,7 +90,7 @@ def rewrite_body(
         record["messages_in"] = len(index.messages)
         stream = index.members.get("stream")
         record["stream"] = stream is not None and stream.value is True
-        before = validate_shape(index.views, dialect)
+        before = validate_index(index)
         if before:
             record["input_violations"] = [v.to_json() for v in before]
 
@@ -120,13 +126,22 @@ def rewrite_body(
                 record["violations"] = [v.to_json() for v in bad]
                 return done("failed_open", f"rewrite introduced {bad[0].rule}: {bad[0].message}")
         injected = False
+        # Where the rebuilt array sits in the final text: it starts where it did, unless the
+        # expand tool went into a `tools` member before it.
+        arr_start = index.array.start
+        arr_end = index.array.end + len(text) - len(index.text)
         if expand is not None:
+            grown = len(text)
             text, injected = _inject(index, text, expand, sid.id, record)
+            tools = index.members.get("tools")
+            if tools is not None and tools.start < arr_start:
+                arr_start += len(text) - grown
+                arr_end += len(text) - grown
         if not spliced and not injected:
             return done("passed_through", "no component acted")
         new = text.encode("utf-8")
         # index_body admits only wire-legal roles, so any role violation here is the rewrite's.
-        bad = check_wire_roles(new, dialect)
+        bad = check_wire_roles_at(text, arr_start, arr_end, dialect)
         lap("validate", t)
         if bad:
             record["violations"] = [v.to_json() for v in bad]

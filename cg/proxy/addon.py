@@ -36,6 +36,8 @@ from cg.proxy import view as views
 from cg.proxy.agents import CLAUDE_CODE, CODEX, claude_code, codex, codex_compaction
 from cg.proxy.calls import call_flow
 from cg.proxy.meter import Meter
+from cg.proxy.relay import HEADER as RELAY_HEADER
+from cg.proxy.relay import Relay, RelayJob
 from cg.proxy.resend import resend
 from cg.proxy.stats import Stats
 from cg.settings import AUTO, Config, host_allowed, load_presets
@@ -113,6 +115,12 @@ class ContextGuru:
         self.store_note = ""
         self.tasks: dict[str, asyncio.Task[str]] = {}
         self.pool = HttpPool()
+        # Streamed answers of turns offered the expand tool go through the relay (its own
+        # pool, uncapped: each holds a connection for a whole generation).
+        self.relay_pool = HttpPool(max_connections=None)
+        self.relay = Relay(self.relay_pool.client)
+        self.relayed: dict[str, RelayJob] = {}
+        self._bg: set[asyncio.Task[None]] = set()  # held, so that they are not collected
         self.originals: dict[str, bytes | None] = {}
         self.meter = Meter(self.stats.usage_reads)
         # Summary jobs waiting for their commissioning flow's answer to begin, by flow id.
@@ -224,6 +232,7 @@ class ContextGuru:
             ledger = Ledger(store or Store.memory(), price_table(config.prices), self.facts)
             timeout = timeout_from_env()
             self.pool.verify = upstream_verify(opts)
+            self.relay_pool.verify = self.pool.verify
             pipelines = {
                 name: build_pipeline(
                     c.pipeline,
@@ -375,8 +384,15 @@ class ContextGuru:
         return None
 
     def running(self) -> None:
-        """Freeze the start-up heap: a full GC then skips it (~35 ms -> ~2 ms with 1 MiB bodies)."""
+        """Freeze the start-up heap: a full GC then skips it (~35 ms -> ~2 ms with 1 MiB bodies).
+        Start the expand relay, unless requests go through an upstream proxy (which would
+        never reach a relay on our loopback)."""
         gc.freeze()
+        modes = getattr(ctx.options, "mode", None) or []
+        if any(str(m).startswith("upstream") for m in modes):
+            return
+        with contextlib.suppress(RuntimeError):  # no running loop: turns are buffered instead
+            self._bg = {asyncio.get_running_loop().create_task(self.relay.start())}
 
     def done(self) -> None:
         for v in self.views:
@@ -388,8 +404,14 @@ class ContextGuru:
             task.cancel()
         self.tasks.clear()
         self.awaiting.clear()
+        self.relay.close()
+        self.relayed.clear()
         with contextlib.suppress(RuntimeError):  # no running loop: nothing left to close
-            asyncio.get_running_loop().create_task(self.pool.aclose())
+            loop = asyncio.get_running_loop()
+            self._bg = {
+                loop.create_task(self.pool.aclose()),
+                loop.create_task(self.relay_pool.aclose()),
+            }
         if self.store is not None:
             self.store.close()
             self.store = None
@@ -492,6 +514,11 @@ class ContextGuru:
                     for _, job in result.commissions:
                         job.flow_id, job.call_flow_id = flow.id, summary_flow
                     self._commission(result.commissions, origin, sent, flow.id)
+                # Last: the summary's origin above is the provider, never the relay.
+                try:
+                    self._relay(flow, record)
+                except Exception as e:  # noqa: BLE001 - without the relay the answer is buffered
+                    log.warning("context-guru: relay not used: %s", type(e).__name__)
         self.stats.count(record["outcome"])
         record.setdefault("timings_ms", {})["hook"] = round((time.perf_counter() - t0) * 1000, 3)
         flow.metadata[META] = record
@@ -508,6 +535,56 @@ class ContextGuru:
         )
         if record["outcome"] == "failed_open":
             log.warning("context-guru failed open on %s: %s", req.path, record["reason"])
+
+    def _relay(self, flow: http.HTTPFlow, record: dict[str, Any]) -> None:
+        """A streamed turn offered our tool goes to the relay (`cg.proxy.relay`), so its answer
+        streams and is held only if it calls the tool; without a relay it is buffered."""
+        expand = record.get("expand")
+        if (
+            not self.relay.port
+            or not record.get("stream")
+            or not isinstance(expand, dict)
+            or not expand.get("injected")
+            or record.get("outcome") != "rewritten"
+        ):
+            return
+        req = flow.request
+        session = record.get("session")
+        store = self.store
+
+        def resolve(key: str) -> str:
+            if store is None:
+                return f"context_guru_expand: id {key!r} is no longer available."
+            return expand_mod.resolve(store, key, session)
+
+        job = RelayJob(
+            req.url,
+            [(bytes(k), bytes(v)) for k, v in req.headers.fields],
+            req.raw_content or b"",
+            (req.get_content(strict=False) or b"").decode("utf-8"),  # rewritten: valid
+            record["dialect"],
+            upstream_sni(req),
+            resolve,
+            (req.data.scheme, req.data.host, req.data.port),
+        )
+        job.times.append(time.perf_counter())
+        job.token = self.relay.add(job)
+        req.headers[RELAY_HEADER] = job.token
+        # The data fields: the `host` setter would rewrite the Host header as well.
+        req.data.scheme, req.data.host, req.data.port = b"http", "127.0.0.1", self.relay.port
+        self.relayed[flow.id] = job
+        expand["relayed"] = True
+
+    def _unrelay(self, flow: http.HTTPFlow) -> RelayJob | None:
+        """The flow's URL as the agent sent it again, and its relay token gone."""
+        job = self.relayed.get(flow.id)
+        if job is not None:
+            self.relay.jobs.pop(job.token, None)  # never reached the relay: forget it (its key)
+        if job is not None and RELAY_HEADER in flow.request.headers:
+            del flow.request.headers[RELAY_HEADER]
+            req = flow.request.data
+            req.scheme, req.host, req.port = job.origin
+        return job
 
     # -- summaries, off the hot path ------------------------------------------------------------
 
@@ -682,6 +759,7 @@ class ContextGuru:
                 self.meter.answered(flow, record, replies)
         finally:
             self._release(flow)
+            self.facts.flush()  # new messages' token counts, to the store (after the answer)
 
     def _release(self, flow: http.HTTPFlow) -> None:
         """The flow is done with upstream: forget it, and redact its credential."""
@@ -697,9 +775,28 @@ class ContextGuru:
         The provider's message is recorded: it is the live signal of a shape bug.
         """
         original = self.originals.pop(flow.id, None)
+        self._unrelay(flow)
+        job = self.relayed.pop(flow.id, None)
         if original is None or flow.response is None:
             return None
         record = flow.metadata.get(META, {})
+        if job is not None and len(job.times) == 4:
+            t = job.times
+            record.setdefault("timings_ms", {})["relay"] = {
+                "to_relay": round((t[1] - t[0]) * 1000, 3),
+                "upstream_headers": round((t[2] - t[1]) * 1000, 3),
+                "body": round((t[3] - t[2]) * 1000, 3),
+                "relay_to_response_hook": round((time.perf_counter() - t[3]) * 1000, 3),
+            }
+        if job is not None and job.gated:
+            # Streamed through the relay, which ran any continuation itself.
+            if job.continued:
+                record["expand"]["rounds"] = job.rounds
+                record["expand"]["log"] = job.log
+                self.stats.expansions += job.rounds
+            if job.error is not None:
+                record["expand"]["error"] = job.error
+            return job.replies if job.rounds else None
         if flow.response.status_code == 200 and record.get("expand", {}).get("injected"):
             return await self._continue(flow, record)
         if flow.response.status_code != 400:
@@ -785,6 +882,8 @@ class ContextGuru:
         if not flow.live and flow.id not in self.live:
             return
         self._answer_began(flow)
+        self._unrelay(flow)
+        self.relayed.pop(flow.id, None)
         self.originals.pop(flow.id, None)
         record = flow.metadata.get(META)
         if isinstance(record, dict):
@@ -795,16 +894,18 @@ class ContextGuru:
         """Stream provider SSE straight through: the agent sees tokens as they arrive, and a
         `UsageTap` reads the usage off the passing bytes (changing none, holding none back).
 
-        Except when the expand tool was injected: the answer may call it, and the client must
-        never see that call, so that answer is buffered and read whole.
+        When the expand tool was injected the answer may call it, and the client must never see
+        that call: a streamed one comes through the relay, which holds it only from such a
+        call on; one that could not be relayed is buffered and read whole.
         """
         if not flow.live:
             return
         self._answer_began(flow)
+        relayed = self._unrelay(flow) is not None
         record = flow.metadata.get(META)
         if record is None or flow.response is None:
             return
-        if record.get("expand", {}).get("injected"):
+        if record.get("expand", {}).get("injected") and not relayed:
             return
         if flow.response.headers.get("content-type", "").startswith("text/event-stream"):
             flow.response.stream = self.meter.stream(flow)

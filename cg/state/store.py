@@ -13,8 +13,14 @@ Tables (schema version in `PRAGMA user_version`):
                  have been billed unrewritten); the usage ledger of SPEC §11 (v2)
     ledger       session -> its turn counters (turns, rewritten, tokens not sent, estimates
                  skipped) and the few live entries of its estimate's prompt-cache model (v2)
+    facts        a message's raw-bytes digest -> what `cg.state.facts` knows of it (canonical
+                 digest, tokens, tool output tokens, breakpoint flags), so the first turn after a
+                 restart reads its token counts instead of tokenising ~1 MB again (v3); ~100
+                 bytes a message, expired by the store TTL after it was first seen and capped
+                 at a quarter of `max_mb` (oldest first)
 
-Migrations: v1 (stashes, checkpoints, sessions) -> v2 adds `usage` and `ledger`; each step runs
+Migrations: v1 (stashes, checkpoints, sessions) -> v2 adds `usage` and `ledger` -> v3 adds
+`facts`; each step runs
 in one transaction, so a killed migration leaves the file as it was.
 
 Safe under concurrent processes (WAL, `busy_timeout`, every write one `BEGIN IMMEDIATE`
@@ -54,7 +60,7 @@ from cg.settings import StoreConfig
 from cg.wire.jsonspan import JsonSpanError, walk_array
 from cg.wire.usage import Usage
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 LEDGER_TTL_DAYS = 30.0
 USAGE_KINDS = ("agent", "summarizer", "estimate")
 TOUCH_INTERVAL = 60.0  # seconds between `last_used` updates of a live checkpoint's stash
@@ -136,8 +142,22 @@ CREATE TABLE IF NOT EXISTS ledger (
 );
 CREATE INDEX IF NOT EXISTS ledger_seen ON ledger (last_seen);
 """
+_SCHEMA_V3 = """
+CREATE TABLE IF NOT EXISTS facts (
+    raw BLOB PRIMARY KEY,
+    digest BLOB NOT NULL,
+    tokens INTEGER NOT NULL,
+    outputs TEXT NOT NULL,
+    flags INTEGER NOT NULL,
+    seen REAL NOT NULL
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS facts_seen ON facts (seen);
+"""
 # schema version reached -> the DDL that takes the file from the one before to it
-_MIGRATIONS = {1: _SCHEMA, 2: _SCHEMA_V2}
+_MIGRATIONS = {1: _SCHEMA, 2: _SCHEMA_V2, 3: _SCHEMA_V3}
+FACTS_BATCH = 500  # raw digests per SELECT (well under SQLite's bound on parameters)
+# (raw digest, canonical digest, tokens, tool output tokens, flags: 1 breakpoint, 2 ttl 1h)
+FactRow = tuple[bytes, bytes, int, tuple[int, ...], int]
 _USAGE_COLS = (
     "input_tokens, cache_write_tokens, cache_write_1h_tokens, cache_read_tokens, "
     "output_tokens, requests"
@@ -677,6 +697,36 @@ class Store:
                 )
         return cur.rowcount
 
+    # -- per-message facts --------------------------------------------------------------------
+
+    def get_facts(self, raws: Sequence[bytes]) -> dict[bytes, FactRow]:
+        """The stored facts of the messages whose raw digests are `raws` (those known)."""
+        out: dict[bytes, FactRow] = {}
+        with self._op("get_facts") as conn:
+            for i in range(0, len(raws), FACTS_BATCH):
+                part = list(raws[i : i + FACTS_BATCH])
+                marks = ",".join("?" * len(part))
+                for raw, digest, tokens, outputs, flags in conn.execute(
+                    f"SELECT raw, digest, tokens, outputs, flags FROM facts WHERE raw IN ({marks})",
+                    part,
+                ):
+                    outs = tuple(int(x) for x in outputs.split(",") if x)
+                    out[raw] = (raw, digest, tokens, outs, flags)
+        return out
+
+    def put_facts(self, rows: Sequence[FactRow]) -> None:
+        """Remember messages' facts (a message already known keeps its row)."""
+        if not rows:
+            return
+        t = self.now()
+        with self._tx("put_facts") as conn:
+            conn.executemany(
+                "INSERT OR IGNORE INTO facts (raw, digest, tokens, outputs, flags, seen) "
+                "VALUES (?, ?, ?, ?, ?, ?)",
+                [(r, d, n, ",".join(map(str, o)), f, t) for r, d, n, o, f in rows],
+            )
+        self._maybe_evict()
+
     # -- checkpoints ------------------------------------------------------------------------
 
     def put_checkpoint(self, cp: Checkpoint) -> Checkpoint:
@@ -922,6 +972,15 @@ class Store:
                 (cutoff, cutoff),
             ).rowcount
             sess = conn.execute("DELETE FROM sessions WHERE last_request < ?", (cutoff,)).rowcount
+            conn.execute("DELETE FROM facts WHERE seen < ?", (cutoff,))
+            # Facts are a cache (a lost row is a recount): at most a quarter of `max_mb`
+            # (~100 bytes a row with its index), the oldest first.
+            cap = max(1000, self.max_bytes // 400)
+            conn.execute(
+                "DELETE FROM facts WHERE raw IN (SELECT raw FROM facts ORDER BY seen DESC "
+                "LIMIT -1 OFFSET ?)",
+                (cap,),
+            )
             # The ledger outlives the stashes: it is tiny, and it is the record of what was spent.
             ledger_cutoff = t - max(self.ttl, LEDGER_TTL_DAYS * 86400.0)
             conn.execute(

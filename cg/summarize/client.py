@@ -414,8 +414,11 @@ class HttpPool:
 
     MAX_NAMED = 16
 
-    def __init__(self, verify: bool | str = True) -> None:
+    def __init__(self, verify: bool | str = True, max_connections: int | None = 16) -> None:
         self.verify = verify
+        # None: no cap (the expand relay holds a connection for a whole streamed answer, one
+        # per agent turn in flight: a cap would queue turns behind others' generations).
+        self.max_connections = max_connections
         self._client: httpx.AsyncClient | None = None
         self._named: dict[str, httpx.AsyncClient] = {}
         self._closing: set[asyncio.Task[None]] = set()
@@ -424,7 +427,12 @@ class HttpPool:
         return httpx.AsyncClient(
             trust_env=False,
             verify=self.verify,
-            limits=httpx.Limits(max_connections=16, max_keepalive_connections=8),
+            # Uncapped (the relay): as many kept alive as there are turns in flight, up to 64,
+            # so concurrent agents do not reconnect upstream on every turn.
+            limits=httpx.Limits(
+                max_connections=self.max_connections,
+                max_keepalive_connections=8 if self.max_connections else 64,
+            ),
         )
 
     def client(self, sni: str | None = None) -> httpx.AsyncClient:

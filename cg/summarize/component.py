@@ -28,12 +28,13 @@ import asyncio
 import contextlib
 import hashlib
 import json
+import operator
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal, Protocol, runtime_checkable
 
 from cg.pipeline.contract import RequestContext, Step
-from cg.state.facts import FactsCache, canonical_digest
+from cg.state.facts import FactsCache, MessageFacts, canonical_digest
 from cg.state.store import Checkpoint, Store, StoreError, owner, stash_key
 from cg.state.tokens import TokenCounter
 from cg.summarize.config import SummarizeConfig
@@ -41,6 +42,7 @@ from cg.summarize.prompt import build_prompt, extract_summary, has_summary, summ
 from cg.summarize.shared import Layout, SharedRequest, build
 from cg.summarize.span import Span, repair_orphans, select_span
 from cg.summarize.triggers import (
+    CACHE_TTL_1H,
     CACHE_TTL_DEFAULT,
     RequestFacts,
     WindowTable,
@@ -171,6 +173,19 @@ def message_digest(index: BodyIndex, i: int) -> bytes:
     return canonical_digest(index.messages[i].value)
 
 
+_TOKENS = operator.attrgetter("tokens")
+_OUTPUTS = operator.attrgetter("outputs")
+
+
+def _max_output(facts: MessageFacts) -> int:
+    return max(facts.outputs) if facts.outputs else 0
+
+
+def _outside(index: BodyIndex) -> str:
+    """The body's text outside the transcript array (whose breakpoints the facts know)."""
+    return index.text[: index.array.start] + index.text[index.array.end :]
+
+
 def conversation_key(session: str, first: bytes) -> str:
     """The checkpoint key of a conversation: its session and its first message."""
     return f"{session}#{first.hex()[:12]}"
@@ -204,6 +219,9 @@ class Summarize:
         self.table = table or shipped_windows()
         self.inflight: set[str] = set()
         self.facts = facts or FactsCache(tokens)
+        # Token counts outlive a restart in the store (the last store configured wins: every
+        # component of one configuration shares it).
+        self.facts.backing = store
         self.answer_wait = ANSWER_WAIT
 
     @property
@@ -231,8 +249,13 @@ class Summarize:
         n = len(index.messages)
         if not is_identity(plan, n):
             return Step(None, "summarize runs alone: an earlier component changed the plan")
+        stats = self.facts.all(index)
         # The cache now alive was written by the previous request, with that request's TTL.
-        prev = self.store.touch_session(req.session, req.now, cache_ttl(index.text))
+        # Which TTL this one asks: its messages' breakpoints are in their memoised facts, so the
+        # ~1 MB body is not searched again every turn (`cache_ttl` reads what else there is).
+        long = any(s.long_ttl for s in stats) or self.facts.prelude(index).long_ttl
+        ttl_now = CACHE_TTL_1H if long else cache_ttl(_outside(index))
+        prev = self.store.touch_session(req.session, req.now, ttl_now)
         last = prev.last_request if prev is not None else None
         ttl = prev.cache_ttl if prev is not None and prev.cache_ttl else CACHE_TTL_DEFAULT
 
@@ -240,7 +263,6 @@ class Summarize:
         span = select_span(views, self.cfg.keep_first, self.cfg.keep_last, index.dialect.pairing)
         if isinstance(span, str):
             return Step(None, span)
-        stats = self.facts.all(index)
         digests = [s.digest for s in stats]
         # One session id can carry several conversations (an agent and its subagents): each
         # conversation, told apart by its first message, has its own checkpoint.
@@ -271,9 +293,10 @@ class Summarize:
 
         facts = RequestFacts(
             messages=n,
-            request_tokens=sum(s.tokens for s in stats) + self.facts.prelude(index).tokens,
-            output_tokens=sum(sum(s.outputs) for s in stats),
-            max_output_tokens=max((max(s.outputs, default=0) for s in stats), default=0),
+            # map() over the memoised facts: C loops, 400 messages every turn.
+            request_tokens=sum(map(_TOKENS, stats)) + self.facts.prelude(index).tokens,
+            output_tokens=sum(map(sum, map(_OUTPUTS, stats))),
+            max_output_tokens=max(map(_max_output, stats), default=0),
             window=resolve_window(
                 index.members["model"].value if "model" in index.members else None,
                 req.headers.get("anthropic-beta", ""),
@@ -465,6 +488,7 @@ class Summarize:
             self.inflight.discard(job.conversation)
             job.origin = None
             job.forwarded = None
+            self.facts.flush()  # the covered history's counts, for a restarted proxy
 
     async def _summarize(self, summarizer: Summarizer, job: Commission) -> str | None:
         """The summary text: from the shared-cache request when it can be made, else (or when

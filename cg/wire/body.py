@@ -16,7 +16,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from cg.wire.dialects import Dialect, MessageShapeError, MessageView
-from cg.wire.jsonspan import ArraySpan, Element, JsonSpanError, Member, walk_document, walk_object
+from cg.wire.jsonspan import (
+    ArraySpan,
+    Element,
+    JsonSpanError,
+    Member,
+    extend_array,
+    walk_document,
+    walk_object,
+)
 
 
 class BodyRejected(ValueError):
@@ -42,6 +50,34 @@ class BodyIndex:
     array: ArraySpan
     messages: list[RawMessage]
     _blocks: dict[int, ArraySpan | None] = field(default_factory=dict)
+    # Byte offsets (in `raw`) of each message's end, then of the array's end: computed when a
+    # later turn compares its bytes with this one's; a warm index inherits its shared prefix's.
+    _byte_ends: list[int] = field(default_factory=list)
+    # What readers computed about this body, by name: a list aligned with `messages` is carried
+    # over its shared prefix to the next turn's index (`MessageCache.extend`), anything else
+    # whole (that index shares every byte outside the array too).
+    memo: dict[str, Any] = field(default_factory=dict)
+    shared: int = 0  # leading messages shared byte for byte with the previous turn's body
+
+    def byte_ends(self) -> list[int]:
+        """Where each message ends in `raw`, and (last) where the array ends."""
+        n = len(self.messages)
+        ends = self._byte_ends
+        if len(ends) == n + 1:
+            return ends
+        if self.raw.isascii():  # one byte per character
+            ends[:] = [m.end for m in self.messages] + [self.array.end]
+            return ends
+        del ends[n:]
+        text = self.text
+        points = [m.end for m in self.messages] + [self.array.end]
+        pos = points[len(ends) - 1] if ends else 0
+        at = ends[-1] if ends else 0
+        for p in points[len(ends) :]:
+            at += len(text[pos:p].encode("utf-8"))
+            pos = p
+            ends.append(at)
+        return ends
 
     @property
     def views(self) -> list[MessageView]:
@@ -71,17 +107,16 @@ class MessageCache:
 
     def __init__(self, max_lists: int = 16) -> None:
         self.max_lists = max_lists
-        self._lists: OrderedDict[tuple[str, str], list[tuple[str, Any, MessageView]]] = (
-            OrderedDict()
-        )
+        self._lists: OrderedDict[tuple[str, str], BodyIndex] = OrderedDict()
         self.hits = 0
+        self.prefix_hits = 0  # turns indexed from a previous body's shared bytes
 
     def offer(self, dialect: Dialect) -> Callable[[str, int], list[tuple[str, Any, MessageView]]]:
         def known(text: str, first: int) -> list[tuple[str, Any, MessageView]]:
-            for (name, src), msgs in reversed(self._lists.items()):
+            for (name, src), prev in reversed(self._lists.items()):
                 if name == dialect.name and text.startswith(src, first):
                     self._lists.move_to_end((name, src))
-                    return msgs
+                    return [(prev.source(i), m.value, m.view) for i, m in enumerate(prev.messages)]
             return []
 
         return known
@@ -89,11 +124,81 @@ class MessageCache:
     def remember(self, index: BodyIndex) -> None:
         if not index.messages:
             return
-        msgs = [(index.source(i), m.value, m.view) for i, m in enumerate(index.messages)]
-        self._lists[(index.dialect.name, msgs[0][0])] = msgs
-        self._lists.move_to_end((index.dialect.name, msgs[0][0]))
+        key = (index.dialect.name, index.source(0))
+        self._lists[key] = index
+        self._lists.move_to_end(key)
         while len(self._lists) > self.max_lists:
             self._lists.popitem(last=False)
+
+    def extend(self, raw: bytes, text: str, dialect: Dialect) -> BodyIndex | None:
+        """The index of `raw` built on a previous body it shares whole messages with, byte for
+        byte from its first byte (an agent's next turn): everything before the first differing
+        message is reused as it is (members, spans, values, views), and only the rest of the
+        array and what follows it is read. None when no previous body shares its first message,
+        or anything is unusual (the full walk then decides)."""
+        for key, prev in reversed(self._lists.items()):
+            if key[0] != dialect.name:
+                continue
+            ends = prev.byte_ends()
+            if not raw.startswith(prev.raw[: ends[0]]):
+                continue
+            self._lists.move_to_end(key)
+            n = len(prev.messages)
+            if raw.startswith(prev.raw[: ends[n - 1]]):
+                k = n
+            else:  # the longest run of whole messages shared: ends[lo - 1] matches
+                lo, hi = 1, n - 1
+                while lo < hi:
+                    mid = (lo + hi + 1) // 2
+                    if raw.startswith(prev.raw[: ends[mid - 1]]):
+                        lo = mid
+                    else:
+                        hi = mid - 1
+                k = lo
+            try:
+                index = _extend(prev, k, raw, text, dialect)
+            except (JsonSpanError, BodyRejected, RecursionError):
+                return None
+            if index is not None:
+                self.hits += k
+                self.prefix_hits += 1
+            return index
+        return None
+
+
+def _extend(prev: BodyIndex, k: int, raw: bytes, text: str, dialect: Dialect) -> BodyIndex | None:
+    """`MessageCache.extend`'s index: prev's first `k` messages and what precedes them, then
+    the rest read from `text`. None when the members after the array differ from prev's."""
+    key = dialect.array_key
+    last = prev.messages[k - 1].end
+    arr = extend_array(text, prev.array.start, list(prev.array.elements[:k]), last)
+    ends = prev.byte_ends()
+    # Where the array ends in bytes: the prefix's bytes plus the new elements' encoded length.
+    arr_end_b = ends[k - 1] + len(text[last : arr.end].encode("utf-8"))
+    if raw[arr_end_b:] != prev.raw[ends[-1] :]:
+        return None  # something after the array changed: walk it all
+    shift = arr.end - prev.array.end
+    by_key: dict[str, Member] = {}
+    after = False
+    for name, m in prev.members.items():
+        if name == key:
+            by_key[name] = Member(name, m.start, arr.end, [e.value for e in arr.elements], arr)
+            after = True
+        elif after:
+            by_key[name] = Member(name, m.start + shift, m.end + shift, m.value, m.array)
+        else:
+            by_key[name] = m
+    refused = dialect.refuse(by_key)
+    if refused:
+        raise BodyRejected(refused)
+    out = prev.messages[:k]
+    for n in range(k, len(arr.elements)):
+        out.append(_message(dialect, n, arr.elements[n]))
+    index = BodyIndex(raw, text, dialect, by_key, arr, out, shared=k)
+    index._byte_ends = prev.byte_ends()[:k]
+    for name, (owner, value) in prev.memo.items():
+        index.memo[name] = (owner, value[:k] if isinstance(value, list) else value)
+    return index
 
 
 def index_body(raw: bytes, dialect: Dialect, cache: MessageCache | None = None) -> BodyIndex:
@@ -108,6 +213,11 @@ def index_body(raw: bytes, dialect: Dialect, cache: MessageCache | None = None) 
     stripped = text.lstrip(" \t\r\n")
     if stripped[:1] != "{":
         raise BodyRejected("body is not a JSON object")
+    if cache is not None:
+        warm = cache.extend(raw, text, dialect)
+        if warm is not None:
+            cache.remember(warm)
+            return warm
     offered: list[tuple[str, Any, MessageView]] = []
 
     def known(t: str, first: int) -> list[tuple[str, Any, MessageView]]:

@@ -108,6 +108,23 @@ def walk_array(text: str, i: int, known: Known | None = None) -> ArraySpan:
         i = sep.end()
 
 
+def extend_array(text: str, start: int, elements: list[Element], end: int) -> ArraySpan:
+    """The array at `text[start]` whose leading `elements` are known (the last ends at `end`,
+    e.g. the messages a previous turn shares byte for byte): walked on from there only."""
+    while True:
+        sep = _ARRAY_SEP.match(text, end)
+        if sep is None:
+            raise JsonSpanError("expected ',' or ']'", skip_ws(text, end))
+        if sep.group(1) is None:
+            return ArraySpan(start, sep.end(), tuple(elements))
+        i = sep.end()
+        try:
+            value, end = _DECODER.raw_decode(text, i)
+        except json.JSONDecodeError as e:
+            raise JsonSpanError(f"bad array element: {e.msg}", e.pos) from None
+        elements.append(Element(i, end, value))
+
+
 def walk_object(
     text: str, i: int, arrays: Collection[str] = (), known: Known | None = None
 ) -> tuple[list[Member], int]:

@@ -14,6 +14,7 @@ escapes outside it stay exactly as the client sent them. The identity plan retur
 from __future__ import annotations
 
 import json
+import operator
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -50,12 +51,22 @@ Piece = Keep | Cut | Insert
 Plan = list[Piece]
 
 
+# Shared `Keep`s (frozen): an identity plan is a slice of these, and recognised by identity.
+_KEEPS: list[Piece] = []
+
+
 def identity(n: int) -> Plan:
-    return [Keep(i) for i in range(n)]
+    if len(_KEEPS) < n:
+        _KEEPS.extend(Keep(i) for i in range(len(_KEEPS), n))
+    return _KEEPS[:n]
 
 
 def is_identity(plan: Sequence[Piece], n: int) -> bool:
-    return len(plan) == n and all(isinstance(p, Keep) and p.index == i for i, p in enumerate(plan))
+    if len(plan) != n:
+        return False
+    if len(_KEEPS) >= n and all(map(operator.is_, plan, _KEEPS)):
+        return True  # every request's plan until a component acts: C speed
+    return all(isinstance(p, Keep) and p.index == i for i, p in enumerate(plan))
 
 
 def cut_source(index: BodyIndex, i: int, drop: frozenset[int]) -> str:

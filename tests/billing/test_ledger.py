@@ -19,7 +19,7 @@ from cg.billing.prices import PriceTable
 from cg.billing.savings import sessions_report
 from cg.settings import parse_prices
 from cg.state.facts import FactsCache
-from cg.state.store import _SCHEMA, LEDGER_TTL_DAYS, Checkpoint, LedgerTurns, Store
+from cg.state.store import _SCHEMA, LEDGER_TTL_DAYS, SCHEMA_VERSION, Checkpoint, LedgerTurns, Store
 from cg.state.tokens import TokenCounter
 from cg.wire.body import index_body
 from cg.wire.dialects import ANTHROPIC, OPENAI
@@ -353,7 +353,9 @@ def test_a_v1_store_is_migrated_to_v2_keeping_its_data(tmp_path: Path) -> None:
         st.record_usage("old", [("agent", "m", "", Usage(5, requests=1))], LedgerTurns(turns=1))
         assert st.usage_rows("old")[0].usage == Usage(5, requests=1)
     conn = sqlite3.connect(path)
-    assert conn.execute("PRAGMA user_version").fetchone()[0] == 2
+    assert (
+        conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
+    )  # v2, and every later step
     conn.close()
 
 

@@ -180,7 +180,9 @@ def audit(sent: list[Sent], provider: FakeProvider, proxy: Proxy, dialect: str) 
         first = got[0]
         assert (first.method, first.path) == (s.method, s.path)
         assert header_pairs(first.headers, HOP) == header_pairs(s.headers, HOP), (
-            "the agent's headers changed"
+            "the agent's headers changed",
+            header_pairs(first.headers, HOP),
+            header_pairs(s.headers, HOP),
         )
         turn = Turn(s, first, cg["outcome"], cg)
         if turn.outcome == "rewritten":

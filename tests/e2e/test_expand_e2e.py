@@ -251,8 +251,10 @@ def test_the_model_expands_and_the_client_gets_the_final_answer_only(
         t2 = agent.send(n, stream=stream)
 
     # The client: the final answer, no call to a tool it never declared; usage: the final
-    # round's input side (the context as it now is) and the output of both rounds.
-    assert t2.text == FINAL
+    # round's input side (the context as it now is) and the output of both rounds. A streamed
+    # answer reached the client as it came up to our call: the first round's text, then the
+    # final round's.
+    assert t2.text == ("Looking closer, round 1." if stream else "") + FINAL
     assert client_calls(dialect, t2.result) == []
     assert stop_reason(dialect, t2.result) == ("end_turn" if dialect == "anthropic" else "stop")
     assert TOOL_NAME not in json.dumps(t2.result) + json.dumps(t2.chunks)
@@ -313,7 +315,8 @@ def test_the_loop_stops_after_three_continuations(xproxy, provider, model, diale
     assert m.calls == 4
     assert client_calls(dialect, t2.result) == []
     assert TOOL_NAME not in json.dumps(t2.result) + json.dumps(t2.chunks)
-    assert t2.text == "Looking closer, round 4."
+    # Streamed: the first round's text went out before its call began.
+    assert t2.text == ("Looking closer, round 1." if stream else "") + "Looking closer, round 4."
     assert stop_reason(dialect, t2.result) == ("end_turn" if dialect == "anthropic" else "stop")
     assert usage(dialect, t2.result) == (1000, 4 * 7)
     cg = xproxy.records.cg(t2.eid)
@@ -460,6 +463,123 @@ def test_sse_of_a_rewritten_flow_without_the_tool_still_streams(xproxy, provider
     cg = xproxy.records.cg(eid)
     assert cg["outcome"] == "rewritten"  # the vacuity guard: a rewritten flow, not a pass-through
     assert cg["expand"]["injected"] is False
+
+
+# -- SSE streams when the tool was injected: held only from our call on ------------------------------
+
+
+PATHS = {"anthropic": "/v1/messages", "openai": "/v1/chat/completions"}
+
+
+def stream_turn(
+    proxy: Proxy, dialect: str, session: str, n: int, on_line: Callable[[str], None]
+) -> tuple[str, str]:
+    """One streamed turn (tools declared) as raw SSE lines; (its e2e id, the whole text)."""
+    body: dict[str, Any] = {
+        "model": "claude-test" if dialect == "anthropic" else "gpt-test",
+        "stream": True,
+        "messages": messages(dialect, session, n),
+        "tools": ANTHROPIC_TOOLS if dialect == "anthropic" else OPENAI_TOOLS,
+    }
+    if dialect == "anthropic":
+        body["max_tokens"] = 64
+    else:
+        body["stream_options"] = {"include_usage": True}
+    eid = new_id()
+    headers = {"x-e2e-id": eid, "x-context-guru-session": session}
+    seen = []
+    with (
+        proxy.client() as c,
+        c.stream("POST", PATHS[dialect], json=body, headers=headers) as r,
+    ):
+        assert r.status_code == 200
+        for line in r.iter_lines():
+            seen.append(line)
+            on_line(line)
+    return eid, "\n".join(seen)
+
+
+@pytest.mark.parametrize("dialect", ["anthropic", "openai"])
+def test_sse_of_an_injected_turn_streams(xproxy, provider, dialect):
+    """The tool is offered, the model answers without it: every event reaches the client as
+    it comes (the provider holds the rest of its answer until the client saw the first text
+    delta)."""
+    with Agent(xproxy, provider, dialect) as agent:
+        agent.prime()
+        session = agent.session
+    gate = threading.Event()
+    reply = Reply(gate=gate)
+    provider.script(reply)
+
+    def on_line(line: str) -> None:
+        if "Hello" in line:  # the first text delta, while the provider holds the rest
+            gate.set()
+
+    eid, text = stream_turn(xproxy, dialect, session, FIRST_LEN[dialect] + 2, on_line)
+    assert gate.is_set(), "no text delta reached the client"
+    assert not reply.gate_timed_out, "the proxy buffered an answer it did not need to"
+    cg = xproxy.records.cg(eid)
+    assert cg["outcome"] == "rewritten"
+    assert cg["expand"]["injected"] is True  # the vacuity guard: the tool was offered
+    assert cg["expand"]["relayed"] is True
+    assert TOOL_NAME.encode() in received(provider, eid).body
+    assert TOOL_NAME not in text
+    assert cg["ledger"]["rounds"] == 1
+
+
+@pytest.mark.parametrize("dialect", ["anthropic", "openai"])
+def test_an_expanding_answer_streams_up_to_its_call(xproxy, provider, dialect):
+    """The model's text before its `context_guru_expand` call reaches the client while the
+    provider still holds the call (so before the answer ends); the call never does; the
+    continuation's answer completes the same stream."""
+    gate = threading.Event()
+    first: list[Reply] = []
+
+    def respond(rec: Recorded) -> Reply | None:
+        body = rec.json()
+        if TOOL_NAME not in tool_names(dialect, body):
+            return None
+        if our_results(dialect, body):
+            return answer(rec, provider_message(dialect, 99, FINAL, [], (2000, 11)), dialect)
+        m = MARKER.search(json.dumps(body["messages"], ensure_ascii=False))
+        assert m is not None
+        msg = provider_message(
+            dialect,
+            1,
+            "Looking closer, round 1.",
+            [("toolu_x1", TOOL_NAME, {"id": m.group(1)})],
+            (1000, 7),
+            thinking=False,
+        )
+        sse = answer(rec, msg, dialect).body or b""
+        frames = [f + b"\n\n" for f in sse.split(b"\n\n") if f]
+        # Hold the answer right after its first text delta.
+        at = next(i for i, f in enumerate(frames) if b"Looking" in f) + 1
+        first.append(Reply(frames=frames, gate=gate, gate_after=at))
+        return first[-1]
+
+    with Agent(xproxy, provider, dialect) as agent:
+        agent.prime()
+        session = agent.session
+        provider.responder = respond
+        try:
+
+            def on_line(line: str) -> None:
+                if "Looking" in line:
+                    gate.set()
+
+            eid, text = stream_turn(xproxy, dialect, session, FIRST_LEN[dialect] + 2, on_line)
+        finally:
+            provider.responder = None
+    assert gate.is_set(), "the text before the call never reached the client"
+    assert first and not first[0].gate_timed_out, "the answer was held before our call began"
+    assert TOOL_NAME not in text
+    assert "Looking closer" in text and "Final answer" in text
+    assert text.index("Looking closer") < text.index("Final answer")
+    cg = xproxy.records.cg(eid)
+    assert cg["expand"]["relayed"] is True
+    assert cg["expand"]["rounds"] == 1
+    assert cg["ledger"]["rounds"] == 2
 
 
 # -- GET /_cg/expand ---------------------------------------------------------------------------------

@@ -348,6 +348,8 @@ def test_the_models_expand_call_is_answered_by_the_proxy(
         t = agent.turn(responses_items(agent.session, 14), stream=stream, tools=TOOLS)
         # The client sees only the final answer: no call to a tool it never declared.
         assert t.text == FINAL
+        # Streamed too: the reasoning item right before our call is held with it (the client
+        # would re-send it without its successor), so it never reaches the client.
         assert [i["type"] for i in t.result["output"]] == ["message"]
         assert not any(TOOL_NAME in json.dumps(c) for c in t.chunks)
         assert t.result["usage"]["output_tokens"] == 7 + 11

@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from cg.wire.body import BodyIndex, BodyRejected, MessageCache, index_body
 from cg.wire.dialects import ANTHROPIC, DIALECTS, OPENAI, Dialect
+from cg.wire.shape import validate_index, validate_shape
 from tests.strategies import SETTINGS, Sample, bodies, dumps, styles
 
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "claude_code_2.1.197_turn16.json"
@@ -200,6 +201,7 @@ def test_cached_index_equals_a_fresh_one_on_grown_edited_and_reserialised_turns(
     cache = MessageCache()
     first = index_body(s.raw, d, cache)
     _same_index(first, index_body(s.raw, d))
+    assert validate_index(first) == validate_shape(first.views, d)
 
     # the next turn: the same messages (maybe one edited, maybe re-serialised) plus new ones
     msgs = list(s.messages)
@@ -214,6 +216,8 @@ def test_cached_index_equals_a_fresh_one_on_grown_edited_and_reserialised_turns(
     hits = cache.hits
     cached = index_body(raw, d, cache)
     _same_index(cached, index_body(raw, d))
+    # The input's violations, carried over the shared prefix, are exactly a full check's.
+    assert validate_index(cached) == validate_shape(cached.views, d)
     if style == s.style and msgs[: len(s.messages)] == s.messages:
         assert cache.hits - hits == len(s.messages), "the repeated prefix was not reused"
 

@@ -1,0 +1,229 @@
+"""A loopback relay for the streamed answers of turns offered `context_guru_expand`.
+
+mitmproxy streams an answer through a synchronous callable, and sends nothing after the
+upstream's end of message but trailers: an addon cannot await a continuation round mid-stream
+and write its answer after the provider's. So a turn that asks to stream and was offered our
+tool is pointed (in the request hook) at this relay, a plain HTTP/1.1 server on 127.0.0.1 in
+the proxy's own event loop. The relay sends the request upstream itself (the agent's headers
+and body, our pooled client, the provider's name for TLS), and passes the answer back event by
+event through an `ExpandGate`: the agent sees every event as it comes, and only an answer that
+begins a call to our tool is held, from that call on, while the continuation runs; its final
+answer then completes the stream (`cg.expand.stream.rest`). mitmproxy streams what the relay
+writes as it would the provider's bytes.
+
+A relay job is found by a random token in one request header, which only this loopback hop
+carries; the flow's URL is restored as soon as the answer's headers arrive.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import secrets
+import socket
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+
+from cg.expand import continuation
+from cg.expand.stream import ExpandGate, rest
+from cg.expand.tool import TOOL_NAME
+from cg.wire.answers import Reply, ResponseParseError, tool_calls
+from cg.wire.upstream import HOP_BY_HOP, agent_request
+
+log = logging.getLogger("context_guru")
+
+HEADER = "x-context-guru-relay"
+MAX_JOBS = 10_000  # jobs whose request never reached the relay are forgotten past this
+MAX_HEAD = 1024 * 1024
+# The request goes upstream as mitmproxy would send it (the agent's headers, `connection` and
+# `content-encoding` included, with the body as encoded): only our hop's token and what httpx
+# frames itself are left out.
+_DROP = frozenset({b"host", b"content-length", b"transfer-encoding", b"upgrade", HEADER.encode()})
+_RESPONSE_DROP = HOP_BY_HOP | {b"content-encoding"}
+
+
+@dataclass(slots=True)
+class RelayJob:
+    """One turn to relay: where and what to send, and (once done) what the loop did."""
+
+    url: str
+    headers: list[tuple[bytes, bytes]]
+    body: bytes  # as it goes upstream (content-encoded, if the agent's was)
+    text: str  # decoded, for the continuation
+    dialect: str
+    sni: str | None
+    resolve: Callable[[str], str]
+    origin: tuple[bytes, str, int]  # the flow's scheme, host and port, restored after the hop
+    gated: bool = False  # the answer went through the gate (a 2xx SSE answer)
+    continued: bool = False  # it called our tool: the continuation loop ran
+    rounds: int = 0
+    log: list[dict[str, Any]] = field(default_factory=list)
+    replies: list[Reply] | None = None
+    error: str | None = None
+    # perf_counter() when the job was made, reached the relay, had the provider's headers, and
+    # was answered: where a relayed turn's time goes (`timings_ms` in its record).
+    times: list[float] = field(default_factory=list)
+    token: str = ""  # its key in `Relay.jobs` until the relay takes it
+
+
+class Relay:
+    def __init__(self, clients: Callable[[str | None], httpx.AsyncClient]) -> None:
+        self.clients = clients
+        self.jobs: dict[str, RelayJob] = {}
+        self.server: asyncio.Server | None = None
+        self.port = 0
+
+    async def start(self) -> None:
+        self.server = await asyncio.start_server(self._serve, "127.0.0.1", 0, limit=MAX_HEAD)
+        self.port = self.server.sockets[0].getsockname()[1]
+
+    def close(self) -> None:
+        if self.server is not None:
+            self.server.close()
+        self.server = None
+        self.port = 0
+        self.jobs.clear()
+
+    def add(self, job: RelayJob) -> str:
+        token = secrets.token_hex(16)
+        self.jobs[token] = job
+        while len(self.jobs) > MAX_JOBS:
+            del self.jobs[next(iter(self.jobs))]
+        return token
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        sock = writer.get_extra_info("socket")
+        if sock is not None:  # small writes (an event, a head) go out at once: no Nagle stall
+            with contextlib.suppress(OSError):
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        try:
+            # Keep-alive: mitmproxy sends its client's next request on the same connection.
+            while not reader.at_eof():
+                try:
+                    head = await reader.readuntil(b"\r\n\r\n")
+                except asyncio.IncompleteReadError:
+                    break  # closed between requests
+                headers: dict[bytes, bytes] = {}
+                for line in head.split(b"\r\n")[1:]:
+                    name, sep, value = line.partition(b":")
+                    if sep:
+                        headers[name.strip().lower()] = value.strip()
+                await _drain_body(reader, headers)
+                job = self.jobs.pop(headers.get(HEADER.encode(), b"").decode("latin-1"), None)
+                if job is None:
+                    writer.write(
+                        _status(502, b"unknown relay job")
+                        + b"content-length: 0\r\nconnection: close\r\n\r\n"
+                    )
+                    await writer.drain()
+                    break
+                job.times.append(time.perf_counter())
+                if not await self._relay(job, writer):
+                    break
+                await writer.drain()
+        except (OSError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, ValueError):
+            pass  # mitmproxy went away (its client did): nothing to answer
+        finally:
+            writer.close()
+            with contextlib.suppress(OSError):
+                await writer.wait_closed()
+
+    async def _relay(self, job: RelayJob, writer: asyncio.StreamWriter) -> bool:
+        """Answer one job; whether the connection may carry another."""
+        client = self.clients(job.sni)
+        req = agent_request(client, "POST", job.url, job.headers, job.body, _DROP, job.sni)
+        try:
+            resp = await client.send(req, stream=True)
+            job.times.append(time.perf_counter())
+        except httpx.HTTPError as e:
+            job.error = f"{type(e).__name__}: {e}"
+            msg = f"context-guru relay: the provider could not be reached ({type(e).__name__})"
+            body = msg.encode()
+            writer.write(
+                _status(502, b"Bad Gateway")
+                + b"content-type: text/plain\r\ncontent-length: %d\r\n" % len(body)
+                + b"connection: close\r\n\r\n"
+                + body
+            )
+            return False
+        try:
+            lines = [_status(resp.status_code, resp.reason_phrase.encode("latin-1", "replace"))]
+            for k, v in resp.headers.raw:
+                if k.lower() not in _RESPONSE_DROP:
+                    lines.append(k + b": " + v + b"\r\n")
+            lines.append(b"transfer-encoding: chunked\r\n\r\n")
+            # At once (with TCP_NODELAY): the answer's headers mark when it began.
+            writer.write(b"".join(lines))
+            ctype = resp.headers.get("content-type", "")
+            gate = None
+            if resp.status_code == 200 and ctype.startswith("text/event-stream"):
+                gate = ExpandGate(job.dialect)
+                job.gated = True
+            async for chunk in resp.aiter_bytes():
+                out = gate.feed(chunk) if gate is not None else chunk
+                if out:
+                    writer.write(b"%x\r\n%s\r\n" % (len(out), out))
+                    await writer.drain()
+            if gate is not None:
+                out = gate.finish() if not gate.holding else await self._continue(job, gate, ctype)
+                if out:
+                    writer.write(b"%x\r\n%s\r\n" % (len(out), out))
+            writer.write(b"0\r\n\r\n")
+            job.times.append(time.perf_counter())
+        finally:
+            await resp.aclose()
+        return True
+
+    async def _continue(self, job: RelayJob, gate: ExpandGate, ctype: str) -> bytes:
+        """Our call began: run the loop on the whole first answer, and complete the stream."""
+        assert gate.at is not None
+        try:
+            first = continuation.parse(job.dialect, bytes(gate.whole), ctype)
+        except ResponseParseError as e:
+            job.error = f"unreadable response: {e}"
+            return gate.held_bytes()
+        if not any(c.name == TOOL_NAME for c in tool_calls(first)):
+            return gate.held_bytes()
+        job.continued = True
+        try:
+            out = await continuation.run(
+                self.clients(job.sni),
+                job.url,
+                [(k, v) for k, v in job.headers if k.lower() != HEADER.encode()],
+                job.dialect,
+                job.text,
+                first,
+                True,
+                job.resolve,
+                sni=job.sni,
+            )
+            assert out.final is not None
+            tail = rest(first, out.final, out.rounds, gate.at, gate.seq)
+        except Exception as e:  # noqa: BLE001 - the client gets the answer as it came
+            job.error = f"{type(e).__name__}: {e}"
+            log.warning("context-guru: the streamed continuation failed: %s", type(e).__name__)
+            return gate.held_bytes()
+        job.rounds, job.log, job.replies = out.rounds, out.log, out.replies
+        return tail
+
+
+def _status(code: int, reason: bytes) -> bytes:
+    return b"HTTP/1.1 %d %s\r\n" % (code, reason)
+
+
+async def _drain_body(reader: asyncio.StreamReader, headers: dict[bytes, bytes]) -> None:
+    """Read the request's body (the job holds it already): content-length or chunked."""
+    if b"chunked" in headers.get(b"transfer-encoding", b"").lower():
+        while True:
+            size = int((await reader.readuntil(b"\r\n")).split(b";")[0].strip(), 16)
+            await reader.readexactly(size + 2)
+            if size == 0:
+                return
+    n = int(headers.get(b"content-length", b"0") or b"0")
+    if n:
+        await reader.readexactly(n)
