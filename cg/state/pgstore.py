@@ -54,11 +54,13 @@ from typing import Any
 from urllib.parse import unquote, urlsplit, urlunsplit
 
 from cg.state.store import (
+    FACTS_BATCH,
     LEDGER_TTL_DAYS,
     TOUCH_INTERVAL,
     USAGE_KINDS,
     Checkpoint,
     EvictResult,
+    FactRow,
     LedgerTurns,
     SessionInfo,
     SessionRecord,
@@ -73,7 +75,7 @@ from cg.state.store import (
 )
 from cg.wire.usage import Usage
 
-PG_SCHEMA_VERSION = 1
+PG_SCHEMA_VERSION = 2
 CHANNEL = "cg_store"
 LEASE_SECONDS = 30.0  # a claim's lease; renewed every third of it while its job runs
 CONNECT_TIMEOUT = 2  # seconds; a database that is down is noticed at once on loopback
@@ -150,8 +152,22 @@ CREATE TABLE IF NOT EXISTS cg_claims (
     lease_until DOUBLE PRECISION NOT NULL
 )
 """
+# v2: what `cg.state.facts` knows of a message (its token counts), by the digest of its raw
+# bytes, so the first turn after a restart (or on an instance new to the session) reads them
+# instead of tokenising ~1 MB; a cache: expired by the TTL, capped at a quarter of `max_mb`.
+_SCHEMA_V2 = """
+CREATE TABLE IF NOT EXISTS cg_facts (
+    raw BYTEA PRIMARY KEY,
+    digest BYTEA NOT NULL,
+    tokens BIGINT NOT NULL,
+    outputs TEXT NOT NULL,
+    flags INTEGER NOT NULL,
+    seen DOUBLE PRECISION NOT NULL
+);
+CREATE INDEX IF NOT EXISTS cg_facts_seen ON cg_facts (seen)
+"""
 # schema version reached -> the DDL that takes the database from the one before to it
-MIGRATIONS = {1: _SCHEMA_V1}
+MIGRATIONS = {1: _SCHEMA_V1, 2: _SCHEMA_V2}
 _CP_COLS = (
     "session, summary, head_count, covered_count, covered_hash, key, message, created, "
     "updated, meta"
@@ -995,6 +1011,44 @@ class PgStore(Store):
 
     # -- sessions -----------------------------------------------------------------------------
 
+    # -- per-message facts (a cache of token counts; see `cg.state.facts`) --------------------
+
+    def get_facts(self, raws: Sequence[bytes]) -> dict[bytes, FactRow]:
+        """Read only for what no memo knows (a restart, a session new to this instance): one
+        round trip per FACTS_BATCH messages instead of tokenising them."""
+        out: dict[bytes, FactRow] = {}
+        if not raws:
+            return out
+        with self._read("get_facts") as conn:
+            for i in range(0, len(raws), FACTS_BATCH):
+                part = list(raws[i : i + FACTS_BATCH])
+                for raw, digest, tokens, outputs, flags in conn.execute(
+                    "SELECT raw, digest, tokens, outputs, flags FROM cg_facts "
+                    "WHERE raw = ANY(%s)",
+                    (part,),
+                ).fetchall():
+                    key = bytes(raw)
+                    outs = tuple(int(x) for x in outputs.split(",") if x)
+                    out[key] = (key, bytes(digest), int(tokens), outs, int(flags))
+        return out
+
+    def put_facts(self, rows: Sequence[FactRow]) -> None:
+        """Queued to the writer (off the hot path); a message already known keeps its row."""
+        if not rows:
+            return
+        t = self.now()
+        params = [(r, d, n, ",".join(map(str, o)), f, t) for r, d, n, o, f in rows]
+
+        def run(conn: Any) -> None:
+            with conn.cursor() as cur:
+                cur.executemany(
+                    "INSERT INTO cg_facts (raw, digest, tokens, outputs, flags, seen) "
+                    "VALUES (%s, %s, %s, %s, %s, %s) ON CONFLICT (raw) DO NOTHING",
+                    params,
+                )
+
+        self._submit(_Op(run, "put_facts", mode="pipeline"))
+
     def touch_session(
         self, session: str, now: float | None = None, cache_ttl: float | None = None
     ) -> SessionRecord | None:
@@ -1212,6 +1266,14 @@ class PgStore(Store):
         )
         conn.execute("DELETE FROM cg_ledger WHERE last_seen < %s", (ledger_cutoff,))
         conn.execute(f"DELETE FROM cg_claims WHERE lease_until < {_DB_NOW} - 3600")
+        conn.execute("DELETE FROM cg_facts WHERE seen < %s", (cutoff,))
+        # Facts are a cache (a lost row is a recount): at most a quarter of `max_mb` (~100
+        # bytes a row with its index), the oldest first; as the SQLite store does.
+        conn.execute(
+            "DELETE FROM cg_facts WHERE raw IN (SELECT raw FROM cg_facts ORDER BY seen DESC "
+            "OFFSET %s)",
+            (max(1000, self.max_bytes // 400),),
+        )
         total = int(conn.execute("SELECT COALESCE(SUM(size), 0) FROM cg_stashes").fetchone()[0])
         lru = 0
         if total > self.max_bytes:

@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
+
+import pytest
 
 from cg.state.facts import FactsCache
 from cg.state.store import Store
@@ -36,16 +39,35 @@ def body(n: int) -> bytes:
     return json.dumps({"model": "m", "messages": msgs}, ensure_ascii=False).encode()
 
 
-def test_a_restarted_cache_reads_the_counts_it_flushed(tmp_path: Path) -> None:
-    db = tmp_path / "cg.sqlite3"
+@pytest.fixture(params=["sqlite", "postgresql"])
+def target(request: pytest.FixtureRequest, tmp_path: Path) -> Path | str:
+    """An SQLite file, or a fresh database on the suite's PostgreSQL server (tests/conftest.py;
+    skipped without one unless CG_REQUIRE_POSTGRES=1)."""
+    if request.param == "sqlite":
+        return tmp_path / "cg.sqlite3"
+    url: str = request.getfixturevalue("pg_url")
+    return url
+
+
+def make(target: Path | str, **kw: Any) -> Store:
+    if isinstance(target, str):
+        from cg.state.pgstore import PgStore
+
+        return PgStore(target, **kw)
+    return Store(target, **kw)
+
+
+def test_a_restarted_cache_reads_the_counts_it_flushed(target: Path | str) -> None:
     index = index_body(body(41), ANTHROPIC)
-    with Store(db) as store:
+    with make(target) as store:
         before = FactsCache(CountingTokens(), backing=store)
         first = before.all(index)
         before.flush()
-    # The restart: a new process, new memos, the same file; one more message this turn.
+        if hasattr(store, "flush"):
+            store.flush()  # PostgreSQL: the writer has committed them
+    # The restart: a new process, new memos, the same store; one more message this turn.
     index2 = index_body(body(42), ANTHROPIC)
-    with Store(db) as store:
+    with make(target) as store:
         tokens = CountingTokens()
         after = FactsCache(tokens, backing=store)
         again = after.all(index2)
@@ -64,3 +86,18 @@ def test_without_a_store_or_with_a_broken_one_it_counts(tmp_path: Path) -> None:
     assert len(facts.all(index)) == 5
     facts.flush()  # best effort: no error
     assert tokens.calls == 5
+
+
+def test_facts_expire_with_the_store_ttl(target: Path | str) -> None:
+    """Facts are a cache: gone once the TTL passed since they were first seen, on either
+    engine."""
+    clock = [1000.0]
+    row = (b"r" * 16, b"d" * 16, 42, (7, 8), 1)
+    with make(target, ttl_hours=1, now=lambda: clock[0]) as store:
+        store.put_facts([row])
+        if hasattr(store, "flush"):
+            store.flush()
+        assert store.get_facts([row[0]]) == {row[0]: row}  # vacuity: it was there
+        clock[0] += 2 * 3600
+        store.evict()
+        assert store.get_facts([row[0]]) == {}
