@@ -1023,8 +1023,7 @@ class PgStore(Store):
             for i in range(0, len(raws), FACTS_BATCH):
                 part = list(raws[i : i + FACTS_BATCH])
                 for raw, digest, tokens, outputs, flags in conn.execute(
-                    "SELECT raw, digest, tokens, outputs, flags FROM cg_facts "
-                    "WHERE raw = ANY(%s)",
+                    "SELECT raw, digest, tokens, outputs, flags FROM cg_facts WHERE raw = ANY(%s)",
                     (part,),
                 ).fetchall():
                     key = bytes(raw)
