@@ -54,7 +54,9 @@ class RelayJob:
     url: str
     headers: list[tuple[bytes, bytes]]
     body: bytes  # as it goes upstream (content-encoded, if the agent's was)
-    text: str  # decoded, for the continuation
+    # The decoded request, for the continuation: read only when the answer called our tool
+    # (decoding ~1 MB on every relayed turn's hot path would be paid for nothing).
+    text: Callable[[], str]
     dialect: str
     sni: str | None
     resolve: Callable[[str], str]
@@ -196,7 +198,7 @@ class Relay:
                 job.url,
                 [(k, v) for k, v in job.headers if k.lower() != HEADER.encode()],
                 job.dialect,
-                job.text,
+                job.text(),
                 first,
                 True,
                 job.resolve,

@@ -487,3 +487,32 @@ async def test_negative_body_cap_is_refused() -> None:
         pytest.raises(exceptions.OptionsError, match="cg_max_body_mb"),
     ):
         tctx.configure(cg, cg_max_body_mb=-1)
+
+
+def test_a_relayed_requests_text_is_decoded_only_when_asked() -> None:
+    """The relay's continuation reads the request as `get_content(strict=False)` would: a
+    gzip body decoded, an unreadable encoding left as sent (the text is made lazily, off the
+    relayed turn's hot path)."""
+    import gzip
+
+    from cg.proxy.addon import _request_text
+
+    body = '{"messages": [{"role": "user", "content": "café"}]}'.encode()
+    assert _request_text(gzip.compress(body), "gzip") == body.decode()
+    assert _request_text(body, None) == body.decode()
+    assert _request_text(body, "identity") == body.decode()
+    assert _request_text(body, "x-unknown") == body.decode()
+
+
+def test_the_allocator_is_tuned_once_on_glibc_and_says_why_not_elsewhere() -> None:
+    """`cg_tune_malloc`: mallopt is called once per process on glibc; elsewhere a reason."""
+    import platform
+
+    from cg.proxy import malloc
+
+    first = malloc.tune()
+    assert malloc.tune() == first  # once: the second call changes nothing
+    if platform.libc_ver()[0] == "glibc":
+        assert first is None, first
+    else:
+        assert first is not None
