@@ -574,14 +574,6 @@ class ContextGuru:
         ):
             return
         req = flow.request
-        session = record.get("session")
-        store = self.store
-
-        def resolve(key: str) -> str:
-            if store is None:
-                return f"context_guru_expand: id {key!r} is no longer available."
-            return expand_mod.resolve(store, key, session)
-
         job = RelayJob(
             req.url,
             [(bytes(k), bytes(v)) for k, v in req.headers.fields],
@@ -591,7 +583,7 @@ class ContextGuru:
             ),
             record["dialect"],
             upstream_sni(req),
-            resolve,
+            self._resolver(record.get("session")),
             (req.data.scheme, req.data.host, req.data.port),
         )
         job.times.append(time.perf_counter())
@@ -601,6 +593,18 @@ class ContextGuru:
         req.data.scheme, req.data.host, req.data.port = b"http", "127.0.0.1", self.relay.port
         self.relayed[flow.id] = job
         expand["relayed"] = True
+
+    def _resolver(self, session: str | None) -> Callable[[str], str]:
+        """What answers the model's `context_guru_expand` calls for `session`: the stashed span
+        from the store as it is now (none: the id is no longer available)."""
+        store = self.store
+
+        def resolve(key: str) -> str:
+            if store is None:
+                return f"context_guru_expand: id {key!r} is no longer available."
+            return expand_mod.resolve(store, key, session)
+
+        return resolve
 
     def _unrelay(self, flow: http.HTTPFlow) -> RelayJob | None:
         """The flow's URL as the agent sent it again, and its relay token gone."""
@@ -874,14 +878,6 @@ class ContextGuru:
             return None
         if not any(c.name == TOOL_NAME for c in tool_calls(first)):
             return None  # nothing of ours in it: the client gets the provider's bytes as they are
-        session = record.get("session")
-        store = self.store
-
-        def resolve(key: str) -> str:
-            if store is None:
-                return f"context_guru_expand: id {key!r} is no longer available."
-            return expand_mod.resolve(store, key, session)
-
         sent = (flow.request.get_content(strict=False) or b"").decode("utf-8")
         sni = upstream_sni(flow.request)
         out = await continuation.run(
@@ -892,7 +888,7 @@ class ContextGuru:
             sent,
             first,
             bool(record.get("stream")) or ctype.startswith("text/event-stream"),
-            resolve,
+            self._resolver(record.get("session")),
             sni=sni,
             on_round=functools.partial(self._expand_round, flow, record),
         )
