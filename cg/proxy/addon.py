@@ -605,6 +605,12 @@ class ContextGuru:
             req.scheme, req.host, req.port = job.origin
         return job
 
+    def _drop(self, flow: http.HTTPFlow) -> tuple[bytes | None, RelayJob | None]:
+        """The flow is answered or failed: its URL as the agent sent it again, and its client
+        bytes (a rewritten flow's) and relay job forgotten here; both returned."""
+        self._unrelay(flow)
+        return self.originals.pop(flow.id, None), self.relayed.pop(flow.id, None)
+
     # -- summaries, off the hot path ------------------------------------------------------------
 
     def _count_components(self, record: dict[str, Any]) -> None:
@@ -793,9 +799,7 @@ class ContextGuru:
 
         The provider's message is recorded: it is the live signal of a shape bug.
         """
-        original = self.originals.pop(flow.id, None)
-        self._unrelay(flow)
-        job = self.relayed.pop(flow.id, None)
+        original, job = self._drop(flow)
         if original is None or flow.response is None:
             return None
         record = flow.metadata.get(META, {})
@@ -893,9 +897,7 @@ class ContextGuru:
         if not flow.live and flow.id not in self.live:
             return
         self._answer_began(flow)
-        self._unrelay(flow)
-        self.relayed.pop(flow.id, None)
-        self.originals.pop(flow.id, None)
+        self._drop(flow)
         record = flow.metadata.get(META)
         if isinstance(record, dict):
             self.meter.failed(flow, record)
