@@ -470,96 +470,84 @@ class ContextGuru:
             down = self._store_down() if any(self.pipelines.values()) else None
         except Exception as e:  # noqa: BLE001 - a hook never raises: pass through, say why
             down = f"the store could not be checked ({type(e).__name__}: {e})"
-        if req.headers.get(BYPASS_HEADER, "").strip() == "1":
-            record = {
-                "dialect": dialect.name,
-                "outcome": "bypassed",
-                "reason": f"{BYPASS_HEADER}: 1",
-            }
-        elif down is not None:
-            record = {
-                "dialect": dialect.name,
-                "outcome": "passed_through",
-                "reason": f"{down}: passing through until it works",
-            }
-        elif req.raw_content is None:
-            record = {
-                "dialect": dialect.name,
-                "outcome": "passed_through",
-                "reason": "body streamed",
-            }
-        elif len(req.raw_content) > self.max_body:
-            record = {
-                "dialect": dialect.name,
-                "outcome": "passed_through",
-                "reason": f"body of {len(req.raw_content)} bytes is over cg_max_body_mb",
-            }
-        else:
+        passing = self._passing(req, down)
+        if passing is None:
             try:
                 raw = req.get_content(strict=True)
             except ValueError as e:
-                raw = None
-                record = {
-                    "dialect": dialect.name,
-                    "outcome": "passed_through",
-                    "reason": f"cannot decode body: {e}",
-                }
-            if raw is not None:
-                preset, components, why = self.pipeline_for(req.headers, dialect.name)
-                result = rewrite_body(
-                    raw,
-                    dialect,
-                    components,
-                    headers=req.headers,
-                    cache=self.cache,
-                    expand=self.expand,
-                    agent_compaction=codex_compaction(req.headers),
-                )
-                record = result.record
-                index = result.index
-                record["preset"] = preset
-                record["preset_reason"] = why
-                self._count_components(record)
-                if result.body is not None:
-                    original = req.raw_content
-                    # mitmweb's Revert: the request as it came (its bytes by reference).
-                    flow.backup()  # type: ignore[no-untyped-call]
-                    try:
-                        req.content = result.body
-                        self.originals[flow.id] = original
-                    except Exception as e:  # noqa: BLE001 - an encoder error must fail open
-                        req.content = raw
-                        record["outcome"] = "failed_open"
-                        record["reason"] = f"cannot re-encode body: {e}"
-                if result.commissions:
-                    # The body as it goes upstream: what the provider caches for this session.
-                    sent = result.body if record["outcome"] == "rewritten" else raw
-                    origin = Origin.of(req.url, req.headers, upstream_sni(req))
-                    summary_flow = str(uuid.uuid4())
-                    for _, job in result.commissions:
-                        job.flow_id, job.call_flow_id = flow.id, summary_flow
-                    self._commission(result.commissions, origin, sent, flow.id)
-                # Last: the summary's origin above is the provider, never the relay.
+                passing = ("passed_through", f"cannot decode body: {e}")
+        if raw is None:
+            # (get_content gives None only for a streamed body, said by `_passing`)
+            outcome, reason = passing or ("passed_through", "body streamed")
+            record = {"dialect": dialect.name, "outcome": outcome, "reason": reason}
+        else:
+            preset, components, why = self.pipeline_for(req.headers, dialect.name)
+            result = rewrite_body(
+                raw,
+                dialect,
+                components,
+                headers=req.headers,
+                cache=self.cache,
+                expand=self.expand,
+                agent_compaction=codex_compaction(req.headers),
+            )
+            record = result.record
+            index = result.index
+            record["preset"] = preset
+            record["preset_reason"] = why
+            self._count_components(record)
+            if result.body is not None:
+                original = req.raw_content
+                # mitmweb's Revert: the request as it came (its bytes by reference).
+                flow.backup()  # type: ignore[no-untyped-call]
                 try:
-                    self._relay(flow, record)
-                except Exception as e:  # noqa: BLE001 - without the relay the answer is buffered
-                    log.warning("context-guru: relay not used: %s", type(e).__name__)
+                    req.content = result.body
+                    self.originals[flow.id] = original
+                except Exception as e:  # noqa: BLE001 - an encoder error must fail open
+                    req.content = raw
+                    record["outcome"] = "failed_open"
+                    record["reason"] = f"cannot re-encode body: {e}"
+            if result.commissions:
+                # The body as it goes upstream: what the provider caches for this session.
+                sent = result.body if record["outcome"] == "rewritten" else raw
+                origin = Origin.of(req.url, req.headers, upstream_sni(req))
+                summary_flow = str(uuid.uuid4())
+                for _, job in result.commissions:
+                    job.flow_id, job.call_flow_id = flow.id, summary_flow
+                self._commission(result.commissions, origin, sent, flow.id)
+            # Last: the summary's origin above is the provider, never the relay.
+            try:
+                self._relay(flow, record)
+            except Exception as e:  # noqa: BLE001 - without the relay the answer is buffered
+                log.warning("context-guru: relay not used: %s", type(e).__name__)
         self.stats.count(record["outcome"])
         record.setdefault("timings_ms", {})["hook"] = round((time.perf_counter() - t0) * 1000, 3)
         flow.metadata[META] = record
         self.meter.note(flow, record, index, self.max_body)
-        commissioned = summary_flow is not None
         views.mark(
             flow,
             views.view_record(
                 record,
-                commissioned=commissioned,
-                summary_flow=summary_flow if commissioned else None,
+                commissioned=summary_flow is not None,
+                summary_flow=summary_flow,
                 client_bytes=len(raw) if raw is not None else None,
             ),
         )
         if record["outcome"] == "failed_open":
             log.warning("context-guru failed open on %s: %s", req.path, record["reason"])
+
+    def _passing(self, req: http.Request, down: str | None) -> tuple[str, str] | None:
+        """(outcome, reason) for a provider request passed through without reading its body:
+        bypassed, the store down, a streamed body, or one over cg_max_body_mb; else None."""
+        if req.headers.get(BYPASS_HEADER, "").strip() == "1":
+            return "bypassed", f"{BYPASS_HEADER}: 1"
+        if down is not None:
+            return "passed_through", f"{down}: passing through until it works"
+        if req.raw_content is None:
+            return "passed_through", "body streamed"
+        if len(req.raw_content) > self.max_body:
+            return "passed_through", f"body of {len(req.raw_content)} bytes is over cg_max_body_mb"
+        return None
 
     def _relay(self, flow: http.HTTPFlow, record: dict[str, Any]) -> None:
         """A streamed turn offered our tool goes to the relay (`cg.proxy.relay`), so its answer
@@ -574,14 +562,6 @@ class ContextGuru:
         ):
             return
         req = flow.request
-        session = record.get("session")
-        store = self.store
-
-        def resolve(key: str) -> str:
-            if store is None:
-                return f"context_guru_expand: id {key!r} is no longer available."
-            return expand_mod.resolve(store, key, session)
-
         job = RelayJob(
             req.url,
             [(bytes(k), bytes(v)) for k, v in req.headers.fields],
@@ -591,7 +571,7 @@ class ContextGuru:
             ),
             record["dialect"],
             upstream_sni(req),
-            resolve,
+            self._resolver(record.get("session")),
             (req.data.scheme, req.data.host, req.data.port),
         )
         job.times.append(time.perf_counter())
@@ -601,6 +581,18 @@ class ContextGuru:
         req.data.scheme, req.data.host, req.data.port = b"http", "127.0.0.1", self.relay.port
         self.relayed[flow.id] = job
         expand["relayed"] = True
+
+    def _resolver(self, session: str | None) -> Callable[[str], str]:
+        """What answers the model's `context_guru_expand` calls for `session`: the stashed span
+        from the store as it is now (none: the id is no longer available)."""
+        store = self.store
+
+        def resolve(key: str) -> str:
+            if store is None:
+                return f"context_guru_expand: id {key!r} is no longer available."
+            return expand_mod.resolve(store, key, session)
+
+        return resolve
 
     def _unrelay(self, flow: http.HTTPFlow) -> RelayJob | None:
         """The flow's URL as the agent sent it again, and its relay token gone."""
@@ -612,6 +604,12 @@ class ContextGuru:
             req = flow.request.data
             req.scheme, req.host, req.port = job.origin
         return job
+
+    def _drop(self, flow: http.HTTPFlow) -> tuple[bytes | None, RelayJob | None]:
+        """The flow is answered or failed: its URL as the agent sent it again, and its client
+        bytes (a rewritten flow's) and relay job forgotten here; both returned."""
+        self._unrelay(flow)
+        return self.originals.pop(flow.id, None), self.relayed.pop(flow.id, None)
 
     # -- summaries, off the hot path ------------------------------------------------------------
 
@@ -801,9 +799,7 @@ class ContextGuru:
 
         The provider's message is recorded: it is the live signal of a shape bug.
         """
-        original = self.originals.pop(flow.id, None)
-        self._unrelay(flow)
-        job = self.relayed.pop(flow.id, None)
+        original, job = self._drop(flow)
         if original is None or flow.response is None:
             return None
         record = flow.metadata.get(META, {})
@@ -874,14 +870,6 @@ class ContextGuru:
             return None
         if not any(c.name == TOOL_NAME for c in tool_calls(first)):
             return None  # nothing of ours in it: the client gets the provider's bytes as they are
-        session = record.get("session")
-        store = self.store
-
-        def resolve(key: str) -> str:
-            if store is None:
-                return f"context_guru_expand: id {key!r} is no longer available."
-            return expand_mod.resolve(store, key, session)
-
         sent = (flow.request.get_content(strict=False) or b"").decode("utf-8")
         sni = upstream_sni(flow.request)
         out = await continuation.run(
@@ -892,7 +880,7 @@ class ContextGuru:
             sent,
             first,
             bool(record.get("stream")) or ctype.startswith("text/event-stream"),
-            resolve,
+            self._resolver(record.get("session")),
             sni=sni,
             on_round=functools.partial(self._expand_round, flow, record),
         )
@@ -909,9 +897,7 @@ class ContextGuru:
         if not flow.live and flow.id not in self.live:
             return
         self._answer_began(flow)
-        self._unrelay(flow)
-        self.relayed.pop(flow.id, None)
-        self.originals.pop(flow.id, None)
+        self._drop(flow)
         record = flow.metadata.get(META)
         if isinstance(record, dict):
             self.meter.failed(flow, record)

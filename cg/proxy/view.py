@@ -469,13 +469,32 @@ def header_lines(rec: dict[str, Any]) -> Iterator[Line]:
         yield [("text", "  the request as the client sent it: view 'context-guru original'")]
 
 
-class RewriteView(contentviews.View):
-    """`context-guru`: what the addon did to this request, and the transcript as sent."""
-
-    name = "context-guru"
+class _FlowView(contentviews.View):
+    """A view of a provider flow's request, read with its view record; `stash` reads a stash
+    from the store (the original view rebuilds from it)."""
 
     def __init__(self, stash: Callable[[str], Stash | None]) -> None:
         self.stash = stash
+
+    def _record(
+        self, data: bytes, flow: mflow.Flow | None, http_message: http.Message | None
+    ) -> dict[str, Any] | contentviews.TViewResult:
+        """The flow's view record; or, for a response or a flow without a usable record, the
+        bytes under one line saying so."""
+        if not _is_request(flow, http_message):
+            return _fallback(
+                f"{self.name}: nothing to add about this response", data, flow, http_message
+            )
+        rec = record_of(flow)
+        if isinstance(rec, str):
+            return _fallback(rec, data, flow, http_message)
+        return rec
+
+
+class RewriteView(_FlowView):
+    """`context-guru`: what the addon did to this request, and the transcript as sent."""
+
+    name = "context-guru"
 
     def __call__(
         self,
@@ -486,13 +505,9 @@ class RewriteView(contentviews.View):
         http_message: http.Message | None = None,
         **unknown_metadata: Any,
     ) -> contentviews.TViewResult:
-        if not _is_request(flow, http_message):
-            return _fallback(
-                "context-guru: nothing to add about this response", data, flow, http_message
-            )
-        rec = record_of(flow)
-        if isinstance(rec, str):
-            return _fallback(rec, data, flow, http_message)
+        rec = self._record(data, flow, http_message)
+        if not isinstance(rec, dict):
+            return rec
         try:
             doc = json.loads(data)
         except ValueError:
@@ -544,16 +559,13 @@ class RewriteView(contentviews.View):
         return 2 if touched else 0
 
 
-class OriginalView(contentviews.View):
+class OriginalView(_FlowView):
     """`context-guru original`: the request as the client sent it. A rewritten flow's is
     rebuilt from the body sent and the stash (a flow saved and reopened too); any other
     touched flow's request is what the client sent (failed open, retried: the original went
     upstream; commissioned: forwarded untouched)."""
 
     name = "context-guru original"
-
-    def __init__(self, stash: Callable[[str], Stash | None]) -> None:
-        self.stash = stash
 
     def __call__(
         self,
@@ -564,16 +576,9 @@ class OriginalView(contentviews.View):
         http_message: http.Message | None = None,
         **unknown_metadata: Any,
     ) -> contentviews.TViewResult:
-        if not _is_request(flow, http_message):
-            return _fallback(
-                "context-guru original: nothing to add about this response",
-                data,
-                flow,
-                http_message,
-            )
-        rec = record_of(flow)
-        if isinstance(rec, str):
-            return _fallback(rec, data, flow, http_message)
+        rec = self._record(data, flow, http_message)
+        if not isinstance(rec, dict):
+            return rec
         if rec.get("action") != "rewritten":
             why = {
                 "retried_original": "the provider refused the rewrite; the original was re-sent "
