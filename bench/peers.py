@@ -41,8 +41,8 @@ from bench.proxy_latency import (
     pct,
     run,
     start,
+    start_upstream,
     throughput,
-    wait_for_file,
     wait_for_http,
 )
 
@@ -94,14 +94,7 @@ def measure_peer(dialect: str, n: int, warmup: int, concurrency: int) -> dict[st
     tmp = Path(tempfile.mkdtemp(prefix="cg-peers-"))
     procs: list[Proc] = []
     try:
-        port_file = tmp / "upstream.port"
-        upstream = start(
-            "upstream",
-            [sys.executable, "-m", "bench.proxy_latency", "--serve-upstream", str(port_file)],
-            tmp,
-        )
-        procs.append(upstream)
-        up = int(wait_for_file(upstream, port_file))
+        upstream, up = start_upstream(tmp, procs)
         port = free_port()
         env_before = dict(os.environ)
         os.environ.update({"HEADROOM_OFFLINE": "1", "TIKTOKEN_CACHE_DIR": str(tiktoken_cache(tmp))})

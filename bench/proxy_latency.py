@@ -236,6 +236,19 @@ def wait_for_file(proc: Proc, path: Path) -> str:
     raise TimeoutError(f"{proc.name} did not write {path} within {READY_TIMEOUT_S:g} s")
 
 
+def start_upstream(tmp: Path, procs: list[Proc]) -> tuple[Proc, int]:
+    """Start this module's `--serve-upstream` server (added to `procs`, to be stopped with
+    them), and its port once it has written it."""
+    port_file = tmp / "upstream.port"
+    upstream = start(
+        "upstream",
+        [sys.executable, "-m", "bench.proxy_latency", "--serve-upstream", str(port_file)],
+        tmp,
+    )
+    procs.append(upstream)
+    return upstream, int(wait_for_file(upstream, port_file))
+
+
 def wait_for_http(proc: Proc, url: str) -> None:
     deadline = time.monotonic() + READY_TIMEOUT_S
     last: Exception | str = "no attempt"
@@ -418,14 +431,7 @@ def run(
     procs: list[Proc] = []
     sizes: list[int] = []
     try:
-        port_file = tmp / "upstream.port"
-        upstream = start(
-            "upstream",
-            [sys.executable, "-m", "bench.proxy_latency", "--serve-upstream", str(port_file)],
-            tmp,
-        )
-        procs.append(upstream)
-        up = int(wait_for_file(upstream, port_file))
+        upstream, up = start_upstream(tmp, procs)
         common = ["--mode", f"reverse:http://{HOST}:{up}", "--listen-host", HOST]
         plain_port, addon_port = free_port(), free_port()
         plain = start(

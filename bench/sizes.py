@@ -16,9 +16,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from bench.proxy_latency import run
+from bench.proxy_latency import ROOT, run
 
-ROOT = Path(__file__).resolve().parent.parent
 SIZES = (10_000, 30_000, 100_000, 300_000, 1_048_576, 2_000_000, 5_000_000)
 
 

@@ -35,7 +35,7 @@ from bench.proxy_latency import (
     free_port,
     mitmdump,
     start,
-    wait_for_file,
+    start_upstream,
     wait_for_http,
     wait_for_summary,
 )
@@ -52,14 +52,7 @@ def main(argv: list[str] | None = None) -> int:
     tmp = Path(tempfile.mkdtemp(prefix="cg-ttfb-"))
     procs: list[Proc] = []
     try:
-        port_file = tmp / "upstream.port"
-        up_proc = start(
-            "upstream",
-            [sys.executable, "-m", "bench.proxy_latency", "--serve-upstream", str(port_file)],
-            tmp,
-        )
-        procs.append(up_proc)
-        up = int(wait_for_file(up_proc, port_file))
+        _, up = start_upstream(tmp, procs)
         common = ["--mode", f"reverse:http://{HOST}:{up}", "--listen-host", HOST]
         targets: dict[str, str] = {}
         for name, extra in (

@@ -33,10 +33,10 @@ from typing import Any
 
 from cg.billing.cache import Prompt, PromptCache, prompt_of
 from cg.billing.prices import PriceTable
-from cg.billing.savings import report
+from cg.billing.savings import report, rows_cost
 from cg.state.facts import FactsCache
 from cg.state.session import session_of, valid_session_id
-from cg.state.store import LedgerTurns, Store
+from cg.state.store import LedgerTurns, Store, UsageRow
 from cg.wire.body import BodyIndex, BodyRejected, index_body
 from cg.wire.dialects import DIALECTS
 from cg.wire.usage import Usage
@@ -154,16 +154,9 @@ class Ledger:
         """One point of the dashboard's chart: what this turn was billed (with the summarizer
         calls since the last turn) and, ESTIMATE, what it would have been unrewritten."""
 
-        def priced(kind: str) -> float | None:
-            total: float | None = 0.0
-            for k, model, tier, usage in rows:
-                if k != kind:
-                    continue
-                c = self.prices.cost(model, usage, tier)
-                total = None if c is None or total is None else total + c
-            return total
-
-        billed, without = priced("agent"), priced("estimate")
+        ledger = [UsageRow(session, *row) for row in rows]
+        billed = rows_cost((r for r in ledger if r.kind == "agent"), self.prices)
+        without = rows_cost((r for r in ledger if r.kind == "estimate"), self.prices)
         summ = self._summarizer_due.pop(session, 0.0)
         if billed is not None:
             billed = None if summ is None else billed + summ

@@ -32,12 +32,16 @@ def _round(x: float | None) -> float | None:
     return None if x is None else round(x, 6)
 
 
-def _cost(rows: Iterable[UsageRow], prices: PriceTable, unpriced: set[str]) -> float | None:
+def rows_cost(
+    rows: Iterable[UsageRow], prices: PriceTable, unpriced: set[str] | None = None
+) -> float | None:
+    """The rows priced and summed; None when a model has no price (named in `unpriced`)."""
     total: float | None = 0.0
     for r in rows:
         c = prices.cost(r.model, r.usage, r.tier)
         if c is None:
-            unpriced.add(r.model)
+            if unpriced is not None:
+                unpriced.add(r.model)
             total = None
         elif total is not None:
             total += c
@@ -61,9 +65,9 @@ def usage_split(rows: list[UsageRow]) -> dict[str, dict[str, int]]:
 def savings(rows: list[UsageRow], turns: LedgerTurns, prices: PriceTable) -> dict[str, Any]:
     """The `savings` object for these ledger rows and turn counters (one session's or all)."""
     unpriced: set[str] = set()
-    agent = _cost((r for r in rows if r.kind == "agent"), prices, unpriced)
-    summ = _cost((r for r in rows if r.kind == "summarizer"), prices, unpriced)
-    without = _cost((r for r in rows if r.kind == "estimate"), prices, unpriced)
+    agent = rows_cost((r for r in rows if r.kind == "agent"), prices, unpriced)
+    summ = rows_cost((r for r in rows if r.kind == "summarizer"), prices, unpriced)
+    without = rows_cost((r for r in rows if r.kind == "estimate"), prices, unpriced)
     billed = None if agent is None or summ is None else agent + summ
     saved = None if without is None or billed is None else without - billed
     return {

@@ -105,6 +105,19 @@ class Origin:
             kept["host"] = headers.get("host") or sni
         return cls(url, kept, sni)
 
+    def headers_for(self, dialect: str) -> dict[str, str]:
+        """The reused headers, with the API version an Anthropic request needs if it had none."""
+        headers = dict(self.headers)
+        if dialect == "anthropic":
+            headers.setdefault("anthropic-version", ANTHROPIC_VERSION)
+        return headers
+
+
+def _origin(job: Commission) -> Origin:
+    if not isinstance(job.origin, Origin):
+        raise NoModel("model.source incoming: no proxied request to reuse")
+    return job.origin
+
 
 @dataclass(frozen=True, slots=True)
 class Endpoint:
@@ -144,16 +157,11 @@ def resolve_endpoint(
     provider key, which would bill every user's summaries to whoever started the proxy."""
     env = os.environ if env is None else env
     if cfg.source == "incoming":
-        origin = job.origin
-        if not isinstance(origin, Origin):
-            raise NoModel("model.source incoming: no proxied request to reuse")
+        origin = _origin(job)
         model = cfg.model or job.model
         if not model:
             raise NoModel("model.source incoming: the request names no model")
-        reused = dict(origin.headers)
-        if job.dialect == "anthropic":
-            reused.setdefault("anthropic-version", ANTHROPIC_VERSION)
-        return Endpoint(job.dialect, origin.url, model, reused, origin.sni)
+        return Endpoint(job.dialect, origin.url, model, origin.headers_for(job.dialect), origin.sni)
 
     provider = cfg.provider or "anthropic"
     if not cfg.model:
@@ -274,14 +282,10 @@ class SummarizerClient:
         """The shared-cache request: `body` to the commissioning request's own URL, with its
         credential and version headers. The answer's text (not its thinking, not its tool
         calls); None when it has none."""
-        origin = job.origin
-        if not isinstance(origin, Origin):
-            raise NoModel("model.source incoming: no proxied request to reuse")
+        origin = _origin(job)
         if job.dialect not in PATHS:
             raise NoModel(f"no shared-cache summarizer for the {job.dialect} dialect")
-        headers = dict(origin.headers)
-        if job.dialect == "anthropic":
-            headers.setdefault("anthropic-version", ANTHROPIC_VERSION)
+        headers = origin.headers_for(job.dialect)
         resp = await self._post(origin.url, body, headers, origin.sni, job, "shared")
         ctype = resp.headers.get("content-type", "")
         try:

@@ -240,9 +240,7 @@ class Summarize:
         if not index.messages:
             return None
         conv = conversation_key(req.session, self.facts.of(index, 0).digest)
-        had = self.store.get_checkpoint(conv) is not None
-        self.store.delete_checkpoint(conv)
-        return f"checkpoint of {conv}" if had else None
+        return f"checkpoint of {conv}" if self.store.delete_checkpoint(conv) else None
 
     def apply(self, req: RequestContext, plan: Plan) -> Step:
         index = req.index
