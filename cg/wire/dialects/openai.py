@@ -29,6 +29,7 @@ from cg.wire.reply import (
     as_index,
     as_object,
     as_text,
+    call_input,
     clone,
     dumps,
     is_count,
@@ -181,15 +182,7 @@ class OpenAI(Dialect):
             if not isinstance(tc, dict):
                 continue
             name, args = _call_name(tc)
-            value: JsonObject | str = args if isinstance(args, str) else dumps(args)
-            if isinstance(args, str):
-                try:
-                    parsed = json.loads(args) if args.strip() else {}
-                except ValueError:
-                    parsed = None
-                if isinstance(parsed, dict):
-                    value = parsed
-            out.append(Call(str(tc.get("id", "")), name, value))
+            out.append(Call(str(tc.get("id", "")), name, call_input(args)))
         return out
 
     def strip_calls(self, message: JsonObject, name: str) -> None:

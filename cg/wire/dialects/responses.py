@@ -20,7 +20,6 @@ streams it.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator, Mapping
 from typing import Any, ClassVar, cast
 
@@ -40,6 +39,7 @@ from cg.wire.reply import (
     ResponseParseError,
     as_index,
     as_object,
+    call_input,
     clone,
     dumps,
     is_count,
@@ -342,16 +342,8 @@ class Responses(Dialect):
             kind = item["type"]
             cid = str(item.get("call_id", ""))
             if kind == "function_call":
-                args = item.get("arguments", "")
-                value: JsonObject | str = args if isinstance(args, str) else dumps(args)
-                if isinstance(args, str):
-                    try:
-                        parsed = json.loads(args) if args.strip() else {}
-                    except ValueError:
-                        parsed = None
-                    if isinstance(parsed, dict):
-                        value = parsed
-                out.append(Call(cid, str(item.get("name", "")), value))
+                args = call_input(item.get("arguments", ""))
+                out.append(Call(cid, str(item.get("name", "")), args))
             elif kind == "custom_tool_call":
                 out.append(Call(cid, str(item.get("name", "")), _str(item.get("input", ""))))
             else:
