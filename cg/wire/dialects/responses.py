@@ -21,7 +21,7 @@ streams it.
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
-from typing import Any, ClassVar, cast
+from typing import Any, ClassVar
 
 from cg.wire.dialects.base import (
     BlockView,
@@ -42,7 +42,6 @@ from cg.wire.reply import (
     call_input,
     clone,
     dumps,
-    is_count,
     json_pieces,
     loads_json,
     pieces,
@@ -312,6 +311,7 @@ class Responses(Dialect):
     # -- answers --------------------------------------------------------------------------------
 
     input_usage_keys: ClassVar[tuple[str, ...]] = ("input_tokens", "input_tokens_details")
+    usage_total_of: ClassVar[tuple[str, str] | None] = ("input_tokens", "output_tokens")
 
     def answer_error(self, doc: JsonObject) -> bool:
         """An error body (`{"error": {…}}`), or a response object that failed."""
@@ -393,12 +393,6 @@ class Responses(Dialect):
 
     def frames(self, message: JsonObject) -> Iterator[str]:
         return _frames(message)
-
-    def settle_usage(self, usage: JsonObject) -> None:
-        """`total_tokens` is input + output."""
-        inp, out = usage.get("input_tokens"), usage.get("output_tokens")
-        if "total_tokens" in usage and is_count(inp) and is_count(out):
-            usage["total_tokens"] = cast(int, inp) + cast(int, out)
 
 
 # -- answers --------------------------------------------------------------------------------------
