@@ -20,7 +20,6 @@ never summarized or stashed again.
 from __future__ import annotations
 
 import contextlib
-import json
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -46,6 +45,7 @@ from cg.wire.answers import (
 from cg.wire.body import index_body
 from cg.wire.dialects import DIALECTS
 from cg.wire.jsonspan import rebuild_array
+from cg.wire.reply import dumps
 from cg.wire.upstream import HOP_BY_HOP, ExchangeSink, agent_request, exchange_of
 
 MAX_ROUNDS = 3
@@ -100,7 +100,7 @@ def append_messages(dialect: str, body: str, messages: list[dict[str, Any]]) -> 
     """
     index = index_body(body.encode("utf-8"), DIALECTS[dialect])
     arr = index.array
-    pieces = [json.dumps(m, ensure_ascii=False, separators=(",", ":")) for m in messages]
+    pieces = [dumps(m) for m in messages]
     els = arr.elements
     if not els or not pieces:
         old = [body[e.start : e.end] for e in els]

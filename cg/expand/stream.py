@@ -91,16 +91,24 @@ def call_begins(dialect: str, event: bytes) -> tuple[int, int | None] | None:
                     return (idx if isinstance(idx, int) else 0), None
         return None
     if dialect == "responses":
-        item = obj.get("item")
-        if (
-            obj.get("type") == "response.output_item.added"
-            and isinstance(item, dict)
-            and item.get("type") == "function_call"
-            and item.get("name") == TOOL_NAME
-            and isinstance(obj.get("output_index"), int)
-        ):
-            seq = obj.get("sequence_number")
-            return obj["output_index"], seq if isinstance(seq, int) else None
+        return _item_added(obj, "function_call", TOOL_NAME)
+    return None
+
+
+def _item_added(obj: Any, kind: str, name: str | None = None) -> tuple[int, int | None] | None:
+    """(output index, sequence number) when `obj` is a Responses `response.output_item.added`
+    of an item of type `kind` (and, if given, named `name`); else None."""
+    item = obj.get("item") if isinstance(obj, dict) else None
+    if (
+        isinstance(obj, dict)
+        and obj.get("type") == "response.output_item.added"
+        and isinstance(item, dict)
+        and item.get("type") == kind
+        and (name is None or item.get("name") == name)
+        and isinstance(obj.get("output_index"), int)
+    ):
+        seq = obj.get("sequence_number")
+        return obj["output_index"], seq if isinstance(seq, int) else None
     return None
 
 
@@ -108,18 +116,7 @@ def _reasoning_begins(event: bytes) -> tuple[int, int | None] | None:
     """(output index, sequence number) when this Responses event adds a reasoning item."""
     if b"response.output_item.added" not in event or b"reasoning" not in event:
         return None
-    obj = _data(event)
-    item = obj.get("item") if isinstance(obj, dict) else None
-    if (
-        isinstance(obj, dict)
-        and obj.get("type") == "response.output_item.added"
-        and isinstance(item, dict)
-        and item.get("type") == "reasoning"
-        and isinstance(obj.get("output_index"), int)
-    ):
-        seq = obj.get("sequence_number")
-        return obj["output_index"], seq if isinstance(seq, int) else None
-    return None
+    return _item_added(_data(event), "reasoning")
 
 
 class ExpandGate:

@@ -69,6 +69,19 @@ class Call:
     input: JsonObject | str
 
 
+def call_input(args: Json) -> JsonObject | str:
+    """A call's raw `arguments` as `Call.input`: the parsed object (`{}` for blank text), or
+    the text itself when it is not a JSON object (models do emit broken JSON); a non-string
+    value as its JSON text."""
+    if not isinstance(args, str):
+        return dumps(args)
+    try:
+        parsed = json.loads(args) if args.strip() else {}
+    except ValueError:
+        return args
+    return parsed if isinstance(parsed, dict) else args
+
+
 def dumps(value: Json) -> str:
     """Compact JSON with raw UTF-8, as both providers write it."""
     return json.dumps(value, separators=(",", ":"), ensure_ascii=False)

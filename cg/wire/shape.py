@@ -211,6 +211,12 @@ def check_wire_roles(body: bytes, dialect: Dialect | str) -> list[Violation]:
             raise TypeError(f"{key!r} is not an array")
     except (ValueError, KeyError, TypeError) as e:
         return [Violation(-1, "wire-json", f"the body sent is not readable JSON: {e}")]
+    return _role_violations(d, messages)
+
+
+def _role_violations(d: Dialect, messages: list[Any]) -> list[Violation]:
+    """A `wire-role` violation per message of the sent transcript array the API would refuse."""
+    key = d.array_key
     out: list[Violation] = []
     for i, m in enumerate(messages):
         problem = d.role_error(m)
@@ -233,13 +239,7 @@ def check_wire_roles_at(text: str, start: int, end: int, dialect: Dialect | str)
             raise TypeError(f"{key!r} is not the array expected at {start}..{end}")
     except (ValueError, TypeError) as e:
         return [Violation(-1, "wire-json", f"the body sent is not readable JSON: {e}")]
-    out: list[Violation] = []
-    for i, m in enumerate(messages):
-        problem = d.role_error(m)
-        if problem is not None:
-            role = m.get("role") if isinstance(m, dict) else None
-            out.append(Violation(i, "wire-role", f"{key}.{i}.{problem}", (str(role),)))
-    return out
+    return _role_violations(d, messages)
 
 
 def introduced(

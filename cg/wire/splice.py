@@ -13,7 +13,6 @@ escapes outside it stay exactly as the client sent them. The identity plan retur
 
 from __future__ import annotations
 
-import json
 import operator
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -22,6 +21,7 @@ from typing import Any
 from cg.wire.body import BodyIndex
 from cg.wire.dialects import Dialect, MessageView
 from cg.wire.jsonspan import rebuild_array
+from cg.wire.reply import dumps
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,7 +43,7 @@ class Insert:
     @classmethod
     def message(cls, obj: dict[str, Any], dialect: Dialect) -> Insert:
         """Serialise a new message deterministically: the same object gives the same bytes."""
-        text = json.dumps(obj, ensure_ascii=False, separators=(",", ":"))
+        text = dumps(obj)
         return cls(text, dialect.view(obj))
 
 

@@ -68,9 +68,6 @@ class Usage:
         d = asdict(self)
         return {k: d[k] for k in KEYS}
 
-    def to_row(self) -> dict[str, int]:
-        return asdict(self)
-
 
 def _count(obj: dict[str, Any], key: str, where: str) -> int:
     v = obj.get(key)

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar, Literal, cast
 
-from cg.wire.reply import Call, JsonObject
+from cg.wire.reply import Call, JsonObject, is_count
 
 ContentForm = Literal["string", "blocks", "null", "missing", "other"]
 # How a tool result finds its call: in the next message (anthropic), in the run of `tool`
@@ -192,8 +192,17 @@ class Dialect:
         """The answer as the provider streams it, event by event."""
         raise NotImplementedError
 
+    # The (input, output) usage keys whose sum `total_tokens` is, when the dialect reports one.
+    usage_total_of: ClassVar[tuple[str, str] | None] = None
+
     def settle_usage(self, usage: JsonObject) -> None:
-        """Make derived counts agree after a continuation's usage was assembled (in place)."""
+        """Make derived counts agree after a continuation's usage was assembled (in place):
+        a `total_tokens` the answer has becomes the sum of `usage_total_of`'s counts."""
+        if self.usage_total_of is None or "total_tokens" not in usage:
+            return
+        a, b = (usage.get(k) for k in self.usage_total_of)
+        if is_count(a) and is_count(b):
+            usage["total_tokens"] = cast(int, a) + cast(int, b)
 
 
 def message_role(message: Any) -> str:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, cast
+from typing import Any, ClassVar
 
 from cg.wire.dialects.base import (
     BlockView,
@@ -29,9 +29,9 @@ from cg.wire.reply import (
     as_index,
     as_object,
     as_text,
+    call_input,
     clone,
     dumps,
-    is_count,
     json_pieces,
     loads_json,
     pieces,
@@ -153,6 +153,7 @@ class OpenAI(Dialect):
     # -- answers --------------------------------------------------------------------------------
 
     input_usage_keys: ClassVar[tuple[str, ...]] = ("prompt_tokens", "prompt_tokens_details")
+    usage_total_of: ClassVar[tuple[str, str] | None] = ("prompt_tokens", "completion_tokens")
 
     def answer_error(self, doc: JsonObject) -> bool:
         return bool(doc.get("error"))
@@ -181,15 +182,7 @@ class OpenAI(Dialect):
             if not isinstance(tc, dict):
                 continue
             name, args = _call_name(tc)
-            value: JsonObject | str = args if isinstance(args, str) else dumps(args)
-            if isinstance(args, str):
-                try:
-                    parsed = json.loads(args) if args.strip() else {}
-                except ValueError:
-                    parsed = None
-                if isinstance(parsed, dict):
-                    value = parsed
-            out.append(Call(str(tc.get("id", "")), name, value))
+            out.append(Call(str(tc.get("id", "")), name, call_input(args)))
         return out
 
     def strip_calls(self, message: JsonObject, name: str) -> None:
@@ -238,12 +231,6 @@ class OpenAI(Dialect):
 
     def frames(self, message: JsonObject) -> Iterator[str]:
         return _frames(message)
-
-    def settle_usage(self, usage: JsonObject) -> None:
-        """`total_tokens` is prompt + completion."""
-        prompt, completion = usage.get("prompt_tokens"), usage.get("completion_tokens")
-        if "total_tokens" in usage and is_count(prompt) and is_count(completion):
-            usage["total_tokens"] = cast(int, prompt) + cast(int, completion)
 
 
 # -- answers --------------------------------------------------------------------------------------

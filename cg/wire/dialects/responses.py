@@ -20,9 +20,8 @@ streams it.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator, Mapping
-from typing import Any, ClassVar, cast
+from typing import Any, ClassVar
 
 from cg.wire.dialects.base import (
     BlockView,
@@ -40,9 +39,9 @@ from cg.wire.reply import (
     ResponseParseError,
     as_index,
     as_object,
+    call_input,
     clone,
     dumps,
-    is_count,
     json_pieces,
     loads_json,
     pieces,
@@ -312,6 +311,7 @@ class Responses(Dialect):
     # -- answers --------------------------------------------------------------------------------
 
     input_usage_keys: ClassVar[tuple[str, ...]] = ("input_tokens", "input_tokens_details")
+    usage_total_of: ClassVar[tuple[str, str] | None] = ("input_tokens", "output_tokens")
 
     def answer_error(self, doc: JsonObject) -> bool:
         """An error body (`{"error": {…}}`), or a response object that failed."""
@@ -342,16 +342,8 @@ class Responses(Dialect):
             kind = item["type"]
             cid = str(item.get("call_id", ""))
             if kind == "function_call":
-                args = item.get("arguments", "")
-                value: JsonObject | str = args if isinstance(args, str) else dumps(args)
-                if isinstance(args, str):
-                    try:
-                        parsed = json.loads(args) if args.strip() else {}
-                    except ValueError:
-                        parsed = None
-                    if isinstance(parsed, dict):
-                        value = parsed
-                out.append(Call(cid, str(item.get("name", "")), value))
+                args = call_input(item.get("arguments", ""))
+                out.append(Call(cid, str(item.get("name", "")), args))
             elif kind == "custom_tool_call":
                 out.append(Call(cid, str(item.get("name", "")), _str(item.get("input", ""))))
             else:
@@ -401,12 +393,6 @@ class Responses(Dialect):
 
     def frames(self, message: JsonObject) -> Iterator[str]:
         return _frames(message)
-
-    def settle_usage(self, usage: JsonObject) -> None:
-        """`total_tokens` is input + output."""
-        inp, out = usage.get("input_tokens"), usage.get("output_tokens")
-        if "total_tokens" in usage and is_count(inp) and is_count(out):
-            usage["total_tokens"] = cast(int, inp) + cast(int, out)
 
 
 # -- answers --------------------------------------------------------------------------------------
