@@ -54,6 +54,9 @@ from typing import Any
 from urllib.parse import unquote, urlsplit, urlunsplit
 
 from cg.state.store import (
+    _CP_COLS,
+    _STASH_COLS,
+    _USAGE_COLS,
     FACTS_BATCH,
     LEDGER_TTL_DAYS,
     TOUCH_INTERVAL,
@@ -69,6 +72,7 @@ from cg.state.store import (
     StoreError,
     StoreStats,
     UsageRow,
+    _checkpoint,
     owner,
     span_bytes,
     valid_key,
@@ -168,15 +172,6 @@ CREATE INDEX IF NOT EXISTS cg_facts_seen ON cg_facts (seen)
 """
 # schema version reached -> the DDL that takes the database from the one before to it
 MIGRATIONS = {1: _SCHEMA_V1, 2: _SCHEMA_V2}
-_CP_COLS = (
-    "session, summary, head_count, covered_count, covered_hash, key, message, created, "
-    "updated, meta"
-)
-_STASH_COLS = "key, session, created, last_used, size, dialect, count, span"
-_USAGE_COLS = (
-    "input_tokens, cache_write_tokens, cache_write_1h_tokens, cache_read_tokens, "
-    "output_tokens, requests"
-)
 _DB_NOW = "extract(epoch from clock_timestamp())::double precision"
 
 
@@ -206,14 +201,6 @@ def _driver() -> Any:
             "a postgresql:// store needs psycopg: pip install 'context-guru[postgres]'"
         ) from None
     return psycopg
-
-
-def _checkpoint(row: Sequence[Any]) -> Checkpoint:
-    session, summary, head, covered, chash, key, message, created, updated, meta = row
-    return Checkpoint(
-        session, summary, head, covered, chash, key, message, created, updated,
-        json.loads(meta) if meta else {},
-    )  # fmt: skip
 
 
 class _Lru(OrderedDict[Any, Any]):

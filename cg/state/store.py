@@ -326,7 +326,7 @@ _CP_COLS = (
 )
 
 
-def _checkpoint(row: tuple[Any, ...]) -> Checkpoint:
+def _checkpoint(row: Sequence[Any]) -> Checkpoint:
     session, summary, head, covered, chash, key, message, created, updated, meta = row
     return Checkpoint(
         session, summary, head, covered, chash, key, message, created, updated,
