@@ -73,6 +73,8 @@ from cg.state.store import (
     StoreStats,
     UsageRow,
     _checkpoint,
+    _fact_params,
+    _fact_row,
     owner,
     span_bytes,
     valid_key,
@@ -1013,9 +1015,7 @@ class PgStore(Store):
                     "SELECT raw, digest, tokens, outputs, flags FROM cg_facts WHERE raw = ANY(%s)",
                     (part,),
                 ).fetchall():
-                    key = bytes(raw)
-                    outs = tuple(int(x) for x in outputs.split(",") if x)
-                    out[key] = (key, bytes(digest), int(tokens), outs, int(flags))
+                    out[bytes(raw)] = _fact_row(raw, digest, tokens, outputs, flags)
         return out
 
     def put_facts(self, rows: Sequence[FactRow]) -> None:
@@ -1023,7 +1023,7 @@ class PgStore(Store):
         if not rows:
             return
         t = self.now()
-        params = [(r, d, n, ",".join(map(str, o)), f, t) for r, d, n, o, f in rows]
+        params = _fact_params(rows, t)
 
         def run(conn: Any) -> None:
             with conn.cursor() as cur:

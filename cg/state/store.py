@@ -164,6 +164,18 @@ _USAGE_COLS = (
 )
 
 
+def _fact_params(rows: Sequence[FactRow], seen: float) -> list[tuple[Any, ...]]:
+    """`put_facts` rows as stored (tool output tokens joined by `,`), first seen at `seen`."""
+    return [(r, d, n, ",".join(map(str, o)), f, seen) for r, d, n, o, f in rows]
+
+
+def _fact_row(raw: Any, digest: Any, tokens: Any, outputs: str, flags: Any) -> FactRow:
+    """A stored facts row as `get_facts` returns it (either engine's column types)."""
+    key = bytes(raw)
+    outs = tuple(int(x) for x in outputs.split(",") if x)
+    return (key, bytes(digest), int(tokens), outs, int(flags))
+
+
 class StoreError(RuntimeError):
     """The store cannot be opened or an operation on it failed."""
 
@@ -710,8 +722,7 @@ class Store:
                     f"SELECT raw, digest, tokens, outputs, flags FROM facts WHERE raw IN ({marks})",
                     part,
                 ):
-                    outs = tuple(int(x) for x in outputs.split(",") if x)
-                    out[raw] = (raw, digest, tokens, outs, flags)
+                    out[raw] = _fact_row(raw, digest, tokens, outputs, flags)
         return out
 
     def put_facts(self, rows: Sequence[FactRow]) -> None:
@@ -723,7 +734,7 @@ class Store:
             conn.executemany(
                 "INSERT OR IGNORE INTO facts (raw, digest, tokens, outputs, flags, seen) "
                 "VALUES (?, ?, ?, ?, ?, ?)",
-                [(r, d, n, ",".join(map(str, o)), f, t) for r, d, n, o, f in rows],
+                _fact_params(rows, t),
             )
         self._maybe_evict()
 
