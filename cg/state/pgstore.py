@@ -75,6 +75,8 @@ from cg.state.store import (
     _checkpoint,
     _fact_params,
     _fact_row,
+    _facts_cap,
+    _lru_victims,
     owner,
     span_bytes,
     valid_key,
@@ -1253,24 +1255,22 @@ class PgStore(Store):
         conn.execute("DELETE FROM cg_ledger WHERE last_seen < %s", (ledger_cutoff,))
         conn.execute(f"DELETE FROM cg_claims WHERE lease_until < {_DB_NOW} - 3600")
         conn.execute("DELETE FROM cg_facts WHERE seen < %s", (cutoff,))
-        # Facts are a cache (a lost row is a recount): at most a quarter of `max_mb` (~100
-        # bytes a row with its index), the oldest first; as the SQLite store does.
+        # Facts are a cache: the newest `_facts_cap` rows are kept, as the SQLite store does.
         conn.execute(
             "DELETE FROM cg_facts WHERE raw IN (SELECT raw FROM cg_facts ORDER BY seen DESC "
             "OFFSET %s)",
-            (max(1000, self.max_bytes // 400),),
+            (_facts_cap(self.max_bytes),),
         )
         total = int(conn.execute("SELECT COALESCE(SUM(size), 0) FROM cg_stashes").fetchone()[0])
         lru = 0
         if total > self.max_bytes:
-            victims: list[tuple[str, str]] = []
-            for key, session, size in conn.execute(
-                "SELECT key, session, size FROM cg_stashes ORDER BY last_used, created"
-            ).fetchall():
-                if total <= self.max_bytes:
-                    break
-                victims.append((key, session))
-                total -= int(size)
+            victims = _lru_victims(
+                conn.execute(
+                    "SELECT key, session, size FROM cg_stashes ORDER BY last_used, created"
+                ).fetchall(),
+                total,
+                self.max_bytes,
+            )
             with conn.cursor() as cur:
                 cur.executemany("DELETE FROM cg_stashes WHERE key = %s AND session = %s", victims)
             lru = len(victims)

@@ -50,7 +50,7 @@ import re
 import sqlite3
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager, suppress
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -174,6 +174,26 @@ def _fact_row(raw: Any, digest: Any, tokens: Any, outputs: str, flags: Any) -> F
     key = bytes(raw)
     outs = tuple(int(x) for x in outputs.split(",") if x)
     return (key, bytes(digest), int(tokens), outs, int(flags))
+
+
+def _facts_cap(max_bytes: int) -> int:
+    """Rows the facts cache keeps: a quarter of `max_bytes` at ~100 bytes a row with its index
+    (facts are a cache: a lost row is a recount), at least 1000."""
+    return max(1000, max_bytes // 400)
+
+
+def _lru_victims(
+    rows: Iterable[tuple[str, str, Any]], total: int, max_bytes: int
+) -> list[tuple[str, str]]:
+    """The `(key, session)` of the stashes to drop, from `rows` (key, session, size) least
+    recently used first, until `total` bytes are within `max_bytes`."""
+    victims: list[tuple[str, str]] = []
+    for key, session, size in rows:
+        if total <= max_bytes:
+            break
+        victims.append((key, session))
+        total -= int(size)
+    return victims
 
 
 class StoreError(RuntimeError):
@@ -984,13 +1004,11 @@ class Store:
             ).rowcount
             sess = conn.execute("DELETE FROM sessions WHERE last_request < ?", (cutoff,)).rowcount
             conn.execute("DELETE FROM facts WHERE seen < ?", (cutoff,))
-            # Facts are a cache (a lost row is a recount): at most a quarter of `max_mb`
-            # (~100 bytes a row with its index), the oldest first.
-            cap = max(1000, self.max_bytes // 400)
+            # Facts are a cache: the newest `_facts_cap` rows are kept.
             conn.execute(
                 "DELETE FROM facts WHERE raw IN (SELECT raw FROM facts ORDER BY seen DESC "
                 "LIMIT -1 OFFSET ?)",
-                (cap,),
+                (_facts_cap(self.max_bytes),),
             )
             # The ledger outlives the stashes: it is tiny, and it is the record of what was spent.
             ledger_cutoff = t - max(self.ttl, LEDGER_TTL_DAYS * 86400.0)
@@ -1003,14 +1021,13 @@ class Store:
             total = conn.execute("SELECT COALESCE(SUM(size), 0) FROM stashes").fetchone()[0]
             lru = 0
             if total > self.max_bytes:
-                victims: list[tuple[str, str]] = []
-                for key, session, size in conn.execute(
-                    "SELECT key, session, size FROM stashes ORDER BY last_used, created"
-                ).fetchall():
-                    if total <= self.max_bytes:
-                        break
-                    victims.append((key, session))
-                    total -= size
+                victims = _lru_victims(
+                    conn.execute(
+                        "SELECT key, session, size FROM stashes ORDER BY last_used, created"
+                    ).fetchall(),
+                    total,
+                    self.max_bytes,
+                )
                 conn.executemany("DELETE FROM stashes WHERE key = ? AND session = ?", victims)
                 lru = len(victims)
         self._last_evict = t
