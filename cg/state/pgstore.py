@@ -41,7 +41,6 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import json
 import queue
 import threading
 import time
@@ -77,6 +76,8 @@ from cg.state.store import (
     _fact_row,
     _facts_cap,
     _lru_victims,
+    _meta_json,
+    _stamped,
     owner,
     span_bytes,
     valid_key,
@@ -884,7 +885,7 @@ class PgStore(Store):
 
     def put_checkpoint(self, cp: Checkpoint) -> Checkpoint:
         t = self.now()
-        meta = json.dumps(cp.meta, ensure_ascii=False, sort_keys=True) if cp.meta else None
+        meta = _meta_json(cp)
         c = self.cache
         with c.lock:
             known = c.live and cp.session in c.cps
@@ -912,10 +913,7 @@ class PgStore(Store):
             conn.execute("SELECT pg_notify(%s, %s)", (CHANNEL, f"c {conv}"))
 
         self._submit(_Op(run, "put_checkpoint", mode="pipeline"))
-        out = Checkpoint(
-            cp.session, cp.summary, cp.head_count, cp.covered_count, cp.covered_hash,
-            cp.key, cp.message, created, t, dict(cp.meta),
-        )  # fmt: skip
+        out = _stamped(cp, created, t)
         with c.lock:
             c.gen += 1
             if c.live:

@@ -52,7 +52,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager, suppress
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -364,6 +364,16 @@ def _checkpoint(row: Sequence[Any]) -> Checkpoint:
         session, summary, head, covered, chash, key, message, created, updated,
         json.loads(meta) if meta else {},
     )  # fmt: skip
+
+
+def _meta_json(cp: Checkpoint) -> str | None:
+    """A checkpoint's `meta` as stored (None when empty)."""
+    return json.dumps(cp.meta, ensure_ascii=False, sort_keys=True) if cp.meta else None
+
+
+def _stamped(cp: Checkpoint, created: float, updated: float) -> Checkpoint:
+    """`cp` as `put_checkpoint` returns it: its times stamped, its `meta` a copy."""
+    return replace(cp, created=created, updated=updated, meta=dict(cp.meta))
 
 
 class Store:
@@ -766,7 +776,7 @@ class Store:
         `created` is kept from the checkpoint being replaced; `updated` is now.
         """
         t = self.now()
-        meta = json.dumps(cp.meta, ensure_ascii=False, sort_keys=True) if cp.meta else None
+        meta = _meta_json(cp)
         with self._tx("put_checkpoint") as conn:
             row = conn.execute(
                 "SELECT created FROM checkpoints WHERE session = ?", (cp.session,)
@@ -781,10 +791,7 @@ class Store:
                 ),
             )  # fmt: skip
         self._maybe_evict()
-        return Checkpoint(
-            cp.session, cp.summary, cp.head_count, cp.covered_count, cp.covered_hash,
-            cp.key, cp.message, created, t, dict(cp.meta),
-        )  # fmt: skip
+        return _stamped(cp, created, t)
 
     def get_checkpoint(self, session: str) -> Checkpoint | None:
         """The session's checkpoint. Reading it marks its stash used, so a live checkpoint's
