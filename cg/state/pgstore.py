@@ -180,11 +180,6 @@ MIGRATIONS = {1: _SCHEMA_V1, 2: _SCHEMA_V2}
 _DB_NOW = "extract(epoch from clock_timestamp())::double precision"
 
 
-def is_url(target: str) -> bool:
-    """Whether `target` (option `cg_db`, `store.url`) names a PostgreSQL database."""
-    return target.startswith(("postgresql://", "postgres://"))
-
-
 def redact_url(url: str) -> str:
     """The URL with its password (if any) replaced by `***`: what may be shown anywhere."""
     try:

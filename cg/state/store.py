@@ -76,6 +76,11 @@ def owner(checkpoint_key: str) -> str:
     return checkpoint_key.split("#", 1)[0]
 
 
+def is_url(target: str) -> bool:
+    """Whether `target` (option `cg_db`, `store.url`) names a PostgreSQL database."""
+    return target.startswith(("postgresql://", "postgres://"))
+
+
 MEMORY = ":memory:"
 KEY_PATTERN = r"[0-9a-f]{24}"
 KEY_RE = re.compile(rf"\A{KEY_PATTERN}\Z")
@@ -448,7 +453,7 @@ class Store:
         (`cg.state.pgstore`, imported only then, so the SQLite default never loads psycopg);
         anything else is an SQLite file."""
         where = target or cfg.url or cfg.path
-        if where.startswith(("postgresql://", "postgres://")):
+        if is_url(where):
             from cg.state.pgstore import PgStore
 
             return PgStore(
