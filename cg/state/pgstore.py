@@ -49,7 +49,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 from urllib.parse import unquote, urlsplit, urlunsplit
 
 from cg.state.store import (
@@ -177,6 +177,7 @@ CREATE INDEX IF NOT EXISTS cg_facts_seen ON cg_facts (seen)
 """
 # schema version reached -> the DDL that takes the database from the one before to it
 MIGRATIONS = {1: _SCHEMA_V1, 2: _SCHEMA_V2}
+_T = TypeVar("_T")
 _DB_NOW = "extract(epoch from clock_timestamp())::double precision"
 
 
@@ -937,28 +938,35 @@ class PgStore(Store):
             )
         )
 
-    def get_checkpoint(self, session: str) -> Checkpoint | None:
-        t = self.now()
+    def _read_through(self, lru: _Lru, key: str, load: Callable[[str], _T]) -> _T:
+        """`lru[key]` while the cache is live and holds it, else `load(key)` from the database,
+        cached unless a notice invalidated something meanwhile (the generation moved)."""
         c = self.cache
         with c.lock:
-            if c.live and session in c.cps:
+            if c.live and key in lru:
                 c.hits += 1
-                cp: Checkpoint | None = c.cps[session]
-                c.cps.move_to_end(session)
-                if cp is not None:
-                    self._touch_stash(cp, t)
-                return cp
+                lru.move_to_end(key)
+                hit: _T = lru[key]
+                return hit
             c.misses += 1
             gen = c.gen
         self._catch_up()
+        value = load(key)
+        with c.lock:
+            if c.live and c.gen == gen:
+                lru.put(key, value)
+        return value
+
+    def _load_checkpoint(self, session: str) -> Checkpoint | None:
         with self._read("get_checkpoint") as conn:
             row = conn.execute(
                 f"SELECT {_CP_COLS} FROM cg_checkpoints WHERE session = %s", (session,)
             ).fetchone()
-        cp = _checkpoint(row) if row is not None else None
-        with c.lock:
-            if c.live and c.gen == gen:
-                c.cps.put(session, cp)
+        return _checkpoint(row) if row is not None else None
+
+    def get_checkpoint(self, session: str) -> Checkpoint | None:
+        t = self.now()
+        cp = self._read_through(self.cache.cps, session, self._load_checkpoint)
         if cp is not None:
             self._touch_stash(cp, t)
         return cp
@@ -1057,25 +1065,15 @@ class PgStore(Store):
                 c.sessions.put(session, SessionRecord(session, t, cache_ttl))
         return prev
 
-    def get_session(self, session: str) -> SessionRecord | None:
-        c = self.cache
-        with c.lock:
-            if c.live and session in c.sessions:
-                c.hits += 1
-                rec: SessionRecord | None = c.sessions[session]
-                return rec
-            c.misses += 1
-            gen = c.gen
-        self._catch_up()
+    def _load_session(self, session: str) -> SessionRecord | None:
         with self._read("get_session") as conn:
             row = conn.execute(
                 "SELECT last_request, cache_ttl FROM cg_sessions WHERE session = %s", (session,)
             ).fetchone()
-        rec = SessionRecord(session, row[0], row[1]) if row else None
-        with c.lock:
-            if c.live and c.gen == gen:
-                c.sessions.put(session, rec)
-        return rec
+        return SessionRecord(session, row[0], row[1]) if row else None
+
+    def get_session(self, session: str) -> SessionRecord | None:
+        return self._read_through(self.cache.sessions, session, self._load_session)
 
     def sessions(self) -> list[SessionInfo]:
         self._drain()
