@@ -59,7 +59,6 @@ from cg.state.store import (
     FACTS_BATCH,
     LEDGER_TTL_DAYS,
     TOUCH_INTERVAL,
-    USAGE_KINDS,
     Checkpoint,
     EvictResult,
     FactRow,
@@ -71,13 +70,16 @@ from cg.state.store import (
     StoreError,
     StoreStats,
     UsageRow,
+    _check_kinds,
     _checkpoint,
     _fact_params,
     _fact_row,
     _facts_cap,
+    _ledger_turns,
     _lru_victims,
     _meta_json,
     _stamped,
+    _usage_row,
     owner,
     span_bytes,
     valid_key,
@@ -1120,9 +1122,7 @@ class PgStore(Store):
         turns: LedgerTurns | None = None,
         cache_state: str | None = None,
     ) -> None:
-        for kind, *_ in rows:
-            if kind not in USAGE_KINDS:
-                raise ValueError(f"record_usage: unknown kind {kind!r}")
+        _check_kinds(rows)
         t = self.now()
         rows = list(rows)
         d = turns or LedgerTurns()
@@ -1173,7 +1173,7 @@ class PgStore(Store):
             args = (session,)
         with self._read("usage_rows") as conn:
             rows = conn.execute(sql + " ORDER BY session, kind, model, tier", args).fetchall()
-        return [UsageRow(r[0], r[1], r[2], r[3], Usage(*(int(x) for x in r[4:]))) for r in rows]
+        return [_usage_row(r) for r in rows]
 
     def ledger_turns(self, session: str | None = None) -> dict[str, LedgerTurns]:
         self._drain()
@@ -1187,9 +1187,7 @@ class PgStore(Store):
             args = (session,)
         with self._read("ledger_turns") as conn:
             rows = conn.execute(sql, args).fetchall()
-        return {
-            r[0]: LedgerTurns(int(r[1]), int(r[2]), int(r[3]), int(r[4]), float(r[5])) for r in rows
-        }
+        return {r[0]: _ledger_turns(r[1:]) for r in rows}
 
     def cache_state(self, session: str) -> str | None:
         self._drain()

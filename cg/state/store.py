@@ -381,6 +381,23 @@ def _stamped(cp: Checkpoint, created: float, updated: float) -> Checkpoint:
     return replace(cp, created=created, updated=updated, meta=dict(cp.meta))
 
 
+def _check_kinds(rows: Sequence[tuple[str, str, str, Usage]]) -> None:
+    """`record_usage` refuses a row of a kind the ledger does not know (before writing any)."""
+    for kind, *_ in rows:
+        if kind not in USAGE_KINDS:
+            raise ValueError(f"record_usage: unknown kind {kind!r}")
+
+
+def _usage_row(r: Sequence[Any]) -> UsageRow:
+    """A `session, kind, model, tier, {_USAGE_COLS}` row (either engine's integer types)."""
+    return UsageRow(r[0], r[1], r[2], r[3], Usage(*(int(x) for x in r[4:])))
+
+
+def _ledger_turns(r: Sequence[Any]) -> LedgerTurns:
+    """A `turns, rewritten, tokens_not_sent, estimate_skipped, last_seen` row."""
+    return LedgerTurns(int(r[0]), int(r[1]), int(r[2]), int(r[3]), float(r[4]))
+
+
 class Store:
     """One SQLite file; every method is thread-safe. Use as a context manager or `close()`."""
 
@@ -911,11 +928,10 @@ class Store:
     ) -> None:
         """Add `(kind, model, tier, usage)` rows to `session`'s ledger, and `turns` to its
         counters (`cache_state`, when given, replaces the stored one), in one transaction."""
+        _check_kinds(rows)
         t = self.now()
         with self._tx("record_usage") as conn:
             for kind, model, tier, u in rows:
-                if kind not in USAGE_KINDS:
-                    raise ValueError(f"record_usage: unknown kind {kind!r}")
                 conn.execute(
                     f"INSERT INTO usage (session, kind, model, tier, {_USAGE_COLS}, updated) "
                     "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
@@ -959,7 +975,7 @@ class Store:
             args = (session,)
         with self._op("usage_rows") as conn:
             rows = conn.execute(sql + " ORDER BY session, kind, model, tier", args).fetchall()
-        return [UsageRow(r[0], r[1], r[2], r[3], Usage(*r[4:])) for r in rows]
+        return [_usage_row(r) for r in rows]
 
     def ledger_turns(self, session: str | None = None) -> dict[str, LedgerTurns]:
         """Each session's turn counters (one session's, when given)."""
@@ -973,7 +989,7 @@ class Store:
             args = (session,)
         with self._op("ledger_turns") as conn:
             rows = conn.execute(sql, args).fetchall()
-        return {r[0]: LedgerTurns(*r[1:]) for r in rows}
+        return {r[0]: _ledger_turns(r[1:]) for r in rows}
 
     def cache_state(self, session: str) -> str | None:
         """The estimate's prompt-cache entries last stored for `session` (JSON), or None."""
