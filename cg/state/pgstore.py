@@ -41,7 +41,6 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import json
 import queue
 import threading
 import time
@@ -50,14 +49,16 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 from urllib.parse import unquote, urlsplit, urlunsplit
 
 from cg.state.store import (
+    _CP_COLS,
+    _STASH_COLS,
+    _USAGE_COLS,
     FACTS_BATCH,
     LEDGER_TTL_DAYS,
     TOUCH_INTERVAL,
-    USAGE_KINDS,
     Checkpoint,
     EvictResult,
     FactRow,
@@ -69,6 +70,16 @@ from cg.state.store import (
     StoreError,
     StoreStats,
     UsageRow,
+    _check_kinds,
+    _checkpoint,
+    _fact_params,
+    _fact_row,
+    _facts_cap,
+    _ledger_turns,
+    _lru_victims,
+    _meta_json,
+    _stamped,
+    _usage_row,
     owner,
     span_bytes,
     valid_key,
@@ -168,21 +179,8 @@ CREATE INDEX IF NOT EXISTS cg_facts_seen ON cg_facts (seen)
 """
 # schema version reached -> the DDL that takes the database from the one before to it
 MIGRATIONS = {1: _SCHEMA_V1, 2: _SCHEMA_V2}
-_CP_COLS = (
-    "session, summary, head_count, covered_count, covered_hash, key, message, created, "
-    "updated, meta"
-)
-_STASH_COLS = "key, session, created, last_used, size, dialect, count, span"
-_USAGE_COLS = (
-    "input_tokens, cache_write_tokens, cache_write_1h_tokens, cache_read_tokens, "
-    "output_tokens, requests"
-)
+_T = TypeVar("_T")
 _DB_NOW = "extract(epoch from clock_timestamp())::double precision"
-
-
-def is_url(target: str) -> bool:
-    """Whether `target` (option `cg_db`, `store.url`) names a PostgreSQL database."""
-    return target.startswith(("postgresql://", "postgres://"))
 
 
 def redact_url(url: str) -> str:
@@ -206,14 +204,6 @@ def _driver() -> Any:
             "a postgresql:// store needs psycopg: pip install 'context-guru[postgres]'"
         ) from None
     return psycopg
-
-
-def _checkpoint(row: Sequence[Any]) -> Checkpoint:
-    session, summary, head, covered, chash, key, message, created, updated, meta = row
-    return Checkpoint(
-        session, summary, head, covered, chash, key, message, created, updated,
-        json.loads(meta) if meta else {},
-    )  # fmt: skip
 
 
 class _Lru(OrderedDict[Any, Any]):
@@ -893,7 +883,7 @@ class PgStore(Store):
 
     def put_checkpoint(self, cp: Checkpoint) -> Checkpoint:
         t = self.now()
-        meta = json.dumps(cp.meta, ensure_ascii=False, sort_keys=True) if cp.meta else None
+        meta = _meta_json(cp)
         c = self.cache
         with c.lock:
             known = c.live and cp.session in c.cps
@@ -921,10 +911,7 @@ class PgStore(Store):
             conn.execute("SELECT pg_notify(%s, %s)", (CHANNEL, f"c {conv}"))
 
         self._submit(_Op(run, "put_checkpoint", mode="pipeline"))
-        out = Checkpoint(
-            cp.session, cp.summary, cp.head_count, cp.covered_count, cp.covered_hash,
-            cp.key, cp.message, created, t, dict(cp.meta),
-        )  # fmt: skip
+        out = _stamped(cp, created, t)
         with c.lock:
             c.gen += 1
             if c.live:
@@ -953,28 +940,35 @@ class PgStore(Store):
             )
         )
 
-    def get_checkpoint(self, session: str) -> Checkpoint | None:
-        t = self.now()
+    def _read_through(self, lru: _Lru, key: str, load: Callable[[str], _T]) -> _T:
+        """`lru[key]` while the cache is live and holds it, else `load(key)` from the database,
+        cached unless a notice invalidated something meanwhile (the generation moved)."""
         c = self.cache
         with c.lock:
-            if c.live and session in c.cps:
+            if c.live and key in lru:
                 c.hits += 1
-                cp: Checkpoint | None = c.cps[session]
-                c.cps.move_to_end(session)
-                if cp is not None:
-                    self._touch_stash(cp, t)
-                return cp
+                lru.move_to_end(key)
+                hit: _T = lru[key]
+                return hit
             c.misses += 1
             gen = c.gen
         self._catch_up()
+        value = load(key)
+        with c.lock:
+            if c.live and c.gen == gen:
+                lru.put(key, value)
+        return value
+
+    def _load_checkpoint(self, session: str) -> Checkpoint | None:
         with self._read("get_checkpoint") as conn:
             row = conn.execute(
                 f"SELECT {_CP_COLS} FROM cg_checkpoints WHERE session = %s", (session,)
             ).fetchone()
-        cp = _checkpoint(row) if row is not None else None
-        with c.lock:
-            if c.live and c.gen == gen:
-                c.cps.put(session, cp)
+        return _checkpoint(row) if row is not None else None
+
+    def get_checkpoint(self, session: str) -> Checkpoint | None:
+        t = self.now()
+        cp = self._read_through(self.cache.cps, session, self._load_checkpoint)
         if cp is not None:
             self._touch_stash(cp, t)
         return cp
@@ -1026,9 +1020,7 @@ class PgStore(Store):
                     "SELECT raw, digest, tokens, outputs, flags FROM cg_facts WHERE raw = ANY(%s)",
                     (part,),
                 ).fetchall():
-                    key = bytes(raw)
-                    outs = tuple(int(x) for x in outputs.split(",") if x)
-                    out[key] = (key, bytes(digest), int(tokens), outs, int(flags))
+                    out[bytes(raw)] = _fact_row(raw, digest, tokens, outputs, flags)
         return out
 
     def put_facts(self, rows: Sequence[FactRow]) -> None:
@@ -1036,7 +1028,7 @@ class PgStore(Store):
         if not rows:
             return
         t = self.now()
-        params = [(r, d, n, ",".join(map(str, o)), f, t) for r, d, n, o, f in rows]
+        params = _fact_params(rows, t)
 
         def run(conn: Any) -> None:
             with conn.cursor() as cur:
@@ -1075,25 +1067,15 @@ class PgStore(Store):
                 c.sessions.put(session, SessionRecord(session, t, cache_ttl))
         return prev
 
-    def get_session(self, session: str) -> SessionRecord | None:
-        c = self.cache
-        with c.lock:
-            if c.live and session in c.sessions:
-                c.hits += 1
-                rec: SessionRecord | None = c.sessions[session]
-                return rec
-            c.misses += 1
-            gen = c.gen
-        self._catch_up()
+    def _load_session(self, session: str) -> SessionRecord | None:
         with self._read("get_session") as conn:
             row = conn.execute(
                 "SELECT last_request, cache_ttl FROM cg_sessions WHERE session = %s", (session,)
             ).fetchone()
-        rec = SessionRecord(session, row[0], row[1]) if row else None
-        with c.lock:
-            if c.live and c.gen == gen:
-                c.sessions.put(session, rec)
-        return rec
+        return SessionRecord(session, row[0], row[1]) if row else None
+
+    def get_session(self, session: str) -> SessionRecord | None:
+        return self._read_through(self.cache.sessions, session, self._load_session)
 
     def sessions(self) -> list[SessionInfo]:
         self._drain()
@@ -1140,9 +1122,7 @@ class PgStore(Store):
         turns: LedgerTurns | None = None,
         cache_state: str | None = None,
     ) -> None:
-        for kind, *_ in rows:
-            if kind not in USAGE_KINDS:
-                raise ValueError(f"record_usage: unknown kind {kind!r}")
+        _check_kinds(rows)
         t = self.now()
         rows = list(rows)
         d = turns or LedgerTurns()
@@ -1193,7 +1173,7 @@ class PgStore(Store):
             args = (session,)
         with self._read("usage_rows") as conn:
             rows = conn.execute(sql + " ORDER BY session, kind, model, tier", args).fetchall()
-        return [UsageRow(r[0], r[1], r[2], r[3], Usage(*(int(x) for x in r[4:]))) for r in rows]
+        return [_usage_row(r) for r in rows]
 
     def ledger_turns(self, session: str | None = None) -> dict[str, LedgerTurns]:
         self._drain()
@@ -1207,9 +1187,7 @@ class PgStore(Store):
             args = (session,)
         with self._read("ledger_turns") as conn:
             rows = conn.execute(sql, args).fetchall()
-        return {
-            r[0]: LedgerTurns(int(r[1]), int(r[2]), int(r[3]), int(r[4]), float(r[5])) for r in rows
-        }
+        return {r[0]: _ledger_turns(r[1:]) for r in rows}
 
     def cache_state(self, session: str) -> str | None:
         self._drain()
@@ -1266,24 +1244,22 @@ class PgStore(Store):
         conn.execute("DELETE FROM cg_ledger WHERE last_seen < %s", (ledger_cutoff,))
         conn.execute(f"DELETE FROM cg_claims WHERE lease_until < {_DB_NOW} - 3600")
         conn.execute("DELETE FROM cg_facts WHERE seen < %s", (cutoff,))
-        # Facts are a cache (a lost row is a recount): at most a quarter of `max_mb` (~100
-        # bytes a row with its index), the oldest first; as the SQLite store does.
+        # Facts are a cache: the newest `_facts_cap` rows are kept, as the SQLite store does.
         conn.execute(
             "DELETE FROM cg_facts WHERE raw IN (SELECT raw FROM cg_facts ORDER BY seen DESC "
             "OFFSET %s)",
-            (max(1000, self.max_bytes // 400),),
+            (_facts_cap(self.max_bytes),),
         )
         total = int(conn.execute("SELECT COALESCE(SUM(size), 0) FROM cg_stashes").fetchone()[0])
         lru = 0
         if total > self.max_bytes:
-            victims: list[tuple[str, str]] = []
-            for key, session, size in conn.execute(
-                "SELECT key, session, size FROM cg_stashes ORDER BY last_used, created"
-            ).fetchall():
-                if total <= self.max_bytes:
-                    break
-                victims.append((key, session))
-                total -= int(size)
+            victims = _lru_victims(
+                conn.execute(
+                    "SELECT key, session, size FROM cg_stashes ORDER BY last_used, created"
+                ).fetchall(),
+                total,
+                self.max_bytes,
+            )
             with conn.cursor() as cur:
                 cur.executemany("DELETE FROM cg_stashes WHERE key = %s AND session = %s", victims)
             lru = len(victims)

@@ -50,9 +50,9 @@ import re
 import sqlite3
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager, suppress
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -74,6 +74,11 @@ _OWNER_SQL = (
 def owner(checkpoint_key: str) -> str:
     """The session that owns a checkpoint key (`session#conversation` or a plain session)."""
     return checkpoint_key.split("#", 1)[0]
+
+
+def is_url(target: str) -> bool:
+    """Whether `target` (option `cg_db`, `store.url`) names a PostgreSQL database."""
+    return target.startswith(("postgresql://", "postgres://"))
 
 
 MEMORY = ":memory:"
@@ -162,6 +167,38 @@ _USAGE_COLS = (
     "input_tokens, cache_write_tokens, cache_write_1h_tokens, cache_read_tokens, "
     "output_tokens, requests"
 )
+
+
+def _fact_params(rows: Sequence[FactRow], seen: float) -> list[tuple[Any, ...]]:
+    """`put_facts` rows as stored (tool output tokens joined by `,`), first seen at `seen`."""
+    return [(r, d, n, ",".join(map(str, o)), f, seen) for r, d, n, o, f in rows]
+
+
+def _fact_row(raw: Any, digest: Any, tokens: Any, outputs: str, flags: Any) -> FactRow:
+    """A stored facts row as `get_facts` returns it (either engine's column types)."""
+    key = bytes(raw)
+    outs = tuple(int(x) for x in outputs.split(",") if x)
+    return (key, bytes(digest), int(tokens), outs, int(flags))
+
+
+def _facts_cap(max_bytes: int) -> int:
+    """Rows the facts cache keeps: a quarter of `max_bytes` at ~100 bytes a row with its index
+    (facts are a cache: a lost row is a recount), at least 1000."""
+    return max(1000, max_bytes // 400)
+
+
+def _lru_victims(
+    rows: Iterable[tuple[str, str, Any]], total: int, max_bytes: int
+) -> list[tuple[str, str]]:
+    """The `(key, session)` of the stashes to drop, from `rows` (key, session, size) least
+    recently used first, until `total` bytes are within `max_bytes`."""
+    victims: list[tuple[str, str]] = []
+    for key, session, size in rows:
+        if total <= max_bytes:
+            break
+        victims.append((key, session))
+        total -= int(size)
+    return victims
 
 
 class StoreError(RuntimeError):
@@ -326,12 +363,39 @@ _CP_COLS = (
 )
 
 
-def _checkpoint(row: tuple[Any, ...]) -> Checkpoint:
+def _checkpoint(row: Sequence[Any]) -> Checkpoint:
     session, summary, head, covered, chash, key, message, created, updated, meta = row
     return Checkpoint(
         session, summary, head, covered, chash, key, message, created, updated,
         json.loads(meta) if meta else {},
     )  # fmt: skip
+
+
+def _meta_json(cp: Checkpoint) -> str | None:
+    """A checkpoint's `meta` as stored (None when empty)."""
+    return json.dumps(cp.meta, ensure_ascii=False, sort_keys=True) if cp.meta else None
+
+
+def _stamped(cp: Checkpoint, created: float, updated: float) -> Checkpoint:
+    """`cp` as `put_checkpoint` returns it: its times stamped, its `meta` a copy."""
+    return replace(cp, created=created, updated=updated, meta=dict(cp.meta))
+
+
+def _check_kinds(rows: Sequence[tuple[str, str, str, Usage]]) -> None:
+    """`record_usage` refuses a row of a kind the ledger does not know (before writing any)."""
+    for kind, *_ in rows:
+        if kind not in USAGE_KINDS:
+            raise ValueError(f"record_usage: unknown kind {kind!r}")
+
+
+def _usage_row(r: Sequence[Any]) -> UsageRow:
+    """A `session, kind, model, tier, {_USAGE_COLS}` row (either engine's integer types)."""
+    return UsageRow(r[0], r[1], r[2], r[3], Usage(*(int(x) for x in r[4:])))
+
+
+def _ledger_turns(r: Sequence[Any]) -> LedgerTurns:
+    """A `turns, rewritten, tokens_not_sent, estimate_skipped, last_seen` row."""
+    return LedgerTurns(int(r[0]), int(r[1]), int(r[2]), int(r[3]), float(r[4]))
 
 
 class Store:
@@ -406,7 +470,7 @@ class Store:
         (`cg.state.pgstore`, imported only then, so the SQLite default never loads psycopg);
         anything else is an SQLite file."""
         where = target or cfg.url or cfg.path
-        if where.startswith(("postgresql://", "postgres://")):
+        if is_url(where):
             from cg.state.pgstore import PgStore
 
             return PgStore(
@@ -710,8 +774,7 @@ class Store:
                     f"SELECT raw, digest, tokens, outputs, flags FROM facts WHERE raw IN ({marks})",
                     part,
                 ):
-                    outs = tuple(int(x) for x in outputs.split(",") if x)
-                    out[raw] = (raw, digest, tokens, outs, flags)
+                    out[raw] = _fact_row(raw, digest, tokens, outputs, flags)
         return out
 
     def put_facts(self, rows: Sequence[FactRow]) -> None:
@@ -723,7 +786,7 @@ class Store:
             conn.executemany(
                 "INSERT OR IGNORE INTO facts (raw, digest, tokens, outputs, flags, seen) "
                 "VALUES (?, ?, ?, ?, ?, ?)",
-                [(r, d, n, ",".join(map(str, o)), f, t) for r, d, n, o, f in rows],
+                _fact_params(rows, t),
             )
         self._maybe_evict()
 
@@ -735,7 +798,7 @@ class Store:
         `created` is kept from the checkpoint being replaced; `updated` is now.
         """
         t = self.now()
-        meta = json.dumps(cp.meta, ensure_ascii=False, sort_keys=True) if cp.meta else None
+        meta = _meta_json(cp)
         with self._tx("put_checkpoint") as conn:
             row = conn.execute(
                 "SELECT created FROM checkpoints WHERE session = ?", (cp.session,)
@@ -750,10 +813,7 @@ class Store:
                 ),
             )  # fmt: skip
         self._maybe_evict()
-        return Checkpoint(
-            cp.session, cp.summary, cp.head_count, cp.covered_count, cp.covered_hash,
-            cp.key, cp.message, created, t, dict(cp.meta),
-        )  # fmt: skip
+        return _stamped(cp, created, t)
 
     def get_checkpoint(self, session: str) -> Checkpoint | None:
         """The session's checkpoint. Reading it marks its stash used, so a live checkpoint's
@@ -868,11 +928,10 @@ class Store:
     ) -> None:
         """Add `(kind, model, tier, usage)` rows to `session`'s ledger, and `turns` to its
         counters (`cache_state`, when given, replaces the stored one), in one transaction."""
+        _check_kinds(rows)
         t = self.now()
         with self._tx("record_usage") as conn:
             for kind, model, tier, u in rows:
-                if kind not in USAGE_KINDS:
-                    raise ValueError(f"record_usage: unknown kind {kind!r}")
                 conn.execute(
                     f"INSERT INTO usage (session, kind, model, tier, {_USAGE_COLS}, updated) "
                     "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
@@ -916,7 +975,7 @@ class Store:
             args = (session,)
         with self._op("usage_rows") as conn:
             rows = conn.execute(sql + " ORDER BY session, kind, model, tier", args).fetchall()
-        return [UsageRow(r[0], r[1], r[2], r[3], Usage(*r[4:])) for r in rows]
+        return [_usage_row(r) for r in rows]
 
     def ledger_turns(self, session: str | None = None) -> dict[str, LedgerTurns]:
         """Each session's turn counters (one session's, when given)."""
@@ -930,7 +989,7 @@ class Store:
             args = (session,)
         with self._op("ledger_turns") as conn:
             rows = conn.execute(sql, args).fetchall()
-        return {r[0]: LedgerTurns(*r[1:]) for r in rows}
+        return {r[0]: _ledger_turns(r[1:]) for r in rows}
 
     def cache_state(self, session: str) -> str | None:
         """The estimate's prompt-cache entries last stored for `session` (JSON), or None."""
@@ -973,13 +1032,11 @@ class Store:
             ).rowcount
             sess = conn.execute("DELETE FROM sessions WHERE last_request < ?", (cutoff,)).rowcount
             conn.execute("DELETE FROM facts WHERE seen < ?", (cutoff,))
-            # Facts are a cache (a lost row is a recount): at most a quarter of `max_mb`
-            # (~100 bytes a row with its index), the oldest first.
-            cap = max(1000, self.max_bytes // 400)
+            # Facts are a cache: the newest `_facts_cap` rows are kept.
             conn.execute(
                 "DELETE FROM facts WHERE raw IN (SELECT raw FROM facts ORDER BY seen DESC "
                 "LIMIT -1 OFFSET ?)",
-                (cap,),
+                (_facts_cap(self.max_bytes),),
             )
             # The ledger outlives the stashes: it is tiny, and it is the record of what was spent.
             ledger_cutoff = t - max(self.ttl, LEDGER_TTL_DAYS * 86400.0)
@@ -992,14 +1049,13 @@ class Store:
             total = conn.execute("SELECT COALESCE(SUM(size), 0) FROM stashes").fetchone()[0]
             lru = 0
             if total > self.max_bytes:
-                victims: list[tuple[str, str]] = []
-                for key, session, size in conn.execute(
-                    "SELECT key, session, size FROM stashes ORDER BY last_used, created"
-                ).fetchall():
-                    if total <= self.max_bytes:
-                        break
-                    victims.append((key, session))
-                    total -= size
+                victims = _lru_victims(
+                    conn.execute(
+                        "SELECT key, session, size FROM stashes ORDER BY last_used, created"
+                    ).fetchall(),
+                    total,
+                    self.max_bytes,
+                )
                 conn.executemany("DELETE FROM stashes WHERE key = ? AND session = ?", victims)
                 lru = len(victims)
         self._last_evict = t
