@@ -38,8 +38,8 @@ EXIT_NOT_FOUND = 1
 
 def _store(db: str | None) -> Any:
     """The store, opened to read: the CLI never evicts (the proxy's config sets the TTL)."""
-    from cg.state.pgstore import PgStore, is_url  # psycopg itself only loads for a URL
-    from cg.state.store import Store
+    from cg.state.pgstore import PgStore  # psycopg itself only loads for a URL
+    from cg.state.store import Store, is_url
 
     if db is not None and is_url(db):
         return PgStore(db, evict=False)  # the shared store several proxies use
