@@ -64,6 +64,7 @@ SCHEMA_VERSION = 3
 LEDGER_TTL_DAYS = 30.0
 USAGE_KINDS = ("agent", "summarizer", "estimate")
 TOUCH_INTERVAL = 60.0  # seconds between `last_used` updates of a live checkpoint's stash
+TOUCHED_MAX = 20_000  # stashes whose last refresh a process remembers (then it forgets all)
 # A checkpoint is keyed by conversation, `session#first-message`; its owner is the session.
 _OWNER_SQL = (
     "(CASE WHEN instr(session, '#') > 0 THEN substr(session, 1, instr(session, '#') - 1) "
@@ -425,6 +426,8 @@ class Store:
         self.evict_interval = evict_interval if evict else float("inf")
         self.evicted = 0
         self._last_evict = float("-inf")
+        # (stash key, owner) -> when this process last refreshed its `last_used`
+        self._touched: dict[tuple[str, str], float] = {}
         self._lock = threading.Lock()
         self.error: str | None = None  # the last operation's error, until one succeeds
         self.error_at = 0.0  # time.monotonic() of that error
@@ -819,20 +822,27 @@ class Store:
         """The session's checkpoint. Reading it marks its stash used, so a live checkpoint's
         marker keeps resolving while older stashes are evicted first."""
         t = self.now()
-        with self._tx("get_checkpoint") as conn:
+        with self._op("get_checkpoint") as conn:
             row = conn.execute(
                 f"SELECT {_CP_COLS} FROM checkpoints WHERE session = ?", (session,)
             ).fetchone()
-            if row is None:
-                return None
-            cp = _checkpoint(row)
-            if cp.key is not None:
-                # At most once a minute: the row holds the blob, and SQLite rewrites it whole.
-                conn.execute(
+        if row is None:
+            return None
+        cp = _checkpoint(row)
+        k = (cp.key or "", owner(session))
+        # At most once a minute (the row holds the blob, and SQLite rewrites it whole), and only
+        # then a write transaction: a reuse turn within the minute reads without the write lock.
+        if cp.key is not None and t - self._touched.get(k, float("-inf")) >= TOUCH_INTERVAL:
+            with self._tx("get_checkpoint") as conn:
+                cur = conn.execute(
                     "UPDATE stashes SET last_used = ? WHERE key = ? AND session = ? "
                     "AND last_used < ?",
-                    (t, cp.key, owner(session), t - TOUCH_INTERVAL),
+                    (t, cp.key, k[1], t - TOUCH_INTERVAL),
                 )
+            if cur.rowcount:  # it was due: nothing to ask for another minute
+                if len(self._touched) > TOUCHED_MAX:
+                    self._touched.clear()
+                self._touched[k] = t
         return cp
 
     def checkpoints_of(self, session: str) -> list[Checkpoint]:

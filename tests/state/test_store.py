@@ -284,6 +284,34 @@ def test_reading_a_checkpoint_keeps_its_stash_from_lru_eviction(target: Target, 
         assert st.has_stash(live) and not st.has_stash(old)
 
 
+def test_a_reuse_turn_within_the_minute_reads_its_checkpoint_without_the_write_lock(
+    tmp_path: Path, clock: Clock
+):
+    """Another process holding SQLite's write lock does not stall a reuse turn whose stash was
+    marked used less than TOUCH_INTERVAL ago: the read takes no write transaction."""
+    path = tmp_path / "cg.sqlite3"
+    live = stash_key(["2"])
+    with Store(path, now=clock, busy_timeout_ms=50) as st:
+        st.put_stash(live, "s", ["2" * 100], "anthropic")
+        st.put_checkpoint(checkpoint("s", key=live))
+        clock.t += TOUCH_INTERVAL + 1
+        assert st.get_checkpoint("s") is not None  # due: marks the stash used
+        other = sqlite3.connect(path)
+        try:
+            other.execute("BEGIN IMMEDIATE")  # another process's write lock
+            with pytest.raises(StoreError):  # guard: a write now waits and fails
+                st.touch_session("s")
+            clock.t += 1
+            assert st.get_checkpoint("s") is not None  # a read: not stalled by the lock
+            clock.t += TOUCH_INTERVAL
+            with pytest.raises(StoreError):  # due again: the mark needs the lock
+                st.get_checkpoint("s")
+        finally:
+            other.rollback()
+            other.close()
+        assert st.get_checkpoint("s") is not None  # the lock gone: marked
+
+
 # -- sessions --------------------------------------------------------------------------------
 
 
