@@ -576,7 +576,12 @@ class ContextGuru:
         )
         job.times.append(time.perf_counter())
         job.token = self.relay.add(job)
+        job.fields = req.headers.fields
         req.headers[RELAY_HEADER] = job.token
+        # The hop carries no body (the job holds it): mitmproxy sends a head, not ~1 MB.
+        req.headers.pop("transfer-encoding", None)
+        req.headers["content-length"] = "0"
+        req.data.content = b""
         # The data fields: the `host` setter would rewrite the Host header as well.
         req.data.scheme, req.data.host, req.data.port = b"http", "127.0.0.1", self.relay.port
         self.relayed[flow.id] = job
@@ -595,13 +600,15 @@ class ContextGuru:
         return resolve
 
     def _unrelay(self, flow: http.HTTPFlow) -> RelayJob | None:
-        """The flow's URL as the agent sent it again, and its relay token gone."""
+        """The flow's request as it went upstream again (URL, headers, body), and its relay
+        token gone."""
         job = self.relayed.get(flow.id)
         if job is not None:
             self.relay.jobs.pop(job.token, None)  # never reached the relay: forget it (its key)
         if job is not None and RELAY_HEADER in flow.request.headers:
-            del flow.request.headers[RELAY_HEADER]
+            flow.request.headers.fields = job.fields
             req = flow.request.data
+            req.content = job.body
             req.scheme, req.host, req.port = job.origin
         return job
 

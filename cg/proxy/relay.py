@@ -12,7 +12,10 @@ answer then completes the stream (`cg.expand.stream.rest`). mitmproxy streams wh
 writes as it would the provider's bytes.
 
 A relay job is found by a random token in one request header, which only this loopback hop
-carries; the flow's URL is restored as soon as the answer's headers arrive.
+carries. The hop carries no body: the job holds the request's bytes, so the ~1 MB a long
+session sends crosses the process once (httpx to the provider), not three times (mitmproxy to
+the relay, the relay's read, httpx). The flow's URL, headers and body are restored as soon as
+the answer's headers arrive.
 """
 
 from __future__ import annotations
@@ -61,6 +64,7 @@ class RelayJob:
     sni: str | None
     resolve: Callable[[str], str]
     origin: tuple[bytes, str, int]  # the flow's scheme, host and port, restored after the hop
+    fields: tuple[tuple[bytes, bytes], ...] = ()  # the flow's request headers, restored too
     gated: bool = False  # the answer went through the gate (a 2xx SSE answer)
     continued: bool = False  # it called our tool: the continuation loop ran
     rounds: int = 0

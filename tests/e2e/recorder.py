@@ -2,14 +2,16 @@
 
     mitmdump -s cg_addon.py -s tests/e2e/recorder.py --set cg_record=FILE
 
-Load it after cg_addon.py. Each line: phase (response|error), method, path, the `x-e2e-id` request
-header tests use to find their flow, status, error, and `cg` — `flow.metadata["context_guru"]`, or
+Load it after cg_addon.py. Each line: phase (response|error), method, url, path, the `x-e2e-id`
+request header tests use to find their flow, a SHA-256 of the request body as the flow holds it,
+whether it holds a relay header, status, error, and `cg` — `flow.metadata["context_guru"]`, or
 null for a flow the addon did not decide on. Lines are flushed as written. The addon's own calls
 (a summary, an expand round), which it shows as flows, get no line.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 from typing import IO, Any
 
@@ -53,7 +55,12 @@ class Recorder:
         line = {
             "phase": phase,
             "method": flow.request.method,
+            "url": flow.request.url,
             "path": flow.request.path,
+            "request_sha256": hashlib.sha256(flow.request.raw_content or b"").hexdigest(),
+            "relay_header": any(
+                k.lower().startswith(b"x-context-guru-relay") for k, _ in flow.request.headers.fields
+            ),
             "id": flow.request.headers.get("x-e2e-id"),
             "status": flow.response.status_code if flow.response else None,
             "error": flow.error.msg if flow.error else None,

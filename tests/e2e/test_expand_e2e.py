@@ -12,6 +12,7 @@ declares the tool — and answers in the form asked for (JSON, or SSE when `"str
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 import sqlite3
@@ -525,6 +526,12 @@ def test_sse_of_an_injected_turn_streams(xproxy, provider, dialect):
     assert TOOL_NAME.encode() in received(provider, eid).body
     assert TOOL_NAME not in text
     assert cg["ledger"]["rounds"] == 1
+    # The relay hop carried no body (the job held it); the finished flow holds the request as it
+    # went upstream again: the provider's URL, its headers without the relay's, the sent bytes.
+    line = xproxy.records.wait(eid)
+    assert line["url"] == provider.url + PATHS[dialect]
+    assert not line["relay_header"]
+    assert line["request_sha256"] == hashlib.sha256(received(provider, eid).body).hexdigest()
 
 
 @pytest.mark.parametrize("dialect", ["anthropic", "openai"])
