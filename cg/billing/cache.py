@@ -97,8 +97,34 @@ def build(prelude: Prelude, messages: Sequence[MessageFacts], auto: bool) -> Pro
 
 
 def prompt_of(index: BodyIndex, facts: FactsCache) -> Prompt:
-    """The prompt-cache shape of an indexed request (facts memoised, so cheap on a warm turn)."""
-    return build(facts.prelude(index), facts.all(index), auto=index.dialect.name != "anthropic")
+    """The prompt-cache shape of an indexed request (facts memoised, so cheap on a warm turn).
+
+    The hash chain is memoised on the index too (`memo["chain"]`, one unit per message): a
+    warm index inherits its shared prefix's units, so a turn hashes only its new messages
+    rather than re-chaining ~400 every time."""
+    prelude = facts.prelude(index)
+    messages = facts.all(index)
+    owner, known = index.memo.get("chain", (None, []))
+    units: list[tuple[bytes, int, bool, bool]] = known if owner is prelude else []
+    if len(units) > len(messages):
+        units = units[: len(messages)]
+    if len(units) < len(messages):
+        units = list(units)
+        key, total = units[-1][:2] if units else (chain(b"", prelude.digest), prelude.tokens)
+        for m in messages[len(units) :]:
+            key = chain(key, m.digest)
+            total += m.tokens
+            units.append((key, total, m.breakpoint, m.long_ttl))
+    index.memo["chain"] = (prelude, units)
+    keys = [chain(b"", prelude.digest)]
+    keys += [u[0] for u in units]
+    cum = [prelude.tokens]
+    cum += [u[1] for u in units]
+    bps = [0] if prelude.breakpoint else []
+    bps += [n for n, u in enumerate(units, 1) if u[2]]
+    long = prelude.long_ttl or any(u[3] for u in units)
+    auto = index.dialect.name != "anthropic"
+    return Prompt(tuple(keys), tuple(cum), tuple(bps), TTL_1H if long else TTL_5M, auto)
 
 
 def standalone(digest: bytes, tokens: int, auto: bool = False) -> Prompt:

@@ -37,7 +37,7 @@ from cg.billing.savings import report, rows_cost
 from cg.state.facts import FactsCache
 from cg.state.session import session_of, valid_session_id
 from cg.state.store import LedgerTurns, Store, UsageRow
-from cg.wire.body import BodyIndex, BodyRejected, index_body
+from cg.wire.body import BodyIndex, BodyRejected, MessageCache, index_body
 from cg.wire.dialects import DIALECTS
 from cg.wire.usage import Usage
 
@@ -96,6 +96,10 @@ class Ledger:
         # process's turns; the ledger's sums are what persists).
         self.history: OrderedDict[str, deque[dict[str, Any]]] = OrderedDict()
         self._summarizer_due: dict[str, float | None] = {}
+        # The bodies sent upstream, apart from the addon's cache of client bodies (which the
+        # next turn is matched against): a rewritten session's next sent body repeats its
+        # head, summary and tail, so it is indexed from the previous one's bytes.
+        self._sent = MessageCache(max_lists=64)
 
     # -- writing --------------------------------------------------------------------------
 
@@ -208,12 +212,13 @@ class Ledger:
 
     def _tokens(self, dialect: str, body: bytes | None) -> int:
         """Our token count of a request body (the prompt-cache shape's total), 0 if unreadable.
-        Indexed without the addon's message cache: a rewritten body must not replace the
-        client's message list that the next turn is matched against."""
+        Indexed on the ledger's own message cache of sent bodies, never the addon's: a
+        rewritten body must not replace the client's message list that the next turn is
+        matched against."""
         if not body:
             return 0
         try:
-            return prompt_of(index_body(body, DIALECTS[dialect]), self.facts).tokens
+            return prompt_of(index_body(body, DIALECTS[dialect], self._sent), self.facts).tokens
         except (BodyRejected, KeyError):
             return 0
 

@@ -6,12 +6,26 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from cg.billing.cache import TTL_1H, TTL_5M, Prompt, PromptCache, chain, prompt_of, standalone
+from hypothesis import given
+from hypothesis import strategies as st
+
+import cg.billing.cache as cache_mod
+from cg.billing.cache import (
+    TTL_1H,
+    TTL_5M,
+    Prompt,
+    PromptCache,
+    build,
+    chain,
+    prompt_of,
+    standalone,
+)
 from cg.state.facts import FactsCache
 from cg.state.tokens import TokenCounter
-from cg.wire.body import index_body
-from cg.wire.dialects import ANTHROPIC
+from cg.wire.body import MessageCache, index_body
+from cg.wire.dialects import ANTHROPIC, DIALECTS
 from cg.wire.usage import Usage
+from tests.strategies import SETTINGS, bodies, dumps, messages
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 
@@ -113,3 +127,61 @@ def test_a_claude_code_request_has_one_unit_per_message_and_its_breakpoints() ->
                 b.pop("cache_control", None)
     p2 = prompt_of(index_body(json.dumps(moved).encode(), ANTHROPIC), FactsCache(TokenCounter()))
     assert p2.keys == p.keys and p2.breakpoints == (0,)
+
+
+@SETTINGS
+@given(st.data())
+def test_the_chain_memoised_on_a_warm_index_equals_one_built_from_scratch(
+    data: st.DataObject,
+) -> None:
+    """`prompt_of` hashes only the messages a warm index did not inherit: whatever the next turn
+    keeps, appends or changes, its prompt equals the one `build` makes from every message."""
+    sample = data.draw(bodies(min_turns=1, max_turns=4))
+    msgs = sample.body["messages"]
+    cut = data.draw(st.integers(0, len(msgs)))
+    assert sample.dialect != "responses"
+    nxt = data.draw(messages(sample.dialect, 0, 2))
+    tail = data.draw(st.sampled_from(["append", "replace"]))
+    later = msgs + nxt if tail == "append" else msgs[:cut] + nxt
+    dialect = DIALECTS[sample.dialect]
+    facts = FactsCache(TokenCounter())
+    cache = MessageCache()
+    body = dict(sample.body)
+    first = index_body(dumps(body, sample.style).encode(), dialect, cache)
+    p1 = prompt_of(first, facts)
+    assert p1 == build(facts.prelude(first), facts.all(first), dialect.name != "anthropic")
+    body["messages"] = later
+    second = index_body(dumps(body, sample.style).encode(), dialect, cache)
+    p2 = prompt_of(second, facts)
+    fresh = index_body(second.raw, dialect)
+    assert p2 == build(facts.prelude(fresh), facts.all(fresh), dialect.name != "anthropic")
+    # Vacuity guard: the second index inherited the first one's chain where they share messages.
+    if second.shared:
+        assert second.memo["chain"][1][: second.shared] == first.memo["chain"][1][: second.shared]
+
+
+def test_a_claude_code_next_turn_hashes_only_its_new_messages() -> None:
+    body = json.loads((FIXTURES / "claude_code_2.1.197_turn16.json").read_text())
+    facts, cache = FactsCache(TokenCounter()), MessageCache()
+    earlier = dict(body, messages=body["messages"][:-2])
+    first = index_body(json.dumps(earlier).encode(), ANTHROPIC, cache)
+    prompt_of(first, facts)
+    second = index_body(json.dumps(body).encode(), ANTHROPIC, cache)
+    assert second.shared == len(body["messages"]) - 2
+    inherited = list(second.memo["chain"][1])
+    assert len(inherited) == second.shared
+    hashed: list[bytes] = []
+    real = cache_mod.chain
+    try:
+
+        def counted(prev: bytes, digest: bytes) -> bytes:
+            hashed.append(digest)
+            return real(prev, digest)
+
+        cache_mod.chain = counted
+        p = prompt_of(second, facts)
+    finally:
+        cache_mod.chain = real
+    assert len(hashed) == 1 + 2  # the prelude's key, then the two messages not inherited
+    fresh = index_body(second.raw, ANTHROPIC)
+    assert p == build(facts.prelude(fresh), facts.all(fresh), auto=False)
