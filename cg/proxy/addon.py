@@ -262,6 +262,7 @@ class ContextGuru:
             timeout = timeout_from_env()
             self.pool.verify = upstream_verify(opts)
             self.relay_pool.verify = self.pool.verify
+            self.relay.h1.verify = self.pool.verify
             pipelines = {
                 name: build_pipeline(
                     c.pipeline,

@@ -5,16 +5,16 @@ upstream's end of message but trailers: an addon cannot await a continuation rou
 and write its answer after the provider's. So a turn that asks to stream and was offered our
 tool is pointed (in the request hook) at this relay, a plain HTTP/1.1 server on 127.0.0.1 in
 the proxy's own event loop. The relay sends the request upstream itself (the agent's headers
-and body, our pooled client, the provider's name for TLS), and passes the answer back event by
-event through an `ExpandGate`: the agent sees every event as it comes, and only an answer that
+and body, a kept-alive connection of `cg.proxy.h1`, the provider's name for TLS), and passes
+the answer back event by event through an `ExpandGate`: the agent sees every event as it comes, and only an answer that
 begins a call to our tool is held, from that call on, while the continuation runs; its final
 answer then completes the stream (`cg.expand.stream.rest`). mitmproxy streams what the relay
 writes as it would the provider's bytes.
 
 A relay job is found by a random token in one request header, which only this loopback hop
 carries. The hop carries no body: the job holds the request's bytes, so the ~1 MB a long
-session sends crosses the process once (httpx to the provider), not three times (mitmproxy to
-the relay, the relay's read, httpx). The flow's URL, headers and body are restored as soon as
+session sends crosses the process once (our client to the provider), not three times (mitmproxy
+to the relay, the relay's read, the client). The flow's URL, headers and body are restored as soon as
 the answer's headers arrive.
 """
 
@@ -35,8 +35,9 @@ import httpx
 from cg.expand import continuation
 from cg.expand.stream import ExpandGate, rest
 from cg.expand.tool import TOOL_NAME
+from cg.proxy.h1 import H1Error, H1Pool, decoder
 from cg.wire.answers import Reply, ResponseParseError, tool_calls
-from cg.wire.upstream import HOP_BY_HOP, agent_request
+from cg.wire.upstream import HOP_BY_HOP
 
 log = logging.getLogger("context_guru")
 
@@ -47,7 +48,7 @@ MAX_HEAD = 1024 * 1024
 # `content-encoding` included, with the body as encoded): only our hop's token and what httpx
 # frames itself are left out.
 _DROP = frozenset({b"host", b"content-length", b"transfer-encoding", b"upgrade", HEADER.encode()})
-_RESPONSE_DROP = HOP_BY_HOP | {b"content-encoding"}
+_DECODED_DROP = HOP_BY_HOP | {b"content-encoding"}  # a gated answer passes on decoded
 
 
 @dataclass(slots=True)
@@ -78,8 +79,11 @@ class RelayJob:
 
 
 class Relay:
-    def __init__(self, clients: Callable[[str | None], httpx.AsyncClient]) -> None:
-        self.clients = clients
+    def __init__(
+        self, clients: Callable[[str | None], httpx.AsyncClient], h1: H1Pool | None = None
+    ) -> None:
+        self.clients = clients  # the continuation's rounds
+        self.h1 = h1 if h1 is not None else H1Pool()  # the relayed request itself
         self.jobs: dict[str, RelayJob] = {}
         self.server: asyncio.Server | None = None
         self.port = 0
@@ -94,6 +98,7 @@ class Relay:
         self.server = None
         self.port = 0
         self.jobs.clear()
+        self.h1.close()
 
     def add(self, job: RelayJob) -> str:
         token = secrets.token_hex(16)
@@ -141,12 +146,11 @@ class Relay:
 
     async def _relay(self, job: RelayJob, writer: asyncio.StreamWriter) -> bool:
         """Answer one job; whether the connection may carry another."""
-        client = self.clients(job.sni)
-        req = agent_request(client, "POST", job.url, job.headers, job.body, _DROP, job.sni)
+        headers = [(k, v) for k, v in job.headers if k.lower() not in _DROP]
         try:
-            resp = await client.send(req, stream=True)
+            ans = await self.h1.post(job.url, headers, job.body, job.sni)
             job.times.append(time.perf_counter())
-        except httpx.HTTPError as e:
+        except (TimeoutError, OSError, EOFError, H1Error) as e:
             job.error = f"{type(e).__name__}: {e}"
             msg = f"context-guru relay: the provider could not be reached ({type(e).__name__})"
             body = msg.encode()
@@ -158,20 +162,29 @@ class Relay:
             )
             return False
         try:
-            lines = [_status(resp.status_code, resp.reason_phrase.encode("latin-1", "replace"))]
-            for k, v in resp.headers.raw:
-                if k.lower() not in _RESPONSE_DROP:
-                    lines.append(k + b": " + v + b"\r\n")
+            ctype = (ans.header(b"content-type") or b"").decode("latin-1")
+            gated = ans.status == 200 and ctype.startswith("text/event-stream")
+            decode = None
+            drop = HOP_BY_HOP
+            if gated:
+                try:
+                    decode = decoder(ans.header(b"content-encoding"))
+                except H1Error as e:  # passed on as it came, ungated: the agent can read it
+                    gated, job.error = False, str(e)
+                if decode is not None:
+                    drop = _DECODED_DROP
+            lines = [_status(ans.status, ans.reason)]
+            lines += [k + b": " + v + b"\r\n" for k, v in ans.headers if k.lower() not in drop]
             lines.append(b"transfer-encoding: chunked\r\n\r\n")
             # At once (with TCP_NODELAY): the answer's headers mark when it began.
             writer.write(b"".join(lines))
-            ctype = resp.headers.get("content-type", "")
             gate = None
-            if resp.status_code == 200 and ctype.startswith("text/event-stream"):
+            if gated:
                 gate = ExpandGate(job.dialect)
                 job.gated = True
-            async for chunk in resp.aiter_bytes():
-                out = gate.feed(chunk) if gate is not None else chunk
+            async for chunk in ans.chunks():
+                data = decode(chunk) if decode is not None else chunk
+                out = gate.feed(data) if gate is not None else data
                 if out:
                     writer.write(b"%x\r\n%s\r\n" % (len(out), out))
                     await writer.drain()
@@ -181,8 +194,13 @@ class Relay:
                     writer.write(b"%x\r\n%s\r\n" % (len(out), out))
             writer.write(b"0\r\n\r\n")
             job.times.append(time.perf_counter())
+        except (TimeoutError, OSError, EOFError, H1Error) as e:
+            # The provider's answer broke off or could not be read after its head went out (or
+            # mitmproxy's side went away): end the stream the way the provider's reset would.
+            job.error = f"{type(e).__name__}: {e}"
+            return False
         finally:
-            await resp.aclose()
+            await ans.aclose()
         return True
 
     async def _continue(self, job: RelayJob, gate: ExpandGate, ctype: str) -> bytes:

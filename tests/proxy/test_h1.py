@@ -1,0 +1,320 @@
+"""The relay's HTTP/1.1 client (`cg.proxy.h1`) against real servers on 127.0.0.1: what it
+sends, every body framing, keep-alive and the stale-connection retry (and when it must not
+retry), TLS under a provider's name, and the content decoders."""
+
+from __future__ import annotations
+
+import asyncio
+import gzip
+import ssl
+import zlib
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import brotli
+import pytest
+import zstandard
+from hypothesis import given
+from hypothesis import strategies as st
+
+from cg.proxy.h1 import H1Error, H1Pool, decoder
+from tests.e2e.pki import make_pki
+from tests.strategies import SETTINGS
+
+Handler = Callable[["Seen", asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
+
+
+@dataclass
+class Seen:
+    """What the server was sent: each request's head and body, and connections accepted."""
+
+    heads: list[bytes] = field(default_factory=list)
+    bodies: list[bytes] = field(default_factory=list)
+    connections: int = 0
+
+
+async def read_request(seen: Seen, r: asyncio.StreamReader) -> bool:
+    try:
+        head = await r.readuntil(b"\r\n\r\n")
+    except asyncio.IncompleteReadError:
+        return False
+    n = next(
+        int(line.split(b":", 1)[1])
+        for line in head.split(b"\r\n")
+        if line.lower().startswith(b"content-length:")
+    )
+    seen.heads.append(head)
+    seen.bodies.append(await r.readexactly(n))
+    return True
+
+
+def answering(*answers: bytes, close_after: bool = False) -> Handler:
+    """Answer each request on a connection with the next of `answers` (the last repeats)."""
+
+    async def handle(seen: Seen, r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        i = 0
+        while await read_request(seen, r):
+            w.write(answers[min(i, len(answers) - 1)])
+            await w.drain()
+            i += 1
+            if close_after:
+                break
+
+    return handle
+
+
+@asynccontextmanager
+async def server(
+    handle: Handler, tls: ssl.SSLContext | None = None
+) -> AsyncIterator[tuple[Seen, int]]:
+    seen = Seen()
+
+    async def serve(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        seen.connections += 1
+        try:
+            await handle(seen, r, w)
+        finally:
+            w.close()
+
+    srv = await asyncio.start_server(serve, "127.0.0.1", 0, ssl=tls)
+    try:
+        yield seen, srv.sockets[0].getsockname()[1]
+    finally:
+        srv.close()
+
+
+async def body_of(pool: H1Pool, url: str, body: bytes = b"{}", **kw: object) -> tuple[int, bytes]:
+    ans = await pool.post(url, [(b"x-api-key", b"k"), (b"anthropic-version", b"1")], body, **kw)  # type: ignore[arg-type]
+    try:
+        return ans.status, b"".join([c async for c in ans.chunks()])
+    finally:
+        await ans.aclose()
+
+
+OK = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 2\r\n\r\n{}"
+
+
+async def test_the_request_carries_the_agents_headers_a_host_and_its_length() -> None:
+    async with server(answering(OK)) as (seen, port):
+        pool = H1Pool()
+        assert await body_of(pool, f"http://127.0.0.1:{port}/v1/messages?beta=true", b"abc") == (
+            200,
+            b"{}",
+        )
+        assert seen.heads == [
+            b"POST /v1/messages?beta=true HTTP/1.1\r\nhost: 127.0.0.1:%d\r\nx-api-key: k\r\n"
+            b"anthropic-version: 1\r\ncontent-length: 3\r\n\r\n" % port
+        ]
+        assert seen.bodies == [b"abc"]
+        pool.close()
+
+
+async def test_under_a_provider_name_the_agents_host_is_sent() -> None:
+    async with server(answering(OK)) as (seen, port):
+        pool = H1Pool()
+        ans = await pool.post(
+            f"http://127.0.0.1:{port}/v1/messages",
+            [(b"Host", b"api.provider.invalid"), (b"x-a", b"b")],
+            b"{}",
+            sni="api.provider.invalid",
+        )
+        await ans.aclose()
+        assert seen.heads[0].startswith(
+            b"POST /v1/messages HTTP/1.1\r\nhost: api.provider.invalid\r\nx-a: b\r\n"
+        )
+        pool.close()
+
+
+async def test_a_kept_alive_connection_carries_the_next_request() -> None:
+    async with server(answering(OK)) as (seen, port):
+        pool = H1Pool()
+        for _ in range(3):
+            assert await body_of(pool, f"http://127.0.0.1:{port}/") == (200, b"{}")
+        assert (seen.connections, pool.connects, len(seen.bodies)) == (1, 1, 3)
+        pool.close()
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [
+        b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n3;ext=1\r\nabc\r\n2\r\nde\r\n0\r\nx-trailer: 1\r\n\r\n",
+        b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nabcde",
+        b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 200 OK\r\ncontent-length: 5\r\n\r\nabcde",
+    ],
+    ids=["chunked", "length", "100-continue"],
+)
+async def test_every_framing_is_read_and_the_connection_kept(answer: bytes) -> None:
+    async with server(answering(answer)) as (seen, port):
+        pool = H1Pool()
+        assert await body_of(pool, f"http://127.0.0.1:{port}/") == (200, b"abcde")
+        assert await body_of(pool, f"http://127.0.0.1:{port}/") == (200, b"abcde")
+        assert seen.connections == 1
+        pool.close()
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [
+        b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n\r\nabcde",  # up to the close
+        b"HTTP/1.1 200 OK\r\nconnection: close\r\ncontent-length: 5\r\n\r\nabcde",
+    ],
+    ids=["close-delimited", "connection-close"],
+)
+async def test_an_answer_that_ends_its_connection_is_not_kept(answer: bytes) -> None:
+    async with server(answering(answer, close_after=True)) as (seen, port):
+        pool = H1Pool()
+        assert await body_of(pool, f"http://127.0.0.1:{port}/") == (200, b"abcde")
+        assert await body_of(pool, f"http://127.0.0.1:{port}/") == (200, b"abcde")
+        assert seen.connections == 2
+        pool.close()
+
+
+async def test_a_connection_closed_while_idle_is_replaced_and_the_request_sent_once_more() -> None:
+    async with server(answering(OK, close_after=True)) as (seen, port):
+        pool = H1Pool()
+        assert await body_of(pool, f"http://127.0.0.1:{port}/") == (200, b"{}")
+        # The server closed after its answer; the client has not noticed yet.
+        (idle,) = pool._idle[("http", "127.0.0.1", port, None)]
+        assert not idle.writer.is_closing()
+        assert await body_of(pool, f"http://127.0.0.1:{port}/", b"second") == (200, b"{}")
+        assert seen.connections == 2 and pool.connects == 2
+        assert seen.bodies == [b"{}", b"second"]  # delivered once: the stale connection took none
+        pool.close()
+
+
+async def test_an_answer_that_began_is_never_sent_again() -> None:
+    """A reused connection whose answer breaks off inside its head: an error, not a retry."""
+    calls = 0
+
+    async def handle(seen: Seen, r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        nonlocal calls
+        while await read_request(seen, r):
+            calls += 1
+            w.write(OK if calls == 1 else b"HTTP/1.1 200 OK\r\ncontent-le")
+            await w.drain()
+            if calls > 1:
+                return
+
+    async with server(handle) as (seen, port):
+        pool = H1Pool()
+        await body_of(pool, f"http://127.0.0.1:{port}/")
+        with pytest.raises(H1Error):
+            await body_of(pool, f"http://127.0.0.1:{port}/")
+        assert len(seen.bodies) == 2 and seen.connections == 1
+        pool.close()
+
+
+async def test_a_body_cut_short_is_an_error() -> None:
+    cut = b"HTTP/1.1 200 OK\r\ncontent-length: 10\r\n\r\nabc"
+    async with server(answering(cut, close_after=True)) as (_, port):
+        pool = H1Pool()
+        with pytest.raises(H1Error, match="content-length"):
+            await body_of(pool, f"http://127.0.0.1:{port}/")
+        assert pool._idle.get(("http", "127.0.0.1", port, None), []) == []
+        pool.close()
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [
+        b"SSH-2.0-OpenSSH\r\n\r\n",
+        b"HTTP/1.1 2x0 OK\r\n\r\n",
+        b"HTTP/1.1 200 OK\r\ncontent-length: 1\r\ncontent-length: 2\r\n\r\nab",
+        b"HTTP/1.1 200 OK\r\n folded: no\r\n\r\n",
+        b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\nzz\r\n",
+    ],
+)
+async def test_an_answer_that_is_not_http_1_1_is_an_error(answer: bytes) -> None:
+    async with server(answering(answer, close_after=True)) as (_, port):
+        pool = H1Pool()
+        with pytest.raises(H1Error):
+            await body_of(pool, f"http://127.0.0.1:{port}/")
+        pool.close()
+
+
+async def test_tls_is_verified_against_the_providers_name_not_the_address(tmp_path: Path) -> None:
+    pki = make_pki(tmp_path, ["api.provider.invalid"], address=False)
+    async with server(answering(OK), tls=pki.server_context()) as (seen, port):
+        pool = H1Pool(verify=str(pki.ca))
+        url = f"https://127.0.0.1:{port}/v1/messages"
+        ans = await pool.post(
+            url, [(b"host", b"api.provider.invalid")], b"{}", sni="api.provider.invalid"
+        )
+        await ans.aclose()
+        assert ans.status == 200 and seen.heads
+        with pytest.raises(ssl.SSLCertVerificationError):
+            await pool.post(url, [], b"{}")  # checked against 127.0.0.1: not in the certificate
+        pool.close()
+
+
+async def test_a_changed_verify_setting_drops_the_kept_connections(tmp_path: Path) -> None:
+    pki = make_pki(tmp_path, ["api.provider.invalid"], address=False)
+    async with server(answering(OK), tls=pki.server_context()) as (_seen, port):
+        pool = H1Pool(verify=str(pki.ca))
+        url = f"https://127.0.0.1:{port}/"
+        sni = "api.provider.invalid"
+        ans = await pool.post(url, [], b"{}", sni=sni)
+        await ans.aclose()
+        pool.verify = True  # the system's CAs: this throwaway CA is not among them
+        with pytest.raises(ssl.SSLCertVerificationError):
+            await pool.post(url, [], b"{}", sni=sni)
+        pool.close()
+
+
+SSE = b"event: ping\ndata: {}\n\n" * 50
+_raw = zlib.compressobj(wbits=-15)
+RAW_DEFLATE = _raw.compress(SSE) + _raw.flush()
+
+
+@pytest.mark.parametrize(
+    "name,encoded",
+    [
+        (b"gzip", gzip.compress(SSE)),
+        (b"deflate", zlib.compress(SSE)),
+        (b"deflate", RAW_DEFLATE),
+        (b"br", brotli.compress(SSE)),
+        (b"zstd", zstandard.ZstdCompressor().compress(SSE)),
+    ],
+    ids=["gzip", "deflate-zlib", "deflate-raw", "br", "zstd"],
+)
+def test_each_encoding_is_decoded_as_it_streams(name: bytes, encoded: bytes) -> None:
+    decode = decoder(name)
+    assert decode is not None
+    out = b"".join(decode(encoded[i : i + 7]) for i in range(0, len(encoded), 7))
+    assert out == SSE
+
+
+def test_identity_needs_no_decoder_and_an_unknown_encoding_or_bad_bytes_are_errors() -> None:
+    assert decoder(None) is None and decoder(b"identity") is None
+    with pytest.raises(H1Error):
+        decoder(b"compress")
+    decode = decoder(b"gzip")
+    assert decode is not None
+    with pytest.raises(H1Error):
+        decode(b"not gzip at all")
+
+
+@SETTINGS
+@given(body=st.binary(max_size=3000), cuts=st.lists(st.integers(1, 400), max_size=12))
+def test_a_chunked_body_is_the_concatenation_of_its_chunks(body: bytes, cuts: list[int]) -> None:
+    pieces, at = [], 0
+    for n in cuts:
+        if at >= len(body):
+            break
+        pieces.append(body[at : at + n])
+        at += n
+    pieces.append(body[at:])
+    framed = b"".join(b"%x\r\n%s\r\n" % (len(p), p) for p in pieces if p) + b"0\r\n\r\n"
+    answer = b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n" + framed
+
+    async def run() -> tuple[int, bytes]:
+        async with server(answering(answer)) as (_, port):
+            pool = H1Pool()
+            try:
+                return await body_of(pool, f"http://127.0.0.1:{port}/")
+            finally:
+                pool.close()
+
+    assert asyncio.run(run()) == (200, body)
