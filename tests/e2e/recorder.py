@@ -59,7 +59,8 @@ class Recorder:
             "path": flow.request.path,
             "request_sha256": hashlib.sha256(flow.request.raw_content or b"").hexdigest(),
             "relay_header": any(
-                k.lower().startswith(b"x-context-guru-relay") for k, _ in flow.request.headers.fields
+                k.lower().startswith(b"x-context-guru-relay")
+                for k, _ in flow.request.headers.fields
             ),
             "id": flow.request.headers.get("x-e2e-id"),
             "status": flow.response.status_code if flow.response else None,
