@@ -1,6 +1,7 @@
 """The relay's HTTP/1.1 client (`cg.proxy.h1`) against real servers on 127.0.0.1: what it
 sends, every body framing, keep-alive and the stale-connection retry (and when it must not
-retry), TLS under a provider's name, and the content decoders."""
+retry), TLS under a provider's name, the content decoders, and an encoded event stream through
+a real `Relay`."""
 
 from __future__ import annotations
 
@@ -20,6 +21,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from cg.proxy.h1 import H1Error, H1Pool, decoder
+from cg.proxy.relay import HEADER as RELAY_HEADER
+from cg.proxy.relay import Relay, RelayJob
 from tests.e2e.pki import make_pki
 from tests.strategies import SETTINGS
 
@@ -318,3 +321,74 @@ def test_a_chunked_body_is_the_concatenation_of_its_chunks(body: bytes, cuts: li
                 pool.close()
 
     assert asyncio.run(run()) == (200, body)
+
+
+# -- through the relay ---------------------------------------------------------------------------
+
+
+def sse_answer(encoding: bytes | None, payload: bytes) -> bytes:
+    head = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
+    if encoding:
+        head += b"content-encoding: " + encoding + b"\r\n"
+    return head + b"content-length: %d\r\n\r\n" % len(payload) + payload
+
+
+TEXT_SSE = (
+    b'event: message_start\ndata: {"type":"message_start","message":{"id":"m","type":"message",'
+    b'"role":"assistant","content":[],"model":"x","stop_reason":null,"usage":{"input_tokens":1,'
+    b'"output_tokens":0}}}\n\n'
+    b'event: content_block_start\ndata: {"type":"content_block_start","index":0,'
+    b'"content_block":{"type":"text","text":""}}\n\n'
+    b'event: content_block_delta\ndata: {"type":"content_block_delta","index":0,'
+    b'"delta":{"type":"text_delta","text":"Hi"}}\n\n'
+    b'event: content_block_stop\ndata: {"type":"content_block_stop","index":0}\n\n'
+    b'event: message_delta\ndata: {"type":"message_delta","delta":{"stop_reason":"end_turn"},'
+    b'"usage":{"output_tokens":1}}\n\n'
+    b'event: message_stop\ndata: {"type":"message_stop"}\n\n'
+)
+
+
+async def relayed(answer: bytes) -> tuple[bytes, RelayJob]:
+    """One job through a real `Relay` to a server giving `answer`: what mitmproxy would read."""
+    async with server(answering(answer)) as (_, port):
+        relay = Relay(lambda sni: None)  # type: ignore[arg-type,return-value]
+        await relay.start()
+        job = RelayJob(
+            f"http://127.0.0.1:{port}/v1/messages",
+            [(b"content-type", b"application/json"), (b"accept-encoding", b"gzip")],
+            b"{}",
+            lambda: "{}",
+            "anthropic",
+            None,
+            lambda key: "",
+            (b"http", "api.provider.invalid", 443),
+        )
+        token = relay.add(job)
+        r, w = await asyncio.open_connection("127.0.0.1", relay.port)
+        w.write(
+            b"POST /v1/messages HTTP/1.1\r\nhost: x\r\n%s: %s\r\ncontent-length: 0\r\n\r\n"
+            % (RELAY_HEADER.encode(), token.encode())
+        )
+        await w.drain()
+        head = await r.readuntil(b"\r\n\r\n")
+        body = b""
+        while size := int((await r.readuntil(b"\r\n")).strip(), 16):
+            body += (await r.readexactly(size + 2))[:-2]
+        await r.readexactly(2)
+        w.close()
+        relay.close()
+        return head + body, job
+
+
+async def test_the_relay_decodes_an_encoded_event_stream_for_its_gate() -> None:
+    out, job = await relayed(sse_answer(b"gzip", gzip.compress(TEXT_SSE)))
+    head, _, body = out.partition(b"\r\n\r\n")
+    assert b"content-encoding" not in head.lower() and b"text/event-stream" in head
+    assert body == TEXT_SSE and job.gated and job.error is None
+
+
+async def test_an_encoding_the_relay_cannot_read_passes_as_it_came_ungated() -> None:
+    out, job = await relayed(sse_answer(b"compress", b"\x1f\x9dsomething"))
+    head, _, body = out.partition(b"\r\n\r\n")
+    assert b"content-encoding: compress" in head and body == b"\x1f\x9dsomething"
+    assert not job.gated and job.error is not None and "compress" in job.error
