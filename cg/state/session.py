@@ -63,7 +63,7 @@ def valid_session_id(s: object) -> bool:
 
 def header(headers: Mapping[str, str], name: str) -> str | None:
     v = headers.get(name)
-    if v is None:  # a plain dict: look the name up case-insensitively
+    if v is None and isinstance(headers, dict):  # a plain dict: case-insensitively
         v = next((val for k, val in headers.items() if k.lower() == name), None)
     return v
 
