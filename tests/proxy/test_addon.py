@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+import asyncio
 import gzip
 import json
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 import pytest
-from mitmproxy import exceptions, http
+from mitmproxy import ctx, exceptions, http
 
 with warnings.catch_warnings():
     # mitmproxy.addons -> proxyauth -> ldap3 touches a name newer pyasn1 deprecates on import.
@@ -165,6 +167,31 @@ async def test_a_rewrite_replaces_the_body_once_and_marks_the_flow(toy_config: s
         assert rec["outcome"] == "rewritten"
         assert f.marked == ":scissors:" and f.comment == "cg: rewritten 5→3 messages"
         assert cg.stats.rewritten == 1
+
+
+@pytest.mark.parametrize("master", ["WebMaster", "DumpMaster"])
+async def test_a_backup_for_revert_is_taken_only_where_a_ui_can_revert(
+    master: str, toy_config: str
+) -> None:
+    """mitmweb (and the console) can Revert a rewritten flow; mitmdump has no UI, so it skips
+    the backup (a flow it saves would hold the client's body twice)."""
+    cg = ContextGuru()
+    with taddons.context(cg) as tctx:
+        setup(tctx, cg, cg_config=toy_config)
+        with mock.patch.object(ctx, "master", type(master, (), {})()):
+            cg.running()
+        await asyncio.gather(*cg._bg)  # the relay started: close it
+        cg.relay.close()
+        f = make_flow()
+        original = f.request.raw_content
+        cg.request(f)
+        assert f.metadata[META]["outcome"] == "rewritten"  # vacuity: the body was replaced
+        if master == "DumpMaster":
+            assert not f.modified()
+        else:
+            assert f.modified()
+            f.revert()
+            assert f.request.raw_content == original
 
 
 async def test_a_violating_rewrite_fails_open(tmp_path: Path, toy_config: str) -> None:
