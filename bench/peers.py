@@ -39,6 +39,7 @@ from bench.proxy_latency import (
     corpus_body,
     free_port,
     pct,
+    per_client,
     run,
     start,
     start_upstream,
@@ -147,7 +148,7 @@ def measure_peer(dialect: str, n: int, warmup: int, concurrency: int) -> dict[st
                 c.close()
         rps = {}
         if concurrency > 1:
-            per = max(2, n // concurrency)
+            per = per_client(n, concurrency)
             rps = {
                 k: throughput(v, path, body, headers, concurrency, per) for k, v in bases.items()
             }
