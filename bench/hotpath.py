@@ -25,6 +25,10 @@ identical). Before each timed call, outside the timing, a fresh cache is primed 
 so every call finds 398 messages known and parses 2.
 
     index_body                 as above, with the cache
+    index_body, the previous   as above, but the previous turn's last message differs from
+      last message changed     this turn's copy (Claude Code moves its cache breakpoint to the
+                               last message every turn): 397 messages shared, found by a binary
+                               search over the previous body's message boundaries
     index+splice+validate      the budget line, with the cache
     rewrite_body, no comps     as above, with the cache (what the addon does per agent turn)
 
@@ -167,6 +171,16 @@ def previous_turn(index: BodyIndex) -> bytes:
     return splice(index, identity(len(index.messages) - NEW_PER_TURN))
 
 
+def moved_breakpoint(prev: BodyIndex) -> BodyIndex:
+    """`prev` as Claude Code sends it: its last message carried the cache breakpoint that this
+    turn's copy of it no longer has (here: one byte more), so a turn shares only the messages
+    before it and the cache finds how many by a binary search over message boundaries."""
+    start = prev.messages[-1].start + 1  # just inside the message object's `{`
+    moved = index_body((prev.text[:start] + " " + prev.text[start:]).encode("utf-8"), prev.dialect)
+    moved.byte_ends()  # as the turns before it leave it (computed incrementally, turn by turn)
+    return moved
+
+
 def primed(prev: BodyIndex) -> MessageCache:
     """A fresh cache that has seen `prev`, exactly as `index_body(prev_raw, d, cache)` leaves it."""
     cache = MessageCache()
@@ -214,6 +228,11 @@ def check_corpus(name: str, raw: bytes, dialect: Dialect) -> dict[str, Any]:
             (m.start, m.end) for m in index.messages
         ]
         assert warm.views == index.views and warm.members.keys() == index.members.keys()
+    # The moved breakpoint: the search finds all but the previous turn's last message shared.
+    moved = moved_breakpoint(prev)
+    warm = index_body(raw, dialect, primed(moved))
+    assert warm.shared == n - NEW_PER_TURN - 1, f"{name}: {warm.shared} shared"
+    assert warm.views == index.views
     cache = primed(prev)
     result = rewrite_body(raw, dialect, [], cache=cache)
     assert result.outcome == "passed_through" and cache.hits == n - NEW_PER_TURN, result.record
@@ -244,9 +263,11 @@ def bench_body(name: str, raw: bytes, dialect: Dialect, reps: int, warmup: int) 
         new = splice(index, plan)
         validate_cut(index, plan, new, before)
 
-    def warm(fn: Callable[[MessageCache], object]) -> Callable[[], Timed]:
+    moved = moved_breakpoint(prev)
+
+    def warm(fn: Callable[[MessageCache], object], seen: BodyIndex = prev) -> Callable[[], Timed]:
         def prime() -> Timed:
-            cache = primed(prev)
+            cache = primed(seen)
             return lambda: fn(cache)
 
         return prime
@@ -266,6 +287,11 @@ def bench_body(name: str, raw: bytes, dialect: Dialect, reps: int, warmup: int) 
         Line("cold", "cut plan: splice+validate", cut),
         Line("cold", "rewrite_body, cut component", lambda: rewrite_body(raw, dialect, comp)),
         Line("warm", "index_body", prime=warm(lambda c: index_body(raw, dialect, c))),
+        Line(
+            "warm",
+            "index_body, the previous last message changed",
+            prime=warm(lambda c: index_body(raw, dialect, c), moved),
+        ),
         Line("warm", BUDGET_STEP, prime=warm(budget)),
         Line(
             "warm",

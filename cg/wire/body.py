@@ -140,17 +140,20 @@ class MessageCache:
             if key[0] != dialect.name:
                 continue
             ends = prev.byte_ends()
-            if not raw.startswith(prev.raw[: ends[0]]):
+            # A view of the previous body: a prefix is compared where it lies, never copied
+            # (each copy of a ~1 MB prefix cost ~0.04 ms, up to ~9 per turn in the search).
+            was = memoryview(prev.raw)
+            if not raw.startswith(was[: ends[0]]):
                 continue
             self._lists.move_to_end(key)
             n = len(prev.messages)
-            if raw.startswith(prev.raw[: ends[n - 1]]):
+            if raw.startswith(was[: ends[n - 1]]):
                 k = n
             else:  # the longest run of whole messages shared: ends[lo - 1] matches
                 lo, hi = 1, n - 1
                 while lo < hi:
                     mid = (lo + hi + 1) // 2
-                    if raw.startswith(prev.raw[: ends[mid - 1]]):
+                    if raw.startswith(was[: ends[mid - 1]]):
                         lo = mid
                     else:
                         hi = mid - 1
