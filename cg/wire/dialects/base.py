@@ -7,8 +7,7 @@ and the splice works from the original bytes. Nothing here is ever serialised ba
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
-from typing import Any, ClassVar, Literal, cast
+from typing import Any, ClassVar, Literal, NamedTuple, cast
 
 from cg.wire.reply import Call, JsonObject, is_count
 
@@ -24,9 +23,12 @@ class MessageShapeError(ValueError):
     """A message is not an object, or its role is not a string: the body passes through."""
 
 
-@dataclass(frozen=True, slots=True)
-class BlockView:
-    """One content block (anthropic) or content part (openai)."""
+class BlockView(NamedTuple):
+    """One content block (anthropic) or content part (openai).
+
+    Views are immutable tuples rather than frozen dataclasses: a frozen dataclass's `__init__`
+    sets each field through `object.__setattr__`, 0.78 µs a block against ~0.2 µs for a tuple,
+    and a cold 1 MB body builds ~750 blocks and 400 messages (~1 ms of its ~2.8 ms of views)."""
 
     type: str
     text: str = ""
@@ -35,8 +37,7 @@ class BlockView:
     tool_result_id: str | None = None
 
 
-@dataclass(frozen=True, slots=True)
-class MessageView:
+class MessageView(NamedTuple):
     """What the pipeline may know about a message.
 
     `text` is a readable rendering for summaries and token counts. `blank` follows SPEC §4 rule
