@@ -127,6 +127,14 @@ class MessageCache:
         key = (index.dialect.name, index.source(0))
         self._lists[key] = index
         self._lists.move_to_end(key)
+        self._trim()
+
+    def resize(self, max_lists: int) -> None:
+        """Keep at most `max_lists` bodies from now on (the least recently used go first)."""
+        self.max_lists = max_lists
+        self._trim()
+
+    def _trim(self) -> None:
         while len(self._lists) > self.max_lists:
             self._lists.popitem(last=False)
 

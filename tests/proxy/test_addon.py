@@ -507,6 +507,18 @@ async def test_missing_config_file_is_refused(tmp_path: Path) -> None:
         tctx.configure(cg, cg_config=str(tmp_path / "absent.yaml"))
 
 
+async def test_warm_sessions_sizes_the_message_cache_and_refuses_zero() -> None:
+    cg = ContextGuru()
+    with taddons.context(cg) as tctx:
+        setup(tctx, cg)
+        assert cg.cache.max_lists == 16
+        tctx.configure(cg, cg_warm_sessions=64)
+        assert cg.cache.max_lists == 64
+        with pytest.raises(exceptions.OptionsError, match="cg_warm_sessions"):
+            tctx.configure(cg, cg_warm_sessions=0)
+        assert cg.cache.max_lists == 64  # the refused value changed nothing
+
+
 async def test_negative_body_cap_is_refused() -> None:
     cg = ContextGuru()
     with (

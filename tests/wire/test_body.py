@@ -240,3 +240,24 @@ def test_cache_is_bounded() -> None:
     for n in range(5):
         index_body(f'{{"messages":[{{"role":"user","content":"{n}"}}]}}'.encode(), OPENAI, cache)
     assert len(cache._lists) == 2
+
+
+def test_a_resized_cache_keeps_the_most_recently_used_bodies() -> None:
+    """`cg_warm_sessions`: shrinking drops the least recently used; a kept one stays warm."""
+    cache = MessageCache(max_lists=4)
+    bodies = [f'{{"messages":[{{"role":"user","content":"{n}"}}]}}'.encode() for n in range(4)]
+    for raw in bodies:
+        index_body(raw, OPENAI, cache)
+    index_body(bodies[0], OPENAI, cache)  # used again: now the most recent
+    cache.resize(2)
+    assert [k[1] for k in cache._lists] == [
+        '{"role":"user","content":"3"}',
+        '{"role":"user","content":"0"}',
+    ]
+    before = cache.prefix_hits
+    index_body(bodies[0][:-2] + b',{"role":"assistant","content":"a"}]}', OPENAI, cache)
+    assert cache.prefix_hits == before + 1  # still warm
+    cache.resize(8)
+    for n in range(4, 10):
+        index_body(f'{{"messages":[{{"role":"user","content":"{n}"}}]}}'.encode(), OPENAI, cache)
+    assert len(cache._lists) == 8
