@@ -12,9 +12,15 @@ What it leaves to others: redirects, cookies, auth, proxies (the relay is not us
 upstream proxy), HTTP/2 (it offers ALPN `http/1.1` only, which every provider serves). The
 rare continuation round (a call to our tool) still goes through httpx.
 
-A kept-alive connection the server closed while it sat idle fails on its next request before a
-byte of answer arrives; that one request is sent again once on a fresh connection (as browsers
-and urllib3 do for this race). A failure after any answer byte is never retried.
+Kept-alive connections: one idle longer than `KEEPALIVE_EXPIRY`, or holding bytes no request
+asked for, or opened before the TLS settings changed, is closed rather than used. One the server
+closed while it sat idle fails on its next request before a byte of answer arrives; that one
+request is sent again once on a fresh connection (as browsers and urllib3 do for this race). A
+failure after any answer byte is never retried: that request was answered.
+
+What the agent sent is checked before it goes: a header name that is not a token, or a value or
+path with CR, LF or NUL (an HTTP/2 client's value can hold one; h11 refused them on httpx's leg),
+is refused (`H1Error`; the relay answers 502), never written onto a shared connection.
 """
 
 from __future__ import annotations
@@ -22,17 +28,26 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import re
 import socket
 import ssl
+import time
 import zlib
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
+from typing import Any
 from urllib.parse import urlsplit
 
 import certifi
 
 CONNECT_TIMEOUT = 30.0  # as `RESEND_TIMEOUT`: no read timeout, the agent keeps its own
 MAX_IDLE = 64  # kept-alive connections per (address, TLS name)
+# Seconds a kept-alive connection may sit idle and still be used: httpx's default, which the
+# relay's leg had. Longer would save a TLS handshake on turns further apart, but a connection a
+# NAT dropped silently (no FIN, no RST) would then hang a turn until TCP gives up.
+KEEPALIVE_EXPIRY = 5.0
+_TOKEN = re.compile(rb"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")  # an HTTP field name (RFC 9110 token)
+_BAD_VALUE = re.compile(rb"[\r\n\x00]")
 MAX_HEAD = 256 * 1024
 READ = 64 * 1024
 
@@ -46,7 +61,9 @@ class _Conn:
     reader: asyncio.StreamReader
     writer: asyncio.StreamWriter
     key: tuple[str, str, int, str | None]
+    generation: int  # the pool's, when opened: an older one is never pooled again
     reused: bool = False
+    idle_since: float = 0.0
 
 
 @dataclass(slots=True, eq=False)
@@ -78,20 +95,29 @@ class Answer:
                 n -= len(data)
                 yield data
         elif kind == "chunked":
-            while True:
-                line = await r.readuntil(b"\r\n")
-                try:
-                    size = int(line.split(b";", 1)[0].strip(), 16)
-                except ValueError:
-                    raise H1Error(f"bad chunk size {line[:40]!r}") from None
-                if size == 0:
-                    while (await r.readuntil(b"\r\n")) != b"\r\n":
-                        pass  # trailers: read and dropped, as httpx did
-                    break
-                data = await r.readexactly(size + 2)
-                if data[-2:] != b"\r\n":
-                    raise H1Error("a chunk did not end with CRLF")
-                yield data[:-2]
+            try:
+                while True:
+                    line = await r.readuntil(b"\r\n")
+                    try:
+                        size = int(line.split(b";", 1)[0].strip(), 16)
+                    except ValueError:
+                        raise H1Error(f"bad chunk size {line[:40]!r}") from None
+                    if size == 0:
+                        while (await r.readuntil(b"\r\n")) != b"\r\n":
+                            pass  # trailers: read and dropped, as httpx did
+                        break
+                    while size:  # passed on as it arrives, never held whole
+                        data = await r.read(min(size, READ))
+                        if not data:
+                            raise H1Error("the answer ended inside a chunk")
+                        size -= len(data)
+                        yield data
+                    if await r.readexactly(2) != b"\r\n":
+                        raise H1Error("a chunk did not end with CRLF")
+            except asyncio.LimitOverrunError:
+                raise H1Error("a chunk-size line is too long") from None
+            except asyncio.IncompleteReadError:
+                raise H1Error("the answer ended inside its chunked body") from None
         elif kind == "close":
             while data := await r.read(READ):
                 yield data
@@ -114,6 +140,9 @@ class H1Pool:
         self._verify: bool | str = verify
         self._ssl: ssl.SSLContext | None = None
         self._idle: dict[tuple[str, str, int, str | None], list[_Conn]] = {}
+        # Bumped when `verify` changes and on `close()`: a connection opened before (one in use
+        # at that moment included) is closed when it comes back, never pooled.
+        self._generation = 0
         self.connects = 0  # connections opened (tests: keep-alive is real)
 
     @property
@@ -163,7 +192,16 @@ class H1Pool:
             name = f"[{host}]" if ":" in host else host
             host_header = (name if default else f"{name}:{port}").encode("idna")
         target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
-        lines = [b"POST %s HTTP/1.1\r\nhost: %s\r\n" % (target.encode("ascii"), host_header)]
+        for k, v in [(b"host", host_header), *headers]:
+            # mitmproxy checks an HTTP/2 client's field names, not its values: a CR or LF in
+            # one would write a header (or a request) of the client's onto a shared connection.
+            if not _TOKEN.fullmatch(k) or _BAD_VALUE.search(v):
+                raise H1Error(f"a request header cannot be sent as HTTP/1.1: {k[:40]!r}")
+        # mitmproxy's URL carries the path's bytes as `surrogateescape`: the same bytes again.
+        path = target.encode("utf-8", "surrogateescape")
+        if b" " in path or _BAD_VALUE.search(path):
+            raise H1Error("the request target cannot be sent as HTTP/1.1")
+        lines = [b"POST %s HTTP/1.1\r\nhost: %s\r\n" % (path, host_header)]
         lines += [k + b": " + v + b"\r\n" for k, v in headers if k.lower() != b"host"]
         lines.append(b"content-length: %d\r\n\r\n" % len(body))
         head = b"".join(lines)
@@ -204,7 +242,8 @@ class H1Pool:
         except asyncio.LimitOverrunError:
             raise H1Error("the answer's head is too large") from None
         except OSError:
-            if conn.reused:
+            # Sent again only if not a byte of answer arrived: one that began was answered.
+            if conn.reused and not _buffered(r):
                 raise _Stale from None
             raise
         status, reason, headers = _head(raw)
@@ -220,9 +259,15 @@ class H1Pool:
 
     def _take(self, key: tuple[str, str, int, str | None]) -> _Conn | None:
         idle = self._idle.get(key)
+        now = time.monotonic()
         while idle:
             conn = idle.pop()
-            if conn.reader.at_eof() or conn.writer.is_closing():
+            if (
+                conn.reader.at_eof()
+                or conn.writer.is_closing()
+                or _buffered(conn.reader)  # bytes no request asked for (a 408 on idle, say)
+                or now - conn.idle_since > KEEPALIVE_EXPIRY
+            ):
                 _close(conn)
                 continue
             conn.reused = True
@@ -232,32 +277,35 @@ class H1Pool:
     async def _open(self, key: tuple[str, str, int, str | None]) -> _Conn:
         scheme, host, port, sni = key
         tls = self._context() if scheme == "https" else None
-        reader, writer = await asyncio.wait_for(
-            asyncio.open_connection(
+        generation = self._generation
+        async with asyncio.timeout(CONNECT_TIMEOUT):  # no connection left behind if cancelled
+            reader, writer = await asyncio.open_connection(
                 host,
                 port,
                 ssl=tls,
                 server_hostname=(sni or host) if tls else None,
                 limit=MAX_HEAD,
-            ),
-            CONNECT_TIMEOUT,
-        )
+            )
         sock = writer.get_extra_info("socket")
         if sock is not None:
             with contextlib.suppress(OSError):
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
         self.connects += 1
-        return _Conn(reader, writer, key)
+        return _Conn(reader, writer, key, generation)
 
     def _release(self, conn: _Conn) -> None:
         idle = self._idle.setdefault(conn.key, [])
-        if len(idle) >= MAX_IDLE:
+        if conn.generation != self._generation or len(idle) >= MAX_IDLE:
             _close(conn)
             return
         conn.reused = False
+        conn.idle_since = time.monotonic()
         idle.append(conn)
 
     def close(self) -> None:
+        """Close every idle connection; one in use is closed when its answer is done."""
+        self._generation += 1
         for idle in self._idle.values():
             for conn in idle:
                 _close(conn)
@@ -266,6 +314,12 @@ class H1Pool:
 
 class _Stale(Exception):
     """A reused connection ended before any answer byte."""
+
+
+def _buffered(reader: asyncio.StreamReader) -> bool:
+    """Whether bytes wait unread (StreamReader keeps them in `_buffer`; it has no public way
+    to ask without reading)."""
+    return bool(getattr(reader, "_buffer", b""))
 
 
 def _close(conn: _Conn) -> None:
@@ -336,9 +390,10 @@ def _decoder(encoding: bytes | None) -> Callable[[bytes], bytes] | None:
     enc = (encoding or b"").strip().lower()
     if enc in (b"", b"identity"):
         return None
+    if b"," in enc:
+        raise H1Error(f"stacked content-encodings {enc.decode('latin-1')!r} are not read here")
     if enc in (b"gzip", b"x-gzip"):
-        d = zlib.decompressobj(wbits=zlib.MAX_WBITS | 16)
-        return d.decompress
+        return _Frames(lambda: zlib.decompressobj(wbits=zlib.MAX_WBITS | 16)).feed
     if enc == b"deflate":
         return _Deflate().feed
     if enc == b"br":
@@ -348,8 +403,27 @@ def _decoder(encoding: bytes | None) -> Callable[[bytes], bytes] | None:
     if enc == b"zstd":
         import zstandard  # mitmproxy's own dependency
 
-        return zstandard.ZstdDecompressor().decompressobj().decompress
+        return _Frames(lambda: zstandard.ZstdDecompressor().decompressobj()).feed
     raise H1Error(f"content-encoding {enc.decode('latin-1')!r} is not one this relay reads")
+
+
+class _Frames:
+    """A body of one or more frames (zstd, RFC 8878) or members (gzip): each decoded in turn,
+    the bytes after one frame's end fed to a new decoder (as httpx's decoders do)."""
+
+    def __init__(self, new: Callable[[], Any]) -> None:
+        self._new = new
+        self._d = new()
+
+    def feed(self, data: bytes) -> bytes:
+        out = []
+        while data:
+            out.append(self._d.decompress(data))
+            if not self._d.eof:
+                break
+            data = self._d.unused_data
+            self._d = self._new()
+        return b"".join(out)
 
 
 class _Deflate:

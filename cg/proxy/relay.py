@@ -47,7 +47,9 @@ MAX_HEAD = 1024 * 1024
 # The request goes upstream as mitmproxy would send it (the agent's headers, `connection` and
 # `content-encoding` included, with the body as encoded): only our hop's token and what httpx
 # frames itself are left out.
-_DROP = frozenset({b"host", b"content-length", b"transfer-encoding", b"upgrade", HEADER.encode()})
+# `host` stays: under a provider's name (transparent and local modes) the agent's own goes
+# upstream, port and all, as `agent_request` sends it; `cg.proxy.h1` writes it once, first.
+_DROP = frozenset({b"content-length", b"transfer-encoding", b"upgrade", HEADER.encode()})
 _DECODED_DROP = HOP_BY_HOP | {b"content-encoding"}  # a gated answer passes on decoded
 
 
@@ -168,7 +170,8 @@ class Relay:
             drop = HOP_BY_HOP
             if gated:
                 try:
-                    decode = decoder(ans.header(b"content-encoding"))
+                    encodings = [v for k, v in ans.headers if k.lower() == b"content-encoding"]
+                    decode = decoder(b",".join(encodings) or None)
                 except H1Error as e:  # passed on as it came, ungated: the agent can read it
                     gated, job.error = False, str(e)
                 if decode is not None:

@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import asyncio
 import gzip
+import socket
 import ssl
+import struct
 import zlib
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
@@ -20,7 +22,7 @@ import zstandard
 from hypothesis import given
 from hypothesis import strategies as st
 
-from cg.proxy.h1 import H1Error, H1Pool, decoder
+from cg.proxy.h1 import H1Error, H1Pool, _buffered, _Conn, decoder
 from cg.proxy.relay import HEADER as RELAY_HEADER
 from cg.proxy.relay import Relay, RelayJob
 from tests.e2e.pki import make_pki
@@ -348,6 +350,24 @@ TEXT_SSE = (
 )
 
 
+async def hop(relay: Relay, job: RelayJob) -> bytes:
+    """What mitmproxy reads back from the relay for `job`: the head, then the body de-chunked."""
+    token = relay.add(job)
+    r, w = await asyncio.open_connection("127.0.0.1", relay.port)
+    w.write(
+        b"POST /v1/messages HTTP/1.1\r\nhost: x\r\n%s: %s\r\ncontent-length: 0\r\n\r\n"
+        % (RELAY_HEADER.encode(), token.encode())
+    )
+    await w.drain()
+    head = await r.readuntil(b"\r\n\r\n")
+    body = b""
+    while size := int((await r.readuntil(b"\r\n")).strip(), 16):
+        body += (await r.readexactly(size + 2))[:-2]
+    await r.readexactly(2)
+    w.close()
+    return head + body
+
+
 async def relayed(answer: bytes) -> tuple[bytes, RelayJob]:
     """One job through a real `Relay` to a server giving `answer`: what mitmproxy would read."""
     async with server(answering(answer)) as (_, port):
@@ -363,21 +383,9 @@ async def relayed(answer: bytes) -> tuple[bytes, RelayJob]:
             lambda key: "",
             (b"http", "api.provider.invalid", 443),
         )
-        token = relay.add(job)
-        r, w = await asyncio.open_connection("127.0.0.1", relay.port)
-        w.write(
-            b"POST /v1/messages HTTP/1.1\r\nhost: x\r\n%s: %s\r\ncontent-length: 0\r\n\r\n"
-            % (RELAY_HEADER.encode(), token.encode())
-        )
-        await w.drain()
-        head = await r.readuntil(b"\r\n\r\n")
-        body = b""
-        while size := int((await r.readuntil(b"\r\n")).strip(), 16):
-            body += (await r.readexactly(size + 2))[:-2]
-        await r.readexactly(2)
-        w.close()
+        out = await hop(relay, job)
         relay.close()
-        return head + body, job
+        return out, job
 
 
 async def test_the_relay_decodes_an_encoded_event_stream_for_its_gate() -> None:
@@ -392,3 +400,173 @@ async def test_an_encoding_the_relay_cannot_read_passes_as_it_came_ungated() -> 
     head, _, body = out.partition(b"\r\n\r\n")
     assert b"content-encoding: compress" in head and body == b"\x1f\x9dsomething"
     assert not job.gated and job.error is not None and "compress" in job.error
+
+
+# -- what the review of this client found (each failed before its fix) ---------------------------
+
+
+class Watched(H1Pool):
+    """A pool that keeps a hand on every connection it opens (to wait on what they hold)."""
+
+    def __init__(self, verify: bool | str = True) -> None:
+        super().__init__(verify)
+        self.opened: list[_Conn] = []
+
+    async def _open(self, key: tuple[str, str, int, str | None]) -> _Conn:
+        conn = await super()._open(key)
+        self.opened.append(conn)
+        return conn
+
+
+async def until(cond: Callable[[], bool]) -> None:
+    """Yield to the loop until `cond` holds (the servers here run in the same loop)."""
+    for _ in range(100_000):
+        if cond():
+            return
+        await asyncio.sleep(0)
+    raise AssertionError("the condition never held")
+
+
+async def test_a_header_value_with_a_line_break_is_refused_never_written() -> None:
+    async with server(answering(OK)) as (seen, port):
+        pool = H1Pool()
+        for headers in (
+            [(b"x-a", b"1\r\nx-injected: 2")],
+            [(b"x-a", b"1\nx")],
+            [(b"x a", b"1")],
+            [(b"host", b"h\r\nx: y")],
+        ):
+            with pytest.raises(H1Error, match="cannot be sent"):
+                await pool.post(f"http://127.0.0.1:{port}/", headers, b"{}", sni="h")
+        assert seen.heads == [] and pool.connects == 0
+        pool.close()
+
+
+async def test_an_idle_connection_holding_unasked_bytes_is_not_reused() -> None:
+    """A server that answers an idle kept-alive connection with a 408 and closes: that 408 is
+    no answer to the next request."""
+
+    async def handle(seen: Seen, r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        if await read_request(seen, r):
+            w.write(OK)
+            await w.drain()
+            await until(lambda: bool(pool._idle.get(key)))  # the client pooled it: now idle
+            w.write(
+                b"HTTP/1.1 408 Request Timeout\r\ncontent-length: 0\r\nconnection: close\r\n\r\n"
+            )
+            await w.drain()
+        while await read_request(seen, r):
+            w.write(OK)
+            await w.drain()
+
+    async with server(handle) as (seen, port):
+        pool = Watched()
+        key = ("http", "127.0.0.1", port, None)
+        assert await body_of(pool, f"http://127.0.0.1:{port}/", b"first") == (200, b"{}")
+        first = pool.opened[0]
+        await until(lambda: _buffered(first.reader) or first.reader.at_eof())
+        assert await body_of(pool, f"http://127.0.0.1:{port}/", b"second") == (200, b"{}")
+        assert pool.connects == 2 and seen.bodies == [b"first", b"second"]
+        pool.close()
+
+
+async def test_a_reset_after_part_of_the_answer_head_is_not_sent_again() -> None:
+    async def handle(seen: Seen, r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        n = 0
+        while await read_request(seen, r):
+            n += 1
+            if n == 1:
+                w.write(OK)
+                await w.drain()
+                continue
+            w.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n")
+            await w.drain()
+            await until(lambda: _buffered(pool.opened[0].reader))  # the client has them
+            sock = w.get_extra_info("socket")
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            w.transport.abort()  # a reset
+            return
+
+    async with server(handle) as (seen, port):
+        pool = Watched()
+        assert await body_of(pool, f"http://127.0.0.1:{port}/", b"first") == (200, b"{}")
+        with pytest.raises((OSError, H1Error)):
+            await body_of(pool, f"http://127.0.0.1:{port}/", b"second")
+        assert seen.bodies == [b"first", b"second"]  # the second was answered: never sent twice
+        pool.close()
+
+
+async def test_a_connection_in_use_when_verify_changes_is_not_pooled(tmp_path: Path) -> None:
+    pki = make_pki(tmp_path, ["api.provider.invalid"], address=False)
+    async with server(answering(OK), tls=pki.server_context()) as (_, port):
+        pool = H1Pool(verify=str(pki.ca))
+        url, sni = f"https://127.0.0.1:{port}/", "api.provider.invalid"
+        ans = await pool.post(url, [], b"{}", sni=sni)
+        pool.verify = True  # reconfigured while that answer was read: the CA is not trusted now
+        assert [c async for c in ans.chunks()] == [b"{}"]
+        await ans.aclose()
+        with pytest.raises(ssl.SSLCertVerificationError):
+            await pool.post(url, [], b"{}", sni=sni)
+        pool.close()
+
+
+async def test_a_connection_idle_past_its_expiry_is_not_reused(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import cg.proxy.h1 as h1
+
+    async with server(answering(OK)) as (seen, port):
+        pool = H1Pool()
+        await body_of(pool, f"http://127.0.0.1:{port}/")
+        await body_of(pool, f"http://127.0.0.1:{port}/")
+        assert pool.connects == 1  # within the expiry: kept
+        monkeypatch.setattr(h1, "KEEPALIVE_EXPIRY", -1.0)
+        await body_of(pool, f"http://127.0.0.1:{port}/")
+        assert pool.connects == 2 and seen.connections == 2
+        pool.close()
+
+
+async def test_the_relay_sends_the_agents_own_host_under_a_provider_name() -> None:
+    async with server(answering(OK)) as (seen, port):
+        relay = Relay(lambda sni: None)  # type: ignore[arg-type,return-value]
+        await relay.start()
+        job = RelayJob(
+            f"http://127.0.0.1:{port}/v1/messages",
+            [(b"Host", b"gw.provider.invalid:8443"), (b"content-type", b"application/json")],
+            b"{}",
+            lambda: "{}",
+            "anthropic",
+            "gw.provider.invalid",
+            lambda key: "",
+            (b"https", "127.0.0.1", 8443),
+        )
+        out = await hop(relay, job)
+        relay.close()
+        assert out.startswith(b"HTTP/1.1 200")
+        assert seen.heads[0].startswith(
+            b"POST /v1/messages HTTP/1.1\r\nhost: gw.provider.invalid:8443\r\ncontent-type"
+        )
+
+
+def test_a_zstd_body_of_several_frames_is_decoded_whole() -> None:
+    c = zstandard.ZstdCompressor()
+    one, two = c.compress(b"event: a\n\n"), c.compress(b"event: b\n\n")
+    for pieces in ([one, two], [one + two], [one + two[:3], two[3:]]):
+        decode = decoder(b"zstd")
+        assert decode is not None
+        assert b"".join(decode(p) for p in pieces) == b"event: a\n\nevent: b\n\n"
+    decode = decoder(b"gzip")
+    assert decode is not None
+    assert decode(gzip.compress(b"a") + gzip.compress(b"b")) == b"ab"
+
+
+async def test_stacked_encodings_pass_as_they_came_ungated() -> None:
+    payload = gzip.compress(gzip.compress(TEXT_SSE))
+    answer = (
+        b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ncontent-encoding: gzip\r\n"
+        b"content-encoding: gzip\r\ncontent-length: %d\r\n\r\n" % len(payload) + payload
+    )
+    out, job = await relayed(answer)
+    head, _, body = out.partition(b"\r\n\r\n")
+    assert head.lower().count(b"content-encoding: gzip") == 2 and body == payload
+    assert not job.gated and job.error is not None and "stacked" in job.error
