@@ -86,6 +86,7 @@ class Ledger:
         prices: PriceTable,
         facts: FactsCache,
         max_sessions: int = 256,
+        sent_bodies: int = 16,
     ) -> None:
         self.store = store
         self.prices = prices
@@ -99,7 +100,7 @@ class Ledger:
         # The bodies sent upstream, apart from the addon's cache of client bodies (which the
         # next turn is matched against): a rewritten session's next sent body repeats its
         # head, summary and tail, so it is indexed from the previous one's bytes.
-        self._sent = MessageCache(max_lists=64)
+        self._sent = MessageCache(max_lists=sent_bodies)  # the addon's `cg_warm_sessions`
 
     # -- writing --------------------------------------------------------------------------
 

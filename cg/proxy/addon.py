@@ -148,6 +148,11 @@ class ContextGuru:
         """A stash for the views (mitmweb's thread or the loop: a read, never raises out)."""
         return self.store.get_stash(key) if self.store is not None else None
 
+    def _set_verify(self, verify: bool | str) -> None:
+        self.pool.verify = verify
+        self.relay_pool.verify = verify
+        self.relay.h1.verify = verify
+
     def load(self, loader: Any) -> None:
         # mitmproxy enables DEBUG on the root logger and filters in its handlers, so httpcore
         # made (and mitmproxy dropped) ~12 debug records per relayed turn: ~0.25 ms of its
@@ -216,7 +221,8 @@ class ContextGuru:
             16,
             "How many sessions' last request bodies are kept to index each next turn from "
             "(only its new messages are read: ~0.5 ms for 1 MB). Beyond it a session's turn "
-            "is indexed whole (~6 ms for 1 MB). Each costs ~7 MB per 1 MB body kept.",
+            "is indexed whole (~6 ms for 1 MB). Each costs ~7 MB per 1 MB body kept, and "
+            "as many bodies sent upstream (summarized: smaller) are kept for the usage ledger.",
         )
         loader.add_option(
             "cg_control_remote",
@@ -250,9 +256,12 @@ class ContextGuru:
         )
 
     def configure(self, updated: set[str]) -> None:
+        opts = ctx.options
+        if updated & {"ssl_insecure", "ssl_verify_upstream_trusted_ca"}:
+            # Our own calls verify as mitmproxy's upstream leg does, changed at run time too.
+            self._set_verify(upstream_verify(opts))
         if not any(k.startswith("cg_") for k in updated):
             return
-        opts = ctx.options
         if "cg_tune_malloc" in updated and opts.cg_tune_malloc:
             why = malloc.tune()
             if why is not None:
@@ -269,11 +278,14 @@ class ContextGuru:
             acting = any(c.pipeline for c in configs.values())
             # The usage ledger persists with any pipeline, or wherever cg_db names a file.
             store = self._open_store(config, opts.cg_db) if acting or opts.cg_db else self.store
-            ledger = Ledger(store or Store.memory(), price_table(config.prices), self.facts)
+            ledger = Ledger(
+                store or Store.memory(),
+                price_table(config.prices),
+                self.facts,
+                sent_bodies=opts.cg_warm_sessions,
+            )
             timeout = timeout_from_env()
-            self.pool.verify = upstream_verify(opts)
-            self.relay_pool.verify = self.pool.verify
-            self.relay.h1.verify = self.pool.verify
+            self._set_verify(upstream_verify(opts))
             pipelines = {
                 name: build_pipeline(
                     c.pipeline,
@@ -847,6 +859,11 @@ class ContextGuru:
             if job.error is not None:
                 record["expand"]["error"] = job.error
             return job.replies if job.rounds else None
+        if job is not None and job.error is not None:
+            # Relayed but not gated, for a reason (an encoding the relay cannot read): the
+            # answer streamed past as it came, so there is nothing here to read again.
+            record["expand"]["error"] = job.error
+            return None
         if flow.response.status_code == 200 and record.get("expand", {}).get("injected"):
             return await self._continue(flow, record)
         if flow.response.status_code != 400:

@@ -419,7 +419,7 @@ class HttpPool:
     MAX_NAMED = 16
 
     def __init__(self, verify: bool | str = True, max_connections: int | None = 16) -> None:
-        self.verify = verify
+        self._verify = verify
         # None: no cap (the expand relay holds a connection for a whole streamed answer, one
         # per agent turn in flight: a cap would queue turns behind others' generations).
         self.max_connections = max_connections
@@ -427,10 +427,34 @@ class HttpPool:
         self._named: dict[str, httpx.AsyncClient] = {}
         self._closing: set[asyncio.Task[None]] = set()
 
+    @property
+    def verify(self) -> bool | str:
+        return self._verify
+
+    @verify.setter
+    def verify(self, value: bool | str) -> None:
+        """A change (mitmproxy's `ssl_insecure` or `ssl_verify_upstream_trusted_ca`) retires
+        every client made under the old setting: their pooled connections were verified by it."""
+        if value == self._verify:
+            return
+        self._verify = value
+        old = [c for c in (self._client, *self._named.values()) if c is not None]
+        self._client, self._named = None, {}
+        for client in old:
+            self._retire(client)
+
+    def _retire(self, client: httpx.AsyncClient) -> None:
+        try:
+            task = asyncio.get_running_loop().create_task(client.aclose())
+        except RuntimeError:  # no loop (a client is only ever made inside one): nothing open
+            return
+        self._closing.add(task)
+        task.add_done_callback(self._closing.discard)
+
     def _new(self) -> httpx.AsyncClient:
         return httpx.AsyncClient(
             trust_env=False,
-            verify=self.verify,
+            verify=self._verify,
             # Uncapped (the relay): as many kept alive as there are turns in flight, up to 64,
             # so concurrent agents do not reconnect upstream on every turn.
             limits=httpx.Limits(
@@ -444,10 +468,7 @@ class HttpPool:
             named = self._named.pop(sni, None) or self._new()
             self._named[sni] = named  # most recently used last
             while len(self._named) > self.MAX_NAMED:
-                old = self._named.pop(next(iter(self._named)))
-                task = asyncio.get_running_loop().create_task(old.aclose())
-                self._closing.add(task)
-                task.add_done_callback(self._closing.discard)
+                self._retire(self._named.pop(next(iter(self._named))))
             return named
         if self._client is None:
             self._client = self._new()

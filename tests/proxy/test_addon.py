@@ -514,9 +514,21 @@ async def test_warm_sessions_sizes_the_message_cache_and_refuses_zero() -> None:
         assert cg.cache.max_lists == 16
         tctx.configure(cg, cg_warm_sessions=64)
         assert cg.cache.max_lists == 64
+        assert cg.meter.ledger is not None and cg.meter.ledger._sent.max_lists == 64
         with pytest.raises(exceptions.OptionsError, match="cg_warm_sessions"):
             tctx.configure(cg, cg_warm_sessions=0)
         assert cg.cache.max_lists == 64  # the refused value changed nothing
+
+
+async def test_mitmproxys_upstream_tls_settings_reach_our_own_calls_at_run_time() -> None:
+    """`ssl_insecure` changed after start (no cg_ option with it) still reaches the
+    summarizer's pool, the relay's continuation pool and the relay's HTTP/1.1 pool."""
+    cg = ContextGuru()
+    with taddons.context(cg) as tctx:
+        setup(tctx, cg)
+        assert (cg.pool.verify, cg.relay_pool.verify, cg.relay.h1.verify) == (True, True, True)
+        tctx.configure(cg, ssl_insecure=True)
+        assert (cg.pool.verify, cg.relay_pool.verify, cg.relay.h1.verify) == (False, False, False)
 
 
 async def test_negative_body_cap_is_refused() -> None:

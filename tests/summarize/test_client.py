@@ -627,6 +627,18 @@ async def test_pool_never_reads_proxy_settings_and_closes(monkeypatch):
     await pool.aclose()
 
 
+async def test_a_changed_verify_setting_retires_every_client_made_under_the_old_one():
+    pool = HttpPool(verify=True)
+    plain, named = pool.client(), pool.client("api.provider.invalid")
+    pool.verify = True  # unchanged: kept
+    assert pool.client() is plain
+    pool.verify = False  # mitmproxy's ssl_insecure turned on at run time
+    assert pool.client() is not plain and pool.client("api.provider.invalid") is not named
+    await asyncio.gather(*pool._closing)
+    assert plain.is_closed and named.is_closed
+    await pool.aclose()
+
+
 # -- the shared-cache request --------------------------------------------------------------------
 
 SHARED_BODY = (
