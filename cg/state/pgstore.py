@@ -79,6 +79,7 @@ from cg.state.store import (
     _lru_victims,
     _meta_json,
     _stamped,
+    _stash_limits,
     _usage_row,
     owner,
     span_bytes,
@@ -1252,13 +1253,14 @@ class PgStore(Store):
         )
         total = int(conn.execute("SELECT COALESCE(SUM(size), 0) FROM cg_stashes").fetchone()[0])
         lru = 0
-        if total > self.max_bytes:
-            victims = _lru_victims(
+        budget, target = _stash_limits(self.max_bytes)  # as the SQLite store shares `max_mb`
+        if total > budget:
+            victims, _ = _lru_victims(
                 conn.execute(
                     "SELECT key, session, size FROM cg_stashes ORDER BY last_used, created"
                 ).fetchall(),
                 total,
-                self.max_bytes,
+                target,
             )
             with conn.cursor() as cur:
                 cur.executemany("DELETE FROM cg_stashes WHERE key = %s AND session = %s", victims)

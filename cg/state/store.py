@@ -28,6 +28,8 @@ transaction) and a killed process (a transaction is all or nothing). Bounded by 
 `last_used` and a total stash size, evicted least recently used first; eviction runs on open and
 opportunistically after writes, at most once per `evict_interval` seconds. Session clocks expire by
 the same TTL, and a checkpoint with its session (reading a checkpoint marks its stash used).
+The file holds to `max_mb` (see `STASH_SHARE`): stashes get half of it, evicted as soon as a
+write takes them past it, the facts cache a quarter, and the WAL is truncated to an eighth.
 Ledger rows are a few hundred bytes per session and what `/_cg/sessions` reports, so they live
 `LEDGER_TTL_DAYS` (30) days after their session's last answer, or the store TTL if that is longer.
 
@@ -188,18 +190,34 @@ def _facts_cap(max_bytes: int) -> int:
     return max(1000, max_bytes // 400)
 
 
+# How `max_mb` is shared, so that the file holds to it (not only the stashes): the stashes get
+# half, the facts cache a quarter (`_facts_cap`), and the rest is for checkpoints, sessions, the
+# ledger, pages freed by eviction and not yet reused, and the WAL (`journal_size_limit`, an
+# eighth). Stashes over their half are evicted least recently used first, down to 90% of it, so
+# that one eviction makes room for several stashes rather than one.
+STASH_SHARE = 0.5
+EVICT_TO = 0.9
+WAL_SHARE = 0.125
+
+
+def _stash_limits(max_bytes: int) -> tuple[int, int]:
+    """(budget, target): stashes over `budget` bytes are evicted down to `target`."""
+    budget = int(max_bytes * STASH_SHARE)
+    return budget, int(budget * EVICT_TO)
+
+
 def _lru_victims(
-    rows: Iterable[tuple[str, str, Any]], total: int, max_bytes: int
-) -> list[tuple[str, str]]:
+    rows: Iterable[tuple[str, str, Any]], total: int, target: int
+) -> tuple[list[tuple[str, str]], int]:
     """The `(key, session)` of the stashes to drop, from `rows` (key, session, size) least
-    recently used first, until `total` bytes are within `max_bytes`."""
+    recently used first, until `total` bytes are within `target`; and the total left."""
     victims: list[tuple[str, str]] = []
     for key, session, size in rows:
-        if total <= max_bytes:
+        if total <= target:
             break
         victims.append((key, session))
         total -= int(size)
-    return victims
+    return victims, total
 
 
 class StoreError(RuntimeError):
@@ -426,6 +444,12 @@ class Store:
         self.evict_interval = evict_interval if evict else float("inf")
         self.evicted = 0
         self._last_evict = float("-inf")
+        self._evicts = evict
+        # Stash bytes as the last eviction left them, plus what this process stashed since: past
+        # the budget, the next write evicts without waiting for `evict_interval` (other processes
+        # on the file count their own, and each evicts on its interval anyway).
+        self._stash_bytes = 0
+        self._stashed = 0
         # (stash key, owner) -> when this process last refreshed its `last_used`
         self._touched: dict[tuple[str, str], float] = {}
         self._lock = threading.Lock()
@@ -523,6 +547,7 @@ class Store:
                 if str(mode).lower() != "wal":
                     raise StoreError(f"cannot open the store {where}: WAL mode refused ({mode})")
                 conn.execute("PRAGMA synchronous = NORMAL")
+                self._wal_pragmas(conn)
             conn.execute("PRAGMA foreign_keys = OFF")
             self._migrate(conn)
         except sqlite3.Error as e:
@@ -629,6 +654,7 @@ class Store:
                 conn.execute(f"PRAGMA busy_timeout = {int(self._busy_ms)}")
                 conn.execute("PRAGMA journal_mode = WAL")
                 conn.execute("PRAGMA synchronous = NORMAL")
+                self._wal_pragmas(conn)
             except (OSError, sqlite3.Error) as e:
                 self.error = f"cannot restore the store {where}: {e}"
                 self.error_at = time.monotonic()
@@ -678,8 +704,24 @@ class Store:
         """What `/_cg/health` shows of the engine (never a credential)."""
         return {"engine": "sqlite", "path": self.path}
 
+    def _wal_limit(self) -> int:
+        """What the WAL is truncated to after a checkpoint (it otherwise keeps its high-water
+        mark: 43 MB in a 115,200-request soak with `max_mb` 32)."""
+        return max(64 * 1024, int(self.max_bytes * WAL_SHARE))
+
+    def _wal_pragmas(self, conn: sqlite3.Connection) -> None:
+        """The WAL within its share: checkpointed once it holds that much (SQLite's default is
+        1000 pages, 4 MB, whatever the cap) and truncated back to it afterwards."""
+        limit = self._wal_limit()
+        page = int(conn.execute("PRAGMA page_size").fetchone()[0]) or 4096
+        conn.execute(f"PRAGMA journal_size_limit = {limit}")
+        conn.execute(f"PRAGMA wal_autocheckpoint = {min(1000, max(16, limit // page))}")
+
     def _maybe_evict(self) -> None:
-        if self.now() - self._last_evict >= self.evict_interval:
+        if not self._evicts:
+            return
+        over = self._stash_bytes + self._stashed > _stash_limits(self.max_bytes)[0]
+        if over or self.now() - self._last_evict >= self.evict_interval:
             self.evict()
 
     def close(self) -> None:
@@ -710,6 +752,7 @@ class Store:
                 "ON CONFLICT (key, session) DO UPDATE SET last_used = excluded.last_used",
                 (key, session, t, t, len(span), dialect, len(span_sources), span),
             )
+        self._stashed += len(span)
         self._maybe_evict()
 
     def get_stash(self, key: str, session: str | None = None) -> Stash | None:
@@ -1058,17 +1101,19 @@ class Store:
             conn.execute("DELETE FROM ledger WHERE last_seen < ?", (ledger_cutoff,))
             total = conn.execute("SELECT COALESCE(SUM(size), 0) FROM stashes").fetchone()[0]
             lru = 0
-            if total > self.max_bytes:
-                victims = _lru_victims(
+            budget, target = _stash_limits(self.max_bytes)
+            if total > budget:
+                victims, total = _lru_victims(
                     conn.execute(
                         "SELECT key, session, size FROM stashes ORDER BY last_used, created"
                     ).fetchall(),
                     total,
-                    self.max_bytes,
+                    target,
                 )
                 conn.executemany("DELETE FROM stashes WHERE key = ? AND session = ?", victims)
                 lru = len(victims)
         self._last_evict = t
+        self._stash_bytes, self._stashed = int(total), 0
         result = EvictResult(expired, lru, cps, sess)
         self.evicted += result.expired_stashes + result.lru_stashes
         return result

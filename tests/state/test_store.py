@@ -3,6 +3,7 @@ a restart, TTL and size-bounded LRU eviction, concurrent writers and a killed wr
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import signal
@@ -24,6 +25,7 @@ from cg.state.store import (
     SCHEMA_VERSION,
     TOUCH_INTERVAL,
     Checkpoint,
+    FactRow,
     Store,
     StoreError,
     span_bytes,
@@ -278,7 +280,7 @@ def test_reading_a_checkpoint_keeps_its_stash_from_lru_eviction(target: Target, 
         st.put_checkpoint(checkpoint("s", key=live))
         clock.t += TOUCH_INTERVAL + 1  # `last_used` is refreshed at most once per interval
         assert st.get_checkpoint("s") is not None  # marks `live` used
-        st.max_bytes = 150
+        st.max_bytes = 300  # stashes get half: 150 bytes, evicted down to 135
         result = st.evict()
         assert result.lru_stashes == 1
         assert st.has_stash(live) and not st.has_stash(old)
@@ -408,10 +410,11 @@ def test_no_eviction_between_intervals(target: Target, clock: Clock):
 
 
 def test_size_bound_evicts_least_recently_used_first(target: Target, clock: Clock):
+    """Stashes get half of `max_mb` (here 1 MiB of 2) and are evicted down to 90% of it."""
     mb = 1024 * 1024
     blob = "x" * (mb // 5)  # four of these fit in 1 MiB, five do not (with their brackets)
     keys = [stash_key([f"{i}"]) for i in range(6)]
-    with make(target, now=clock, max_mb=1, evict_interval=HOUR) as st:
+    with make(target, now=clock, max_mb=2, evict_interval=HOUR) as st:
         for i, k in enumerate(keys[:4]):
             st.put_stash(k, "s", [json.dumps(blob + str(i))], "anthropic")
             clock.t += 1
@@ -419,12 +422,45 @@ def test_size_bound_evicts_least_recently_used_first(target: Target, clock: Cloc
         assert st.get_stash(keys[0], "s") is not None  # the oldest, but recently used
         st.put_stash(keys[4], "s", [json.dumps(blob)], "anthropic")
         st.put_stash(keys[5], "s", [json.dumps(blob)], "anthropic")
-        result = st.evict()
-        assert result.lru_stashes == 2
+        st.evict()
+        assert st.evicted == 2
         assert st.has_stash(keys[0])  # kept: used recently
         assert not st.has_stash(keys[1]) and not st.has_stash(keys[2])
         assert all(st.has_stash(k) for k in keys[3:])
         assert st.stats().stash_bytes <= mb
+
+
+def test_a_write_past_the_stash_budget_evicts_at_once(db: Path, clock: Clock):
+    """The interval (an hour here) does not let stashes run past their budget meanwhile."""
+    mb = 1024 * 1024
+    with Store(db, now=clock, max_mb=2, evict_interval=HOUR) as st:
+        for i in range(12):
+            st.put_stash(stash_key([f"{i}"]), "s", [json.dumps("x" * (mb // 5))], "anthropic")
+            clock.t += 1
+            assert st.stats().stash_bytes <= mb  # never over half of max_mb, even for a moment
+        assert st.evicted >= 7  # vacuity: it was the size that evicted, not the clock
+
+
+def fact_row(n: int) -> FactRow:
+    """A facts row as `cg.state.facts` writes one: raw digest, canonical digest, tokens,
+    tool output tokens, flags."""
+    raw = hashlib.blake2b(str(n).encode(), digest_size=16).digest()
+    return (raw, raw[::-1], n % 5000, (n % 300,), 0)
+
+
+def test_the_file_holds_to_max_mb(db: Path, clock: Clock):
+    """Ten times `max_mb` stashed, facts written too: the database, its WAL and its shared
+    memory file together stay within `max_mb`."""
+    kb = 1024
+    max_mb = 4
+    with Store(db, now=clock, max_mb=max_mb, evict_interval=HOUR) as st:
+        for i in range(800):
+            st.put_stash(stash_key([f"{i}"]), "s", [json.dumps("y" * (50 * kb))], "anthropic")
+            if i % 40 == 0:
+                st.put_facts([fact_row(i * 1000 + j) for j in range(300)])
+            clock.t += 1
+            assert st.stats().file_bytes <= max_mb * kb * kb, (i, st.stats().file_bytes)
+        assert st.evicted > 700  # vacuity: ~40 MB went through a 4 MB file
 
 
 # -- the file --------------------------------------------------------------------------------
