@@ -291,16 +291,23 @@ def start_summarize(
     preset: str = "summarize",
     db: Path | None = None,
     options: Sequence[str] = (),
+    store: Mapping[str, Any] | None = None,
     **kw: Any,
 ) -> Proxy:
     """`Proxy.start` on its own SQLite file (`db`, default `workdir/cg.sqlite3`) with
-    `summarize`, if given, as the summarize component's config over `preset` (written to
+    `summarize`, if given, as the summarize component's config over `preset`, and `store`, if
+    given, as the config's `store:` block (`max_mb`, `ttl_hours`; both written to
     `workdir/cg.yaml`); `kw` as `Proxy.start`'s."""
     workdir.mkdir(parents=True, exist_ok=True)
     opts = [f"cg_db={db or workdir / 'cg.sqlite3'}", *options]
+    doc: dict[str, Any] = {}
     if summarize is not None:
+        doc["components"] = {"summarize": dict(summarize)}
+    if store is not None:
+        doc["store"] = dict(store)
+    if doc:
         config = workdir / "cg.yaml"
-        config.write_text(yaml.safe_dump({"components": {"summarize": dict(summarize)}}))
+        config.write_text(yaml.safe_dump(doc))
         opts.append(f"cg_config={config}")
     return Proxy.start(upstream, workdir, preset=preset, options=opts, **kw)
 

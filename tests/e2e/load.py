@@ -19,6 +19,11 @@ from the tags it was shown. The figures, and what must hold:
                   that carried the marker and holds only its tag (`/_cg/expand`)
     memory        the proxy's RSS after a warm-up session (`warm`), then sampled every 0.5 s
                   (mid-run, peak, end), and the growth over `warm` per session
+    store         its SQLite file's size on disk (the file and its -wal and -shm) and the
+                  stashes' bytes as the store counts them, sampled with the RSS (peak, each
+                  wave's end); with `--max-mb N` (the config's `store.max_mb`), the stashes
+                  stay within N as the store promises (EVICT_WINDOW says how), and each wave's
+                  markers are checked at its end (a marker whose stash was evicted: `gone`)
     time          wall time, and p50/p99 of the request latency through the proxy
 
 The run is bounded (`--seconds`) and stops by itself; every process it starts it stops by PID.
@@ -29,19 +34,24 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import re
+import sqlite3
 import statistics
 import sys
 import tempfile
 import threading
 import time
 import uuid
+from contextlib import closing, suppress
 from dataclasses import asdict, dataclass, field
+from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
 import httpx
 
+from cg.state.store import DEFAULT_EVICT_INTERVAL
 from tests.e2e.harness import Proxy, low, start_summarize
 from tests.fakeprovider import FakeProvider, Recorded, Reply
 
@@ -50,6 +60,15 @@ MARKER = re.compile(r"<<cg:([0-9a-f]{24})>>")
 HEADER = "=== History Summary ==="
 SESSION_HEADER = "x-context-guru-session"
 FILLER = " ".join(f"w{i}" for i in range(120))  # ~150 tokens a message
+# What `--max-mb` checks. `store.max_mb` caps the stashes' bytes (SUM(stashes.size), the spans'
+# source bytes), not the file: on disk the file also holds the facts cache (capped at a quarter
+# of max_mb, by rows), checkpoints, session clocks, the ledger, free pages (SQLite reuses them,
+# never returns them) and the -wal (an eviction's deletes go through it; nothing truncates it).
+# And the cap holds after each eviction, which runs after a write at most once per
+# `DEFAULT_EVICT_INTERVAL` (60 s): between two, the total grows by what was stashed since. So the
+# check is the store's promise: the sampled stash total's peak <= max_mb + the most it rose
+# within any EVICT_WINDOW (60 s + 5 s for the 0.5 s sampling). The size on disk is reported.
+EVICT_WINDOW = DEFAULT_EVICT_INTERVAL + 5.0
 
 
 def config(resummarize_tokens: int = 2500) -> dict[str, Any]:
@@ -73,6 +92,14 @@ class Result:
     waves: int = 1
     wave_end_rss_mb: list[float] = field(default_factory=list)
     cut_short: bool = False
+    max_mb: float | None = None  # the config's `store.max_mb`; None: the preset's (512)
+    store_mb_peak: float = 0.0  # the SQLite file + -wal + -shm on disk, sampled with the RSS
+    wave_end_store_mb: list[float] = field(default_factory=list)
+    stash_mb_peak: float = 0.0  # SUM(stashes.size): what `max_mb` caps, as the store counts it
+    wave_end_stash_mb: list[float] = field(default_factory=list)
+    stash_mb_bound: float = 0.0  # with max_mb: max_mb + the most stashed in an EVICT_WINDOW
+    stashes_gone: int = 0  # with max_mb: markers whose stash was evicted (404), not leaks
+    check_seconds: float = 0.0  # with max_mb: the per-wave isolation checks (not in `seconds`)
 
     def problems(self) -> list[str]:
         out = [*self.failures[:5], *self.leaks[:5]]
@@ -86,13 +113,62 @@ class Result:
             )
         if self.cut_short:
             out.append("the run hit its time cap")
+        out += self.store_problems()
         return out
+
+    def store_problems(self) -> list[str]:
+        """With `max_mb`: the stash total's peak within the store's promise (see EVICT_WINDOW)."""
+        if self.max_mb is None or self.stash_mb_peak <= self.stash_mb_bound:
+            return []
+        return [
+            f"the stashes peaked at {self.stash_mb_peak} MB: over max_mb {self.max_mb} MB plus "
+            f"what was stashed within one eviction interval ({self.stash_mb_bound} MB in all)"
+        ]
 
 
 def summarizer(rec: Recorded) -> Reply:
     """A summary naming the session tags the summarizer was shown (one, if all is well)."""
     tags = sorted(set(TAG.findall(rec.body.decode("utf-8", "replace"))))
     return Reply(text=f"<summary>The agent worked on {' '.join(tags)}.</summary>")
+
+
+def store_bytes(db: Path) -> int:
+    """The SQLite store's size on disk: the file and its -wal and -shm files."""
+    total = 0
+    for suffix in ("", "-wal", "-shm"):
+        with suppress(OSError):
+            total += os.path.getsize(f"{db}{suffix}")
+    return total
+
+
+def stash_bytes(db: Path) -> int | None:
+    """The stashes' bytes as the store counts them against `max_mb` (`SUM(size)`, the spans'
+    bytes: `Store.evict`), read on a connection of its own that writes nothing (a WAL reader
+    never blocks the proxy's writers); None when the file cannot be read (not there yet)."""
+    try:
+        with closing(sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=5.0)) as conn:
+            row = conn.execute("SELECT COALESCE(SUM(size), 0) FROM stashes").fetchone()
+    except sqlite3.Error:
+        return None
+    return int(row[0])
+
+
+def mb(n: float) -> float:
+    return round(n / 1024 / 1024, 1)
+
+
+def most_risen(samples: list[tuple[float, int]], window: float) -> int:
+    """The largest sum of the rises between consecutive (time, bytes) samples within any
+    `window` seconds: at least what was stashed in it, less what an eviction took meanwhile."""
+    rises = [(t, max(b - a, 0)) for (_, a), (t, b) in pairwise(samples)]
+    best = acc = lo = 0
+    for t, r in rises:
+        acc += r
+        while rises[lo][0] <= t - window:
+            acc -= rises[lo][1]
+            lo += 1
+        best = max(best, acc)
+    return best
 
 
 def rss_kb(pid: int) -> int:
@@ -103,21 +179,30 @@ def rss_kb(pid: int) -> int:
 
 
 class Sampler:
-    """The proxy's RSS every `every` seconds, on a thread, until stopped."""
+    """The proxy's RSS every `every` seconds, on a thread, until stopped; with `db`, its
+    store's size on disk (`store`) and (time, stash bytes) when readable (`stash`) too."""
 
-    def __init__(self, pid: int, every: float = 0.5) -> None:
-        self.pid, self.every = pid, every
+    def __init__(self, pid: int, every: float = 0.5, db: Path | None = None) -> None:
+        self.pid, self.every, self.db = pid, every, db
         self.samples: list[tuple[float, int]] = []
+        self.store: list[int] = []
+        self.stash: list[tuple[float, int]] = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="rss", daemon=True)
 
     def _run(self) -> None:
         t0 = time.monotonic()
         while not self._stop.is_set():
+            t = time.monotonic() - t0
             try:
-                self.samples.append((time.monotonic() - t0, rss_kb(self.pid)))
+                self.samples.append((t, rss_kb(self.pid)))
             except OSError:
                 return
+            if self.db is not None:
+                self.store.append(store_bytes(self.db))
+                stashed = stash_bytes(self.db)
+                if stashed is not None:
+                    self.stash.append((t, stashed))
             self._stop.wait(self.every)
 
     def __enter__(self) -> Sampler:
@@ -183,10 +268,14 @@ async def session(
             result.failures.append(f"{tag} turn {n}: HTTP {r.status_code}: {text[:200]}")
 
 
-def check_isolation(fake: FakeProvider, proxy: Proxy | None, result: Result) -> None:
+def check_isolation(
+    fake: FakeProvider, proxy: Proxy | None, result: Result, since: int = 0
+) -> None:
+    """Over the requests the provider received from the `since`-th on (adds to `result`); with
+    `result.max_mb`, a marker that no longer resolves is a stash evicted under the cap."""
     spliced: set[str] = set()
     keys: dict[str, set[str]] = {}
-    for rec in fake.requests:
+    for rec in fake.requests[since:]:
         if rec.is_summarizer:
             continue
         tag = rec.header(SESSION_HEADER)
@@ -200,12 +289,15 @@ def check_isolation(fake: FakeProvider, proxy: Proxy | None, result: Result) -> 
             spliced.add(tag)
             for key in MARKER.findall(text):
                 keys.setdefault(key, set()).add(tag)
-    result.spliced_sessions = len(spliced)
+    result.spliced_sessions += len(spliced)
     if proxy is None or not keys:
         return
     with proxy.client(timeout=30.0) as c:
         for key, owners in keys.items():
             r = c.get("/_cg/expand", params={"id": key})
+            if r.status_code == 404 and result.max_mb is not None:
+                result.stashes_gone += 1
+                continue
             if r.status_code != 200:
                 result.leaks.append(f"marker {key} does not resolve: HTTP {r.status_code}")
                 continue
@@ -246,26 +338,32 @@ def run(
     seconds: float = 900.0,
     resummarize_tokens: int = 2500,
     waves: int = 1,
+    max_mb: float | None = None,
 ) -> Result:
     """One load run of `waves` waves of `sessions` concurrent sessions, each wave new ones on
     the same proxy (the RSS at each wave's end shows whether memory grows with the sessions
-    seen, or stays flat); the caller decides what to assert (`Result.problems()`)."""
+    seen, or stays flat); `max_mb`, if given, is the config's `store.max_mb`. The caller
+    decides what to assert (`Result.problems()`)."""
     workdir = workdir or Path(tempfile.mkdtemp(prefix="cg-load-"))
-    result = Result(sessions, turns, waves=waves)
+    result = Result(sessions, turns, waves=waves, max_mb=max_mb)
+    db = workdir / "cg.sqlite3"  # start_summarize's default `cg_db`
+    store = None if max_mb is None else {"max_mb": max_mb}
     with FakeProvider() as fake:
         fake.summarizer_responder = summarizer
-        proxy = start_summarize(fake.url, workdir, config(resummarize_tokens))
+        proxy = start_summarize(fake.url, workdir, config(resummarize_tokens), db=db, store=store)
         try:
             # Warm-up, not counted: one short session loads the tokenizer and fills the caches
             # a first request fills, so the baseline is the proxy at work, not at rest.
             asyncio.run(drive(proxy.url, 1, 8, Result(1, 8), seconds, prefix="W"))
             base = rss_kb(proxy.proc.pid)
             t0 = time.monotonic()
-            with Sampler(proxy.proc.pid) as rss:
+            with Sampler(proxy.proc.pid, db=db) as rss:
                 lat: list[float] = []
                 end = time.monotonic() + seconds
+                checked = 0.0  # seconds spent in per-wave isolation checks
                 for wave in range(waves):
                     left = max(end - time.monotonic(), 0.0)
+                    since = len(fake.requests)
                     first = wave * sessions
                     lat += asyncio.run(drive(proxy.url, sessions, turns, result, left, "S", first))
                     # the summaries still running: until every commissioned one ended
@@ -276,13 +374,23 @@ def run(
                             break
                         threading.Event().wait(0.2)  # a bounded poll of the proxy's counters
                     result.wave_end_rss_mb.append(round(rss_kb(proxy.proc.pid) / 1024, 1))
-            result.seconds = round(time.monotonic() - t0, 1)
+                    result.wave_end_store_mb.append(mb(store_bytes(db)))
+                    result.wave_end_stash_mb.append(mb(stash_bytes(db) or 0))
+                    if max_mb is not None:
+                        # A capped store evicts the older waves' stashes (least recently used
+                        # first): each wave's markers are checked at its end, while newest.
+                        c0 = time.monotonic()
+                        check_isolation(fake, proxy, result, since)
+                        checked += time.monotonic() - c0
+            result.seconds = round(time.monotonic() - t0 - checked, 1)
+            result.check_seconds = round(checked, 1)
             stats = proxy.stats()
             result.summaries = {
                 k: stats["summaries"][k]
                 for k in ("commissioned", "completed", "failed", "timed_out", "reused")
             }
-            check_isolation(fake, proxy, result)
+            if max_mb is None:
+                check_isolation(fake, proxy, result)
             kb = [k for _, k in rss.samples if k]
             if kb:
                 result.rss_mb = {
@@ -293,6 +401,11 @@ def run(
                     "samples": len(kb),
                 }
                 result.rss_per_session_mb = round((max(kb) - base) / 1024 / sessions, 2)
+            result.store_mb_peak = mb(max(rss.store, default=0))
+            result.stash_mb_peak = mb(max((b for _, b in rss.stash), default=0))
+            if max_mb is not None:
+                risen = most_risen(rss.stash, EVICT_WINDOW)
+                result.stash_mb_bound = mb(max_mb * 1024 * 1024 + risen)
             if lat:
                 q = statistics.quantiles(lat, n=100) if len(lat) >= 2 else lat * 99
                 result.latency_ms = {
@@ -315,8 +428,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--waves", type=int, default=1, help="rounds of new sessions, one proxy")
     ap.add_argument("--seconds", type=float, default=900.0, help="the run's time cap")
     ap.add_argument("--json", type=Path, help="write the figures here")
+    ap.add_argument(
+        "--max-mb", type=float, help="the store's size cap (`store.max_mb`), checked on the run"
+    )
     args = ap.parse_args(argv)
-    result = run(args.sessions, args.turns, seconds=args.seconds, waves=args.waves)
+    result = run(
+        args.sessions, args.turns, seconds=args.seconds, waves=args.waves, max_mb=args.max_mb
+    )
     doc = {**asdict(result), "problems": result.problems()}
     doc["failures"] = result.failures[:20]
     doc["leaks"] = result.leaks[:20]
