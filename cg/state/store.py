@@ -29,7 +29,10 @@ transaction) and a killed process (a transaction is all or nothing). Bounded by 
 opportunistically after writes, at most once per `evict_interval` seconds. Session clocks expire by
 the same TTL, and a checkpoint with its session (reading a checkpoint marks its stash used).
 The file holds to `max_mb` (see `STASH_SHARE`): stashes get half of it, evicted as soon as a
-write takes them past it, the facts cache a quarter, and the WAL is truncated to an eighth.
+write takes them past it (and less when the rest of the file needs the room), the facts cache a
+quarter, and the WAL is checkpointed at an eighth and cut back after each eviction. What is not
+evicted by size (checkpoints, session clocks, the ledger: bounded by the TTL and 30 days) is the
+one thing that can still outgrow a cap too small for the sessions it serves.
 Ledger rows are a few hundred bytes per session and what `/_cg/sessions` reports, so they live
 `LEDGER_TTL_DAYS` (30) days after their session's last answer, or the store TTL if that is longer.
 
@@ -194,10 +197,13 @@ def _facts_cap(max_bytes: int) -> int:
 # half, the facts cache a quarter (`_facts_cap`), and the rest is for checkpoints, sessions, the
 # ledger, pages freed by eviction and not yet reused, and the WAL (`journal_size_limit`, an
 # eighth). Stashes over their half are evicted least recently used first, down to 90% of it, so
-# that one eviction makes room for several stashes rather than one.
+# that one eviction makes room for several stashes rather than one; and further when the rest
+# of the file leaves them less room (`evict`).
 STASH_SHARE = 0.5
 EVICT_TO = 0.9
 WAL_SHARE = 0.125
+SHM_BYTES = 32 * 1024  # the WAL's index file
+ROOM_MIN_BYTES = 1024 * 1024  # below it the schema alone is a tenth of the cap: not held on disk
 
 
 def _stash_limits(max_bytes: int) -> tuple[int, int]:
@@ -450,6 +456,7 @@ class Store:
         # on the file count their own, and each evicts on its interval anyway).
         self._stash_bytes = 0
         self._stashed = 0
+        self._file_at_evict = 0  # the files' bytes when the last eviction ended
         # (stash key, owner) -> when this process last refreshed its `last_used`
         self._touched: dict[tuple[str, str], float] = {}
         self._lock = threading.Lock()
@@ -717,11 +724,23 @@ class Store:
         conn.execute(f"PRAGMA journal_size_limit = {limit}")
         conn.execute(f"PRAGMA wal_autocheckpoint = {min(1000, max(16, limit // page))}")
 
+    def _file_bytes(self) -> int:
+        """The database and its WAL on disk, now (two `stat` calls; 0 when not a file)."""
+        if not self.persistent:
+            return 0
+        try:
+            return os.path.getsize(self.path) + os.path.getsize(self.path + "-wal")
+        except OSError:
+            return 0
+
     def _maybe_evict(self) -> None:
         if not self._evicts:
             return
         over = self._stash_bytes + self._stashed > _stash_limits(self.max_bytes)[0]
-        if over or self.now() - self._last_evict >= self.evict_interval:
+        # The rest of the file grew (checkpoints, the ledger, facts): the stashes' room is
+        # measured again once the files have grown by a fiftieth of the cap.
+        grown = self._file_bytes() > self._file_at_evict + self.max_bytes // 50
+        if over or grown or self.now() - self._last_evict >= self.evict_interval:
             self.evict()
 
     def close(self) -> None:
@@ -1102,6 +1121,20 @@ class Store:
             total = conn.execute("SELECT COALESCE(SUM(size), 0) FROM stashes").fetchone()[0]
             lru = 0
             budget, target = _stash_limits(self.max_bytes)
+            if self.persistent and self.max_bytes >= ROOM_MIN_BYTES:
+                # The rest of the file (ledger, checkpoints, facts, sessions) grows with the
+                # sessions seen; stashes, the part that can go, make room for it. Once the
+                # database file reaches 95% of what it may take (the cap less the WAL's share
+                # and its 32 KiB index), stashes go until the live pages fill 80% of it: the
+                # rest is free pages, which SQLite reuses before it grows the file.
+                page = conn.execute("PRAGMA page_size").fetchone()[0]
+                pages = conn.execute("PRAGMA page_count").fetchone()[0]
+                free = conn.execute("PRAGMA freelist_count").fetchone()[0]
+                allowed = self.max_bytes - self._wal_limit() - SHM_BYTES
+                need = (pages - free) * page - int(allowed * 0.8)
+                if pages * page > allowed * 0.95 and need > 0:
+                    target = min(target, max(0, int(total) - need))
+                    budget = min(budget, target)
             if total > budget:
                 victims, total = _lru_victims(
                     conn.execute(
@@ -1114,6 +1147,12 @@ class Store:
                 lru = len(victims)
         self._last_evict = t
         self._stash_bytes, self._stashed = int(total), 0
+        if self.persistent and (lru or expired or cps or sess):
+            # The deletes went through the WAL: checkpoint it and cut it back to nothing now
+            # (a passive checkpoint leaves the file at its high-water mark until a later write).
+            with suppress(StoreError), self._op("evict: checkpoint") as conn:
+                conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        self._file_at_evict = self._file_bytes()
         result = EvictResult(expired, lru, cps, sess)
         self.evicted += result.expired_stashes + result.lru_stashes
         return result

@@ -441,6 +441,29 @@ def test_a_write_past_the_stash_budget_evicts_at_once(db: Path, clock: Clock):
         assert st.evicted >= 7  # vacuity: it was the size that evicted, not the clock
 
 
+def test_stashes_make_room_for_what_the_rest_of_the_file_holds(db: Path, clock: Clock):
+    """Checkpoints (and the ledger) grow with the sessions seen and live by the TTL, not the
+    size: the stashes shrink so the file still holds to `max_mb`."""
+    kb = 1024
+    max_mb = 2
+    with Store(db, now=clock, max_mb=max_mb, evict_interval=HOUR) as st:
+        for i in range(300):
+            st.put_stash(stash_key([f"{i}"]), "s", [json.dumps("z" * (20 * kb))], "anthropic")
+            big = "c" * 3000
+            if i % 2 == 0:  # 150 sessions' checkpoints: ~0.9 MB of the 2
+                st.put_checkpoint(
+                    Checkpoint(
+                        session=f"s{i}", summary=big, head_count=1, covered_count=4,
+                        covered_hash=f"h{i}", key=stash_key([f"{i}"]),
+                        message=json.dumps({"role": "user", "content": big}),
+                    )
+                )  # fmt: skip
+            clock.t += 1
+            assert st.stats().file_bytes <= max_mb * kb * kb, (i, st.stats().file_bytes)
+        assert st.stats().stash_bytes < max_mb * kb * kb // 2 * 0.8  # less than their half
+        assert st.evicted > 200  # vacuity
+
+
 def fact_row(n: int) -> FactRow:
     """A facts row as `cg.state.facts` writes one: raw digest, canonical digest, tokens,
     tool output tokens, flags."""
