@@ -226,6 +226,22 @@ def _lru_victims(
     return victims, total
 
 
+def _chunks(
+    victims: list[tuple[str, str]], sizes: dict[tuple[str, str], int], limit: int
+) -> list[list[tuple[str, str]]]:
+    """`victims` in runs of at most `limit` bytes of stash each (one victim at least)."""
+    out: list[list[tuple[str, str]]] = [[]]
+    acc = 0
+    for v in victims:
+        n = sizes.get(v, 0)
+        if out[-1] and acc + n > limit:
+            out.append([])
+            acc = 0
+        out[-1].append(v)
+        acc += n
+    return out
+
+
 class StoreError(RuntimeError):
     """The store cannot be opened or an operation on it failed."""
 
@@ -724,6 +740,13 @@ class Store:
         conn.execute(f"PRAGMA journal_size_limit = {limit}")
         conn.execute(f"PRAGMA wal_autocheckpoint = {min(1000, max(16, limit // page))}")
 
+    def _checkpoint(self) -> None:
+        """Copy the WAL into the database and cut it back to nothing (best effort: a reader in
+        another process can hold it; the next checkpoint then does it)."""
+        if self.persistent:
+            with suppress(StoreError), self._op("checkpoint") as conn:
+                conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+
     def _file_bytes(self) -> int:
         """The database and its WAL on disk, now (two `stat` calls; 0 when not a file)."""
         if not self.persistent:
@@ -1135,23 +1158,27 @@ class Store:
                 if pages * page > allowed * 0.95 and need > 0:
                     target = min(target, max(0, int(total) - need))
                     budget = min(budget, target)
+            chunks: list[list[tuple[str, str]]] = []
             if total > budget:
-                victims, total = _lru_victims(
-                    conn.execute(
-                        "SELECT key, session, size FROM stashes ORDER BY last_used, created"
-                    ).fetchall(),
-                    total,
-                    target,
-                )
-                conn.executemany("DELETE FROM stashes WHERE key = ? AND session = ?", victims)
+                rows = conn.execute(
+                    "SELECT key, session, size FROM stashes ORDER BY last_used, created"
+                ).fetchall()
+                victims, total = _lru_victims(rows, total, target)
                 lru = len(victims)
+                chunks = _chunks(victims, {(k, s): int(n) for k, s, n in rows}, self._wal_limit())
+                conn.executemany("DELETE FROM stashes WHERE key = ? AND session = ?", chunks[0])
+        # SQLite as Debian builds it has `secure_delete` on: a deleted stash's bytes are
+        # overwritten, through the WAL. So the rest of a large eviction goes a WAL's share at a
+        # time, each followed by a checkpoint that cuts the WAL back (a passive one leaves it at
+        # its high-water mark: +12 MB over a 32 MB cap in the soak).
+        for chunk in chunks[1:]:
+            self._checkpoint()
+            with suppress(StoreError), self._tx("evict: stashes") as conn:
+                conn.executemany("DELETE FROM stashes WHERE key = ? AND session = ?", chunk)
         self._last_evict = t
         self._stash_bytes, self._stashed = int(total), 0
-        if self.persistent and (lru or expired or cps or sess):
-            # The deletes went through the WAL: checkpoint it and cut it back to nothing now
-            # (a passive checkpoint leaves the file at its high-water mark until a later write).
-            with suppress(StoreError), self._op("evict: checkpoint") as conn:
-                conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        if lru or expired or cps or sess:
+            self._checkpoint()
         self._file_at_evict = self._file_bytes()
         result = EvictResult(expired, lru, cps, sess)
         self.evicted += result.expired_stashes + result.lru_stashes

@@ -464,6 +464,30 @@ def test_stashes_make_room_for_what_the_rest_of_the_file_holds(db: Path, clock: 
         assert st.evicted > 200  # vacuity
 
 
+def test_a_large_eviction_goes_a_wal_share_at_a_time(db: Path, clock: Clock):
+    """With `secure_delete` on (as Debian builds SQLite) a deleted stash is overwritten through
+    the WAL: ~6 MB evicted at once stays within about one WAL share, checkpointed between."""
+    mb = 1024 * 1024
+    seen: list[int] = []
+
+    class Watched(Store):
+        def _checkpoint(self) -> None:
+            seen.append(os.path.getsize(self.path + "-wal"))
+            super()._checkpoint()
+
+    with Watched(db, now=clock, max_mb=16, evict_interval=HOUR) as st:
+        for i in range(70):
+            st.put_stash(stash_key([f"{i}"]), "s", [json.dumps("w" * (100 * 1024))], "anthropic")
+            clock.t += 1
+        assert not seen  # under the budget (8 MB): nothing evicted yet
+        st.max_bytes = 2 * mb  # a smaller cap: ~6 MB of stashes must go, 256 KiB at a time
+        st.evict()
+        assert len(seen) > 4  # vacuity: it went in chunks
+        # seen[0]: the WAL the writes above left (their own limit); then one chunk's each
+        assert max(seen[1:]) <= 2 * st._wal_limit(), seen
+        assert st.stats().stash_bytes <= mb
+
+
 def fact_row(n: int) -> FactRow:
     """A facts row as `cg.state.facts` writes one: raw digest, canonical digest, tokens,
     tool output tokens, flags."""
