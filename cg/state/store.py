@@ -28,7 +28,8 @@ transaction) and a killed process (a transaction is all or nothing). Bounded by 
 `last_used` and a total stash size, evicted least recently used first; eviction runs on open and
 opportunistically after writes, at most once per `evict_interval` seconds. Session clocks expire by
 the same TTL, and a checkpoint with its session (reading a checkpoint marks its stash used).
-The file holds to `max_mb` (see `STASH_SHARE`): stashes get half of it, evicted as soon as a
+The file is held to `max_mb` (see `STASH_SHARE`; a day-long soak ended every wave within it
+and peaked 12% over for a moment, docs/benchmarks.md): stashes get half of it, evicted as soon as a
 write takes them past it (and less when the rest of the file needs the room), the facts cache a
 quarter, and the WAL is checkpointed at an eighth and cut back after each eviction. What is not
 evicted by size (checkpoints, session clocks, the ledger: bounded by the TTL and 30 days) is the
