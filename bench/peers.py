@@ -25,7 +25,6 @@ import shutil
 import statistics
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
@@ -44,6 +43,7 @@ from bench.proxy_latency import (
     start,
     start_upstream,
     throughput,
+    timed_post,
     wait_for_http,
 )
 
@@ -136,11 +136,7 @@ def measure_peer(dialect: str, n: int, warmup: int, concurrency: int) -> dict[st
                 if rnd % 2:
                     order.reverse()
                 for name, c in order:
-                    t0 = time.perf_counter()
-                    r = c.post(path, content=body, headers=headers)
-                    dt = (time.perf_counter() - t0) * 1000
-                    if r.status_code != 200:
-                        raise RuntimeError(f"{name}: HTTP {r.status_code}: {r.text[:200]}")
+                    dt = timed_post(name, c, path, body, headers)
                     if rnd >= warmup:
                         samples[name].append(dt)
         finally:

@@ -371,6 +371,18 @@ def pct(samples: list[float], p: int) -> float:
     return s[max(0, -(-p * len(s) // 100) - 1)]
 
 
+def timed_post(
+    name: str, client: httpx.Client, path: str, body: bytes, headers: dict[str, str]
+) -> float:
+    """One POST through `client`, in ms; anything but a 200 stops the run."""
+    t0 = time.perf_counter()
+    r = client.post(path, content=body, headers=headers)
+    dt = (time.perf_counter() - t0) * 1000.0
+    if r.status_code != 200:
+        raise RuntimeError(f"{name}: HTTP {r.status_code}: {r.text[:200]}")
+    return dt
+
+
 def per_client(n: int, c: int) -> int:
     """POSTs per client in a throughput run: at least 20. With 2 (n=30, c=16: 32 requests in
     all) start-up dominated, and the ratio swung 0.3-0.9x between runs of one build."""
@@ -514,11 +526,7 @@ def run(
                 if rnd % 2:
                     order.reverse()
                 for t, c in order:
-                    t0 = time.perf_counter()
-                    r = c.post(path, content=body, headers=headers)
-                    dt = (time.perf_counter() - t0) * 1000.0
-                    if r.status_code != 200:
-                        raise RuntimeError(f"{t.name}: HTTP {r.status_code}: {r.text[:200]}")
+                    dt = timed_post(t.name, c, path, body, headers)
                     if rnd >= warmup:
                         t.samples.append(dt)
             stats = clients[2].get("/_cg/stats").json()
