@@ -596,7 +596,7 @@ class ContextGuru:
         req = flow.request
         job = RelayJob(
             req.url,
-            [(bytes(k), bytes(v)) for k, v in req.headers.fields],
+            req.headers.fields,
             req.raw_content or b"",
             functools.partial(
                 _request_text, req.raw_content or b"", req.headers.get("content-encoding")
@@ -608,7 +608,6 @@ class ContextGuru:
         )
         job.times.append(time.perf_counter())
         job.token = self.relay.add(job)
-        job.fields = req.headers.fields
         req.headers[RELAY_HEADER] = job.token
         # The hop carries no body (the job holds it): mitmproxy sends a head, not ~1 MB.
         req.headers.pop("transfer-encoding", None)
@@ -638,7 +637,7 @@ class ContextGuru:
         if job is not None:
             self.relay.jobs.pop(job.token, None)  # never reached the relay: forget it (its key)
         if job is not None and RELAY_HEADER in flow.request.headers:
-            flow.request.headers.fields = job.fields
+            flow.request.headers.fields = job.headers
             req = flow.request.data
             req.content = job.body
             req.scheme, req.host, req.port = job.origin

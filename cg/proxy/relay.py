@@ -58,7 +58,7 @@ class RelayJob:
     """One turn to relay: where and what to send, and (once done) what the loop did."""
 
     url: str
-    headers: list[tuple[bytes, bytes]]
+    headers: tuple[tuple[bytes, bytes], ...]  # the flow's request headers, restored after the hop
     body: bytes  # as it goes upstream (content-encoded, if the agent's was)
     # The decoded request, for the continuation: read only when the answer called our tool
     # (decoding ~1 MB on every relayed turn's hot path would be paid for nothing).
@@ -67,7 +67,6 @@ class RelayJob:
     sni: str | None
     resolve: Callable[[str], str]
     origin: tuple[bytes, str, int]  # the flow's scheme, host and port, restored after the hop
-    fields: tuple[tuple[bytes, bytes], ...] = ()  # the flow's request headers, restored too
     gated: bool = False  # the answer went through the gate (a 2xx SSE answer)
     continued: bool = False  # it called our tool: the continuation loop ran
     rounds: int = 0

@@ -368,24 +368,34 @@ async def hop(relay: Relay, job: RelayJob) -> bytes:
     return head + body
 
 
-async def relayed(answer: bytes) -> tuple[bytes, RelayJob]:
-    """One job through a real `Relay` to a server giving `answer`: what mitmproxy would read."""
-    async with server(answering(answer)) as (_, port):
-        relay = Relay(lambda sni: None)  # type: ignore[arg-type,return-value]
-        await relay.start()
-        job = RelayJob(
-            f"http://127.0.0.1:{port}/v1/messages",
-            [(b"content-type", b"application/json"), (b"accept-encoding", b"gzip")],
-            b"{}",
-            lambda: "{}",
-            "anthropic",
-            None,
-            lambda key: "",
-            (b"http", "api.provider.invalid", 443),
-        )
-        out = await hop(relay, job)
+async def through_relay(
+    port: int, headers: tuple[tuple[bytes, bytes], ...], sni: str | None = None
+) -> tuple[bytes, RelayJob]:
+    """One job through a real `Relay` to the server on `port`: what mitmproxy would read."""
+    relay = Relay(lambda sni: None)  # type: ignore[arg-type,return-value]
+    await relay.start()
+    job = RelayJob(
+        f"http://127.0.0.1:{port}/v1/messages",
+        headers,
+        b"{}",
+        lambda: "{}",
+        "anthropic",
+        sni,
+        lambda key: "",
+        (b"https", "api.provider.invalid", 443),
+    )
+    try:
+        return await hop(relay, job), job
+    finally:
         relay.close()
-        return out, job
+
+
+async def relayed(answer: bytes) -> tuple[bytes, RelayJob]:
+    """One job through a real `Relay` to a server giving `answer`."""
+    async with server(answering(answer)) as (_, port):
+        return await through_relay(
+            port, ((b"content-type", b"application/json"), (b"accept-encoding", b"gzip"))
+        )
 
 
 async def test_the_relay_decodes_an_encoded_event_stream_for_its_gate() -> None:
@@ -528,20 +538,8 @@ async def test_a_connection_idle_past_its_expiry_is_not_reused(
 
 async def test_the_relay_sends_the_agents_own_host_under_a_provider_name() -> None:
     async with server(answering(OK)) as (seen, port):
-        relay = Relay(lambda sni: None)  # type: ignore[arg-type,return-value]
-        await relay.start()
-        job = RelayJob(
-            f"http://127.0.0.1:{port}/v1/messages",
-            [(b"Host", b"gw.provider.invalid:8443"), (b"content-type", b"application/json")],
-            b"{}",
-            lambda: "{}",
-            "anthropic",
-            "gw.provider.invalid",
-            lambda key: "",
-            (b"https", "127.0.0.1", 8443),
-        )
-        out = await hop(relay, job)
-        relay.close()
+        headers = ((b"Host", b"gw.provider.invalid:8443"), (b"content-type", b"application/json"))
+        out, _ = await through_relay(port, headers, sni="gw.provider.invalid")
         assert out.startswith(b"HTTP/1.1 200")
         assert seen.heads[0].startswith(
             b"POST /v1/messages HTTP/1.1\r\nhost: gw.provider.invalid:8443\r\ncontent-type"
