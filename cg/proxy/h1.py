@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
 import re
 import socket
 import ssl
@@ -38,7 +37,7 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
 
-import certifi
+from cg.wire.upstream import ssl_context
 
 CONNECT_TIMEOUT = 30.0  # as `RESEND_TIMEOUT`: no read timeout, the agent keeps its own
 MAX_IDLE = 64  # kept-alive connections per (address, TLS name)
@@ -157,18 +156,7 @@ class H1Pool:
 
     def _context(self) -> ssl.SSLContext:
         if self._ssl is None:
-            # As the summarizer's httpx clients (trust_env=False) verify: certifi's CAs, or
-            # mitmproxy's `ssl_verify_upstream_trusted_ca`, or nothing under `ssl_insecure`.
-            if self._verify is False:
-                ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
-                ctx.check_hostname = False
-                ctx.verify_mode = ssl.CERT_NONE
-            elif self._verify is True:
-                ctx = ssl.create_default_context(cafile=certifi.where())
-            elif os.path.isdir(self._verify):
-                ctx = ssl.create_default_context(capath=self._verify)
-            else:
-                ctx = ssl.create_default_context(cafile=self._verify)
+            ctx = ssl_context(self._verify)  # as the summarizer's httpx clients verify
             ctx.set_alpn_protocols(["http/1.1"])
             self._ssl = ctx
         return self._ssl

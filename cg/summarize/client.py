@@ -42,7 +42,7 @@ from cg.summarize.component import (
 from cg.summarize.config import ModelConfig
 from cg.summarize.prompt import MAX_TOKENS as MAX_TOKENS
 from cg.wire.answers import Reply, ResponseParseError, parse_json, parse_sse
-from cg.wire.upstream import Exchange, exchange_of, sni_extensions
+from cg.wire.upstream import Exchange, exchange_of, sni_extensions, ssl_context
 from cg.wire.usage import Usage, UsageError, from_provider
 
 HEADER = "x-context-guru"
@@ -454,7 +454,7 @@ class HttpPool:
     def _new(self) -> httpx.AsyncClient:
         return httpx.AsyncClient(
             trust_env=False,
-            verify=self._verify,
+            verify=ssl_context(self._verify),  # a path as `verify` is deprecated in httpx
             # Uncapped (the relay): as many kept alive as there are turns in flight, up to 64,
             # so concurrent agents do not reconnect upstream on every turn.
             limits=httpx.Limits(

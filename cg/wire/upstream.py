@@ -16,11 +16,14 @@ from __future__ import annotations
 
 import ipaddress
 import json
+import os
+import ssl
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
+import certifi
 import httpx
 
 # Hop-by-hop or recomputed: never copied between the two HTTP stacks.
@@ -63,6 +66,22 @@ _NAME_CHARS = frozenset("abcdefghijklmnopqrstuvwxyz0123456789-._")
 def sni_extensions(sni: str | None) -> dict[str, Any]:
     """httpx request extensions that verify the certificate against `sni` (none when None)."""
     return {"sni_hostname": sni} if sni else {}
+
+
+def ssl_context(verify: bool | str) -> ssl.SSLContext:
+    """The TLS context of our own calls upstream (`upstream_verify`'s value): certifi's CAs,
+    mitmproxy's `ssl_verify_upstream_trusted_ca` (a file or a directory), or no verification
+    under `ssl_insecure`. One for the summarizer's httpx clients and the relay's own client."""
+    if verify is False:
+        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+        ctx.check_hostname = False
+        ctx.verify_mode = ssl.CERT_NONE
+        return ctx
+    if verify is True:
+        return ssl.create_default_context(cafile=certifi.where())
+    if os.path.isdir(verify):
+        return ssl.create_default_context(capath=verify)
+    return ssl.create_default_context(cafile=verify)
 
 
 def upstream_verify(options: Any) -> bool | str:
