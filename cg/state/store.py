@@ -734,12 +734,13 @@ class Store:
         return max(64 * 1024, int(self.max_bytes * WAL_SHARE))
 
     def _wal_pragmas(self, conn: sqlite3.Connection) -> None:
-        """The WAL within its share: checkpointed once it holds that much (SQLite's default is
-        1000 pages, 4 MB, whatever the cap) and truncated back to it afterwards."""
+        """The WAL within its share: checkpointed once it holds half of it (SQLite's default is
+        1000 pages, 4 MB, whatever the cap; the other half is for the transaction that crosses
+        the mark) and truncated back to the share afterwards."""
         limit = self._wal_limit()
         page = int(conn.execute("PRAGMA page_size").fetchone()[0]) or 4096
         conn.execute(f"PRAGMA journal_size_limit = {limit}")
-        conn.execute(f"PRAGMA wal_autocheckpoint = {min(1000, max(16, limit // page))}")
+        conn.execute(f"PRAGMA wal_autocheckpoint = {min(1000, max(16, limit // 2 // page))}")
 
     def _checkpoint(self) -> None:
         """Copy the WAL into the database and cut it back to nothing (best effort: a reader in
@@ -1115,11 +1116,16 @@ class Store:
         )  # fmt: skip
 
     def evict(self) -> EvictResult:
-        """Drop what outlived the TTL, then the least recently used stashes over the size cap."""
+        """Drop what outlived the TTL, then the least recently used stashes over the size cap.
+
+        Stashes are deleted after the rest, in runs of half a WAL share each, every run after a
+        checkpoint that cuts the WAL back to nothing: SQLite as Debian builds it has
+        `secure_delete` on, so a deleted stash's bytes are overwritten through the WAL. One
+        transaction for all of it, on top of the WAL the writes before had left, took the files
+        12% over `max_mb` in a day-long soak."""
         t = self.now()
         cutoff = t - self.ttl
         with self._tx("evict") as conn:
-            expired = conn.execute("DELETE FROM stashes WHERE last_used < ?", (cutoff,)).rowcount
             # A checkpoint lives while its session does, even when it was written long ago.
             cps = conn.execute(
                 f"DELETE FROM checkpoints WHERE updated < ? AND {_OWNER_SQL} NOT IN "
@@ -1142,8 +1148,13 @@ class Store:
                 (ledger_cutoff,),
             )
             conn.execute("DELETE FROM ledger WHERE last_seen < ?", (ledger_cutoff,))
-            total = conn.execute("SELECT COALESCE(SUM(size), 0) FROM stashes").fetchone()[0]
-            lru = 0
+            rows = conn.execute(
+                "SELECT key, session, size, last_used < ? FROM stashes ORDER BY last_used, created",
+                (cutoff,),
+            ).fetchall()
+            stale = [(k, s) for k, s, _, old in rows if old]
+            live = [(k, s, n) for k, s, n, old in rows if not old]
+            total = sum(int(n) for _, _, n in live)
             budget, target = _stash_limits(self.max_bytes)
             if self.persistent and self.max_bytes >= ROOM_MIN_BYTES:
                 # The rest of the file (ledger, checkpoints, facts, sessions) grows with the
@@ -1155,24 +1166,19 @@ class Store:
                 pages = conn.execute("PRAGMA page_count").fetchone()[0]
                 free = conn.execute("PRAGMA freelist_count").fetchone()[0]
                 allowed = self.max_bytes - self._wal_limit() - SHM_BYTES
-                need = (pages - free) * page - int(allowed * 0.8)
+                stale_bytes = sum(int(n) for _, _, n, old in rows if old)
+                need = (pages - free) * page - stale_bytes - int(allowed * 0.8)
                 if pages * page > allowed * 0.95 and need > 0:
-                    target = min(target, max(0, int(total) - need))
+                    target = min(target, max(0, total - need))
                     budget = min(budget, target)
-            chunks: list[list[tuple[str, str]]] = []
+            victims: list[tuple[str, str]] = []
             if total > budget:
-                rows = conn.execute(
-                    "SELECT key, session, size FROM stashes ORDER BY last_used, created"
-                ).fetchall()
-                victims, total = _lru_victims(rows, total, target)
-                lru = len(victims)
-                chunks = _chunks(victims, {(k, s): int(n) for k, s, n in rows}, self._wal_limit())
-                conn.executemany("DELETE FROM stashes WHERE key = ? AND session = ?", chunks[0])
-        # SQLite as Debian builds it has `secure_delete` on: a deleted stash's bytes are
-        # overwritten, through the WAL. So the rest of a large eviction goes a WAL's share at a
-        # time, each followed by a checkpoint that cuts the WAL back (a passive one leaves it at
-        # its high-water mark: +12 MB over a 32 MB cap in the soak).
-        for chunk in chunks[1:]:
+                victims, total = _lru_victims(live, total, target)
+        expired, lru = len(stale), len(victims)
+        sizes = {(k, s): int(n) for k, s, n, _ in rows}
+        for chunk in _chunks(stale + victims, sizes, self._wal_limit() // 2):
+            if not chunk:
+                continue
             self._checkpoint()
             with suppress(StoreError), self._tx("evict: stashes") as conn:
                 conn.executemany("DELETE FROM stashes WHERE key = ? AND session = ?", chunk)

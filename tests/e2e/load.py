@@ -89,6 +89,7 @@ class Result:
     cut_short: bool = False
     max_mb: float | None = None  # the config's `store.max_mb`; None: the preset's (512)
     store_mb_peak: float = 0.0  # the SQLite file + -wal + -shm on disk, sampled with the RSS
+    store_mb_peak_parts: list[float] = field(default_factory=list)  # database, -wal, -shm
     wave_end_store_mb: list[float] = field(default_factory=list)
     stash_mb_peak: float = 0.0  # SUM(stashes.size): what `max_mb` caps, as the store counts it
     wave_end_stash_mb: list[float] = field(default_factory=list)
@@ -132,13 +133,18 @@ def summarizer(rec: Recorded) -> Reply:
     return Reply(text=f"<summary>The agent worked on {' '.join(tags)}.</summary>")
 
 
+def store_parts(db: Path) -> tuple[int, int, int]:
+    """The SQLite store's files' sizes on disk: the database, its -wal and its -shm."""
+    sizes = [0, 0, 0]
+    for i, suffix in enumerate(("", "-wal", "-shm")):
+        with suppress(OSError):
+            sizes[i] = os.path.getsize(f"{db}{suffix}")
+    return sizes[0], sizes[1], sizes[2]
+
+
 def store_bytes(db: Path) -> int:
     """The SQLite store's size on disk: the file and its -wal and -shm files."""
-    total = 0
-    for suffix in ("", "-wal", "-shm"):
-        with suppress(OSError):
-            total += os.path.getsize(f"{db}{suffix}")
-    return total
+    return sum(store_parts(db))
 
 
 def stash_bytes(db: Path) -> int | None:
@@ -171,7 +177,7 @@ class Sampler:
     def __init__(self, pid: int, every: float = 0.5, db: Path | None = None) -> None:
         self.pid, self.every, self.db = pid, every, db
         self.samples: list[tuple[float, int]] = []
-        self.store: list[int] = []
+        self.store: list[tuple[int, int, int]] = []  # store_parts
         self.stash: list[tuple[float, int]] = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="rss", daemon=True)
@@ -185,7 +191,7 @@ class Sampler:
             except OSError:
                 return
             if self.db is not None:
-                self.store.append(store_bytes(self.db))
+                self.store.append(store_parts(self.db))
                 stashed = stash_bytes(self.db)
                 if stashed is not None:
                     self.stash.append((t, stashed))
@@ -387,7 +393,9 @@ def run(
                     "samples": len(kb),
                 }
                 result.rss_per_session_mb = round((max(kb) - base) / 1024 / sessions, 2)
-            result.store_mb_peak = mb(max(rss.store, default=0))
+            peak = max(rss.store, key=sum, default=(0, 0, 0))
+            result.store_mb_peak = mb(sum(peak))
+            result.store_mb_peak_parts = [mb(n) for n in peak]
             result.stash_mb_peak = mb(max((b for _, b in rss.stash), default=0))
             if max_mb is not None:
                 result.stash_mb_bound = mb(max_mb * 1024 * 1024 * STASH_SHARE + STASH_SLACK)
