@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import pytest
@@ -48,7 +49,42 @@ def test_anthropic_every_block_type() -> None:
     assert v.blocks[1] == BlockView("redacted_thinking", "[redacted_thinking]")
     assert v.blocks[3].text == '[tool_use bash] {"cmd": "ls ü"}'
     assert v.blocks[6] == BlockView("web_search_tool_result", "[web_search_tool_result]")
-    assert "let me think" in v.text and "I'll run it" in v.text
+    assert v.blocks[3].shown == "" and v.blocks[3].call is content[3]  # rendered when read
+    assert v.text == "\n".join(
+        [
+            "let me think",
+            "[redacted_thinking]",
+            "I'll run it",
+            '[tool_use bash] {"cmd": "ls ü"}',
+            "[tool_use read] {}",
+            "[server_tool_use]",
+            "[web_search_tool_result]",
+        ]
+    )
+
+
+@pytest.mark.parametrize(
+    ("block", "why"),
+    [
+        ({"type": ["text"]}, "a content block is not an object with a string 'type'"),
+        ({"text": "x"}, "a content block is not an object with a string 'type'"),
+        ("text", "a content block is not an object with a string 'type'"),
+        ({"type": "video"}, "unknown content block type 'video'"),
+    ],
+)
+def test_anthropic_a_block_that_is_not_one_is_refused_by_name(block: object, why: str) -> None:
+    with pytest.raises(MessageShapeError, match=re.escape(why)):
+        ANTHROPIC.view({"role": "user", "content": [{"type": "text", "text": "a"}, block]})
+
+
+def test_anthropic_a_blank_text_or_thinking_block_makes_the_message_blank() -> None:
+    for kind in ("text", "thinking"):
+        for t in ("", " \n", None, 3):
+            v = ANTHROPIC.view({"role": "user", "content": [{"type": kind, kind: t}]})
+            assert v.blank and v.blocks[0].blank, (kind, t)
+            assert v.blocks[0].text == (t if isinstance(t, str) else "")
+        v = ANTHROPIC.view({"role": "user", "content": [{"type": kind, kind: " x"}]})
+        assert not v.blank and v.text == " x"
 
 
 def test_anthropic_tool_results_string_and_block_content() -> None:

@@ -124,7 +124,7 @@ class OpenAI(Dialect):
             blank = False
         return MessageView(
             role=role,
-            text="\n".join(texts),
+            shown="\n".join(texts),
             form=form,  # type: ignore[arg-type]
             blocks=blocks,
             tool_call_ids=tuple(calls),
