@@ -25,7 +25,7 @@ from cg.state.store import Store
 from cg.state.tokens import TokenCounter
 from cg.summarize.component import Commission, Summarize, SummarizerError, SummarizerTimeout
 from cg.summarize.config import SummarizeConfig, parse_summarize
-from cg.wire.body import index_body
+from cg.wire.body import MessageCache, index_body
 from cg.wire.dialects import DIALECTS, Dialect
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -226,6 +226,7 @@ class Driver:
     tick: float = 1.0
     pending: list[Commission] = field(default_factory=list)
     headers: dict[str, str] = field(default_factory=dict)
+    cache: MessageCache | None = None  # the proxy's warm index, when a test wants one
 
     def send(self, body: bytes | dict[str, Json], **headers: str) -> Rewrite:
         raw = body if isinstance(body, bytes) else cc_dumps(body)
@@ -233,7 +234,9 @@ class Driver:
         if self.session is not None:
             h["x-context-guru-session"] = self.session
         h.update(headers)
-        r = rewrite_body(raw, self.dialect, [self.component], headers=h, now=self.now)
+        r = rewrite_body(
+            raw, self.dialect, [self.component], headers=h, now=self.now, cache=self.cache
+        )
         self.now += self.tick
         for comp, job in r.commissions:
             assert comp is self.component

@@ -242,6 +242,17 @@ class Summarize:
         conv = conversation_key(req.session, self.facts.of(index, 0).digest)
         return f"checkpoint of {conv}" if self.store.delete_checkpoint(conv) else None
 
+    def _outside_ttl(self, index: BodyIndex) -> float:
+        """`cache_ttl` of the text outside the transcript array, memoised on the index: a next
+        turn that shares every byte outside the array inherits it (0.33 ms a turn of searching
+        a Claude Code body's system and tools again)."""
+        owner, known = index.memo.get("outside_ttl", (None, None))
+        if owner is self and isinstance(known, float):
+            return known
+        ttl = cache_ttl(_outside(index))
+        index.memo["outside_ttl"] = (self, ttl)
+        return ttl
+
     def apply(self, req: RequestContext, plan: Plan) -> Step:
         index = req.index
         n = len(index.messages)
@@ -252,7 +263,7 @@ class Summarize:
         # Which TTL this one asks: its messages' breakpoints are in their memoised facts, so the
         # ~1 MB body is not searched again every turn (`cache_ttl` reads what else there is).
         long = any(s.long_ttl for s in stats) or self.facts.prelude(index).long_ttl
-        ttl_now = CACHE_TTL_1H if long else cache_ttl(_outside(index))
+        ttl_now = CACHE_TTL_1H if long else self._outside_ttl(index)
         prev = self.store.touch_session(req.session, req.now, ttl_now)
         last = prev.last_request if prev is not None else None
         ttl = prev.cache_ttl if prev is not None and prev.cache_ttl else CACHE_TTL_DEFAULT

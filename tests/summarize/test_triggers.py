@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from cg.state.store import Store
+from cg.summarize import component
 from cg.summarize.triggers import (
     CACHE_TTL_1H,
     CACHE_TTL_DEFAULT,
@@ -23,6 +24,7 @@ from cg.summarize.triggers import (
     resolve_window,
     shipped_windows,
 )
+from cg.wire.body import MessageCache
 from tests.transcripts import CC16, CC_TOOL_USE, config, fixture_body, grow, make, record
 
 NOW = 1_000_000.0
@@ -273,6 +275,34 @@ def test_a_1h_ttl_keeps_the_cache_warm_for_an_hour(store: Store) -> None:
     d.now += 61 * 60
     r = d.send(turns[2])
     assert record(r)["trigger"]["cache"] == "cold" and len(d.pending) == 1
+
+
+def test_a_1h_ttl_outside_the_messages_is_read_again_only_when_that_text_changes(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The TTL asked outside the transcript array (a top-level `cache_control`) is memoised on
+    the warm index, which a next turn inherits only when every byte outside the array repeats."""
+    turns = grow(fixture_body(CC16), 4, output_words=30)
+    for body in turns[1:3]:
+        body["cache_control"] = {"type": "ephemeral", "ttl": "1h"}
+    searched: list[str] = []
+
+    def counted(text: str) -> float:
+        searched.append(text)
+        return cache_ttl(text)
+
+    monkeypatch.setattr(component, "cache_ttl", counted)
+    cache = MessageCache()
+    d = make(config(), store, cache=cache)
+    ttls = []
+    for body in turns:
+        d.send(body)
+        rec = store.get_session("sess-1")
+        assert rec is not None
+        ttls.append(rec.cache_ttl)
+    assert ttls == [300.0, 3600.0, 3600.0, 300.0]
+    assert len(searched) == 3  # turn 3 inherited turn 2's answer
+    assert cache.prefix_hits == 1  # vacuity: turn 3 was built on turn 2 (the others differ outside)
 
 
 def test_the_ceiling_commissions_at_first_sight_with_a_cold_cache_state(store: Store) -> None:
