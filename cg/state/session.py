@@ -29,9 +29,9 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, overload
 
 from cg.state.facts import strip_cache_control
 from cg.wire.body import BodyIndex
@@ -159,13 +159,36 @@ def conversation_head(
     return system, first_user
 
 
+class _Values(Sequence[Any]):
+    """The parsed values of an index's messages, read where asked: the head of a conversation
+    is its first few messages, and a list of all 400 cost ~0.04 ms a turn."""
+
+    __slots__ = ("_messages",)
+
+    def __init__(self, messages: Sequence[Any]) -> None:
+        self._messages = messages
+
+    def __len__(self) -> int:
+        return len(self._messages)
+
+    @overload
+    def __getitem__(self, i: int) -> Any: ...
+    @overload
+    def __getitem__(self, i: slice) -> Sequence[Any]: ...
+    def __getitem__(self, i: int | slice) -> Any:
+        if isinstance(i, slice):
+            return [m.value for m in self._messages[i]]
+        return self._messages[i].value
+
+    def __iter__(self) -> Iterator[Any]:
+        return (m.value for m in self._messages)
+
+
 def session_of(headers: Mapping[str, str], index: BodyIndex) -> SessionId:
     """`resolve_session` for an indexed body (`metadata.user_id` is read for anthropic only,
     `prompt_cache_key` for responses only)."""
     top = {k: m.value for k, m in index.members.items()}
-    system, first_user = conversation_head(
-        index.dialect.name, top, [m.value for m in index.messages]
-    )
+    system, first_user = conversation_head(index.dialect.name, top, _Values(index.messages))
     metadata = top.get("metadata") if index.dialect.name == "anthropic" else None
     cache_key = top.get("prompt_cache_key") if index.dialect.name == "responses" else None
     return resolve_session(headers, metadata, system, first_user, cache_key)

@@ -58,6 +58,9 @@ class BodyIndex:
     # whole (that index shares every byte outside the array too).
     memo: dict[str, Any] = field(default_factory=dict)
     shared: int = 0  # leading messages shared byte for byte with the previous turn's body
+    # `views`, built once (a reuse turn asks for them three times) and, like `_byte_ends`,
+    # inherited over the shared prefix by a next turn's index.
+    _views: list[MessageView] = field(default_factory=list)
 
     def byte_ends(self) -> list[int]:
         """Where each message ends in `raw`, and (last) where the array ends."""
@@ -81,7 +84,11 @@ class BodyIndex:
 
     @property
     def views(self) -> list[MessageView]:
-        return [m.view for m in self.messages]
+        """Every message's view, in order: one list shared by every reader (read only)."""
+        v = self._views
+        if len(v) != len(self.messages):
+            v[len(v) :] = [m.view for m in self.messages[len(v) :]]
+        return v
 
     def source(self, i: int) -> str:
         m = self.messages[i]
@@ -207,6 +214,7 @@ def _extend(prev: BodyIndex, k: int, raw: bytes, text: str, dialect: Dialect) ->
         out.append(_message(dialect, n, arr.elements[n]))
     index = BodyIndex(raw, text, dialect, by_key, arr, out, shared=k)
     index._byte_ends = prev.byte_ends()[:k]
+    index._views = prev.views[:k]
     for name, (owner, value) in prev.memo.items():
         index.memo[name] = (owner, value[:k] if isinstance(value, list) else value)
     return index

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import json
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -22,10 +22,11 @@ from hypothesis import strategies as st
 
 from cg.pipeline.rewrite import Rewrite
 from cg.state.store import Store
-from cg.summarize.component import NoModel
+from cg.summarize import component
+from cg.summarize.component import NoModel, prefix_hash
 from cg.summarize.prompt import HEADER, SENTINEL
 from cg.summarize.span import select_span
-from cg.wire.body import index_body
+from cg.wire.body import MessageCache, index_body
 from cg.wire.dialects import DIALECTS, OPENAI
 from cg.wire.shape import introduced, validate_shape
 from tests.strategies import (
@@ -112,6 +113,25 @@ def test_a_checkpoint_is_reused_byte_identically_with_no_model_call(
         assert restorable(r, raw, store)[1] == summary  # the same bytes, every turn
         assert not d.pending  # the middle stays under resummarize_tokens: no new commission
     assert len(d.summarizer.calls) == 1
+
+
+def test_a_reuse_turn_hashes_the_covered_prefix_once_per_session_not_per_turn(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    turns = grow(fixture_body(CC16), 8, output_words=30)
+    d = make(config(), store, cache=MessageCache())
+    two_turns(d, turns[0], turns[1])
+    hashed: list[int] = []
+
+    def counted(digests: Sequence[bytes]) -> str:
+        hashed.append(len(digests))
+        return prefix_hash(digests)
+
+    monkeypatch.setattr(component, "prefix_hash", counted)
+    for body in turns[2:]:
+        r = d.send(body)
+        assert r.outcome == "rewritten", r.record  # vacuity: the checkpoint was compared
+    assert hashed == []  # turn 1's hash, inherited over the prefix every turn repeats
 
 
 @pytest.mark.parametrize("keep_last", [0, 1, 3])
@@ -218,9 +238,12 @@ def test_a_sent_request_at_the_ceiling_rolls_forward_whatever_resummarize_tokens
     assert after["tokens_after"] < 0.5 * window  # the fresh checkpoint took the middle
 
 
-def test_a_diverged_prefix_invalidates_the_checkpoint(store: Store) -> None:
+@pytest.mark.parametrize("warm", [False, True])
+def test_a_diverged_prefix_invalidates_the_checkpoint(store: Store, warm: bool) -> None:
+    """Warm, the edited turn shares 3 messages with the previous one: the covered prefix's
+    memoised hash must not outlive them."""
     turns = grow(fixture_body(CC16), 4, output_words=30)
-    d = make(config(), store)
+    d = make(config(), store, cache=MessageCache() if warm else None)
     two_turns(d, turns[0], turns[1])
     edited = json.loads(json.dumps(turns[2]))
     edited["messages"][3]["content"][0]["content"] = "step 1 (edited by the agent)"

@@ -187,7 +187,8 @@ def test_unknown_content_anywhere_rejects_the_body_with_the_reason(
 def _same_index(a: BodyIndex, b: BodyIndex) -> None:
     assert [(m.start, m.end) for m in a.messages] == [(m.start, m.end) for m in b.messages]
     assert [m.value for m in a.messages] == [m.value for m in b.messages]
-    assert a.views == b.views
+    assert a.views == b.views == [m.view for m in b.messages]
+    assert a.views is a.views  # built once, shared by every reader
     assert (a.array.start, a.array.end) == (b.array.start, b.array.end)
     assert list(a.members) == list(b.members)
 
