@@ -69,12 +69,24 @@ _OPEN = re.compile(r"(?:<|\\u003[cC]){2}\Z")
 _CLOSE = re.compile(r"(?:>|\\u003[eE]){2}")
 
 
+# The same, on the body's bytes (a marker is ASCII): a pass-through turn is searched as it came,
+# never decoded (a warm turn's text is not built whole: `cg.wire.chars`).
+_KEY_AT_B = re.compile(rf"cg:({KEY_PATTERN})".encode())
+_OPEN_B = re.compile(rb"(?:<|\\u003[cC]){2}\Z")
+_CLOSE_B = re.compile(rb"(?:>|\\u003[eE]){2}")
+
+
 def markers(raw: bytes | str) -> Iterator[str]:
     """Every marker key in `raw` (bytes or decoded text), in order of appearance."""
-    text = raw.decode("utf-8", "replace") if isinstance(raw, bytes) else raw
-    for m in _KEY_AT.finditer(text):
+    if isinstance(raw, bytes):
+        for b in _KEY_AT_B.finditer(raw):
+            start = b.start()
+            if _OPEN_B.search(raw, max(0, start - 12), start) and _CLOSE_B.match(raw, b.end()):
+                yield b.group(1).decode("ascii")
+        return
+    for m in _KEY_AT.finditer(raw):
         start = m.start()
-        if _OPEN.search(text, max(0, start - 12), start) and _CLOSE.match(text, m.end()):
+        if _OPEN.search(raw, max(0, start - 12), start) and _CLOSE.match(raw, m.end()):
             yield m.group(1)
 
 

@@ -111,7 +111,9 @@ def rewrite_body(
         result = run_pipeline(components, req)
         record["components"] = result.records
         t = lap("pipeline", t)
-        text = index.text
+        # The new body's text: spliced, or (only if the expand tool goes in) the body whole.
+        text: str | None = None
+        size = len(index.chars)
         spliced = not is_identity(result.plan, len(index.messages))
         if spliced:
             text = splice_text(index, result.plan)
@@ -129,15 +131,15 @@ def rewrite_body(
         # Where the rebuilt array sits in the final text: it starts where it did, unless the
         # expand tool went into a `tools` member before it.
         arr_start = index.array.start
-        arr_end = index.array.end + len(text) - len(index.text)
+        arr_end = index.array.end + (len(text) if text is not None else size) - size
         if expand is not None:
-            grown = len(text)
+            grown = len(text) if text is not None else size
             text, injected = _inject(index, text, expand, sid.id, record)
             tools = index.members.get("tools")
-            if tools is not None and tools.start < arr_start:
+            if text is not None and tools is not None and tools.start < arr_start:
                 arr_start += len(text) - grown
                 arr_end += len(text) - grown
-        if not spliced and not injected:
+        if text is None or (not spliced and not injected):
             return done("passed_through", "no component acted")
         new = text.encode("utf-8")
         # index_body admits only wire-legal roles, so any role violation here is the rewrite's.
@@ -160,9 +162,11 @@ class ExpandPolicy:
 
 
 def _inject(
-    index: BodyIndex, text: str, policy: ExpandPolicy, session: str, record: dict[str, Any]
-) -> tuple[str, bool]:
-    """`text` with the expand tool appended when the policy says so; records why (not)."""
+    index: BodyIndex, text: str | None, policy: ExpandPolicy, session: str, record: dict[str, Any]
+) -> tuple[str | None, bool]:
+    """`text` (None: the body as it came) with the expand tool appended when the policy says
+    so; records why (not). The body as it came is searched for markers in its bytes, and its
+    text built whole only when the tool goes in."""
     tools = index.members.get("tools")
     choice = index.members.get("tool_choice")
     if tools is not None and not isinstance(tools.value, list):
@@ -186,16 +190,18 @@ def _inject(
         index.dialect.name,
         tools.value if tools else None,
         choice.value if choice else None,
-        text,
+        text if text is not None else index.raw,
         policy.store,
         session,
     )
     record["expand"] = {"injected": ok, "reason": why}
     if not ok:
         return text, False
+    if text is None:
+        text = index.text
     span = None
     if tools is not None:
         # Members after `messages` moved by however much the messages array changed length.
-        shift = len(text) - len(index.text) if tools.start > index.array.start else 0
+        shift = len(text) - len(index.chars) if tools.start > index.array.start else 0
         span = (tools.start + shift, tools.end + shift)
     return append_tool(text, span, len(text.rstrip(" \t\r\n")), index.dialect.name), True

@@ -261,7 +261,7 @@ class FactsCache:
         for k, m in index.members.items():
             if k in PRELUDE_MEMBERS:
                 h.update(k.encode())
-                h.update(index.text[m.start : m.end].encode("utf-8", "surrogatepass"))
+                h.update(index.slice(m.start, m.end).encode("utf-8", "surrogatepass"))
         raw = h.digest()
         prelude = self._preludes.get(raw)
         if prelude is not None:
@@ -274,7 +274,7 @@ class FactsCache:
             return prelude
         parts = {k: m.value for k, m in index.members.items() if k in PRELUDE_MEMBERS}
         tokens = sum(
-            self.tokens.count_text(index.text[m.start : m.end])
+            self.tokens.count_text(index.slice(m.start, m.end))
             for k, m in index.members.items()
             if k in ("system", "tools", "instructions")
         )

@@ -183,7 +183,7 @@ _LONG_TTL = operator.attrgetter("long_ttl")
 
 def _outside(index: BodyIndex) -> str:
     """The body's text outside the transcript array (whose breakpoints the facts know)."""
-    return index.text[: index.array.start] + index.text[index.array.end :]
+    return index.slice(0, index.array.start) + index.slice(index.array.end, len(index.chars))
 
 
 def conversation_key(session: str, first: bytes) -> str:

@@ -10,11 +10,13 @@ passes through untouched.
 
 from __future__ import annotations
 
+import re
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from cg.wire.chars import Chars
 from cg.wire.dialects import Dialect, MessageShapeError, MessageView
 from cg.wire.jsonspan import (
     ArraySpan,
@@ -22,9 +24,12 @@ from cg.wire.jsonspan import (
     JsonSpanError,
     Member,
     extend_array,
+    shift_array,
     walk_document,
     walk_object,
 )
+
+_OBJECT_START = re.compile(rb"[ \t\r\n]*\{")
 
 
 class BodyRejected(ValueError):
@@ -43,8 +48,12 @@ class RawMessage:
 
 @dataclass(slots=True)
 class BodyIndex:
+    """Spans are character positions in the decoded body, `chars`: one string for a body read
+    whole, or segments shared with the previous turn's (`cg.wire.chars`). Read it through
+    `slice` and `source`; `text` builds the whole string (for the rare reader that needs it)."""
+
     raw: bytes
-    text: str
+    chars: Chars
     dialect: Dialect
     members: dict[str, Member]
     array: ArraySpan
@@ -72,15 +81,23 @@ class BodyIndex:
             ends[:] = [m.end for m in self.messages] + [self.array.end]
             return ends
         del ends[n:]
-        text = self.text
         points = [m.end for m in self.messages] + [self.array.end]
         pos = points[len(ends) - 1] if ends else 0
         at = ends[-1] if ends else 0
         for p in points[len(ends) :]:
-            at += len(text[pos:p].encode("utf-8"))
+            at += len(self.chars.slice(pos, p).encode("utf-8"))
             pos = p
             ends.append(at)
         return ends
+
+    @property
+    def text(self) -> str:
+        """The whole decoded body as one string (joined once for a segmented text)."""
+        return self.chars.whole()
+
+    def slice(self, a: int, b: int) -> str:
+        """`text[a:b]`, without building `text`."""
+        return self.chars.slice(a, b)
 
     @property
     def views(self) -> list[MessageView]:
@@ -92,15 +109,17 @@ class BodyIndex:
 
     def source(self, i: int) -> str:
         m = self.messages[i]
-        return self.text[m.start : m.end]
+        return self.chars.slice(m.start, m.end)
 
     def content_array(self, i: int) -> ArraySpan | None:
         """The span of message `i`'s content block array (walked lazily, then cached)."""
         if i not in self._blocks:
             m = self.messages[i]
             key = self.dialect.content_blocks_key()
-            members, _ = walk_object(self.text, m.start, arrays=(key,))
-            self._blocks[i] = next((x.array for x in members if x.key == key), None)
+            s, shift, _ = self.chars.locate(m.start)  # a message lies within one segment
+            members, _ = walk_object(s, m.start - shift, arrays=(key,))
+            arr = next((x.array for x in members if x.key == key), None)
+            self._blocks[i] = shift_array(arr, shift) if arr is not None else None
         return self._blocks[i]
 
 
@@ -145,7 +164,7 @@ class MessageCache:
         while len(self._lists) > self.max_lists:
             self._lists.popitem(last=False)
 
-    def extend(self, raw: bytes, text: str, dialect: Dialect) -> BodyIndex | None:
+    def extend(self, raw: bytes, dialect: Dialect) -> BodyIndex | None:
         """The index of `raw` built on a previous body it shares whole messages with, byte for
         byte from its first byte (an agent's next turn): everything before the first differing
         message is reused as it is (members, spans, values, views), and only the rest of the
@@ -174,8 +193,8 @@ class MessageCache:
                         hi = mid - 1
                 k = lo
             try:
-                index = _extend(prev, k, raw, text, dialect)
-            except (JsonSpanError, BodyRejected, RecursionError):
+                index = _extend(prev, k, raw, dialect)
+            except (JsonSpanError, BodyRejected, RecursionError, UnicodeDecodeError):
                 return None
             if index is not None:
                 self.hits += k
@@ -184,17 +203,23 @@ class MessageCache:
         return None
 
 
-def _extend(prev: BodyIndex, k: int, raw: bytes, text: str, dialect: Dialect) -> BodyIndex | None:
-    """`MessageCache.extend`'s index: prev's first `k` messages and what precedes them, then
-    the rest read from `text`. None when the members after the array differ from prev's."""
+def _extend(prev: BodyIndex, k: int, raw: bytes, dialect: Dialect) -> BodyIndex | None:
+    """`MessageCache.extend`'s index: prev's first `k` messages and what precedes them, the
+    new messages read from `raw`, and prev's members after the array. Only the new messages'
+    bytes are decoded. None when the bytes after the array differ from prev's, or the array
+    does not end where they begin."""
     key = dialect.array_key
-    last = prev.messages[k - 1].end
-    arr = extend_array(text, prev.array.start, list(prev.array.elements[:k]), last)
     ends = prev.byte_ends()
-    # Where the array ends in bytes: the prefix's bytes plus the new elements' encoded length.
-    arr_end_b = ends[k - 1] + len(text[last : arr.end].encode("utf-8"))
-    if raw[arr_end_b:] != prev.raw[ends[-1] :]:
+    # Where the array ends in bytes, if everything after it is prev's: checked before any of
+    # the middle is read (a view of prev's bytes, compared where they lie).
+    arr_end_b = len(raw) - (len(prev.raw) - ends[-1])
+    if arr_end_b <= ends[k - 1] or not raw.endswith(memoryview(prev.raw)[ends[-1] :]):
         return None  # something after the array changed: walk it all
+    middle = raw[ends[k - 1] : arr_end_b].decode("utf-8")
+    last = prev.messages[k - 1].end
+    arr = extend_array(middle, prev.array.start, list(prev.array.elements[:k]), last, last)
+    if arr.end != last + len(middle):
+        return None
     shift = arr.end - prev.array.end
     by_key: dict[str, Member] = {}
     after = False
@@ -212,8 +237,9 @@ def _extend(prev: BodyIndex, k: int, raw: bytes, text: str, dialect: Dialect) ->
     out = prev.messages[:k]
     for n in range(k, len(arr.elements)):
         out.append(_message(dialect, n, arr.elements[n]))
-    index = BodyIndex(raw, text, dialect, by_key, arr, out, shared=k)
-    index._byte_ends = prev.byte_ends()[:k]
+    chars = prev.chars.spliced(last, middle, prev.array.end)
+    index = BodyIndex(raw, chars, dialect, by_key, arr, out, shared=k)
+    index._byte_ends = ends[:k]
     index._views = prev.views[:k]
     for name, (owner, value) in prev.memo.items():
         index.memo[name] = (owner, value[:k] if isinstance(value, list) else value)
@@ -223,6 +249,13 @@ def _extend(prev: BodyIndex, k: int, raw: bytes, text: str, dialect: Dialect) ->
 def index_body(raw: bytes, dialect: Dialect, cache: MessageCache | None = None) -> BodyIndex:
     if not raw:
         raise BodyRejected("empty body")
+    # A warm turn decodes only its new messages; its bytes before and after them are a body
+    # already read whole (UTF-8, no byte-order mark, an object), so only the start is checked.
+    if cache is not None and _OBJECT_START.match(raw):
+        warm = cache.extend(raw, dialect)
+        if warm is not None:
+            cache.remember(warm)
+            return warm
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as e:
@@ -232,11 +265,6 @@ def index_body(raw: bytes, dialect: Dialect, cache: MessageCache | None = None) 
     stripped = text.lstrip(" \t\r\n")
     if stripped[:1] != "{":
         raise BodyRejected("body is not a JSON object")
-    if cache is not None:
-        warm = cache.extend(raw, text, dialect)
-        if warm is not None:
-            cache.remember(warm)
-            return warm
     offered: list[tuple[str, Any, MessageView]] = []
 
     def known(t: str, first: int) -> list[tuple[str, Any, MessageView]]:
@@ -269,7 +297,7 @@ def index_body(raw: bytes, dialect: Dialect, cache: MessageCache | None = None) 
                 cache.hits += 1
         else:
             out.append(_message(dialect, n, el))
-    index = BodyIndex(raw, text, dialect, by_key, msgs.array, out)
+    index = BodyIndex(raw, Chars.of(text), dialect, by_key, msgs.array, out)
     if cache is not None:
         cache.remember(index)
     return index

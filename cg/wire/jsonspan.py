@@ -15,6 +15,8 @@ from dataclasses import dataclass
 from json.decoder import scanstring  # type: ignore[attr-defined]
 from typing import Any
 
+from cg.wire.chars import Chars
+
 _DECODER = json.JSONDecoder()
 _WS = re.compile(r"[ \t\n\r]*")
 # What may follow an array element: `,` and the whitespace after it (group 1 set), or `]`.
@@ -108,21 +110,34 @@ def walk_array(text: str, i: int, known: Known | None = None) -> ArraySpan:
         i = sep.end()
 
 
-def extend_array(text: str, start: int, elements: list[Element], end: int) -> ArraySpan:
-    """The array at `text[start]` whose leading `elements` are known (the last ends at `end`,
-    e.g. the messages a previous turn shares byte for byte): walked on from there only."""
+def extend_array(
+    text: str, start: int, elements: list[Element], end: int, shift: int = 0
+) -> ArraySpan:
+    """The array at `start` whose leading `elements` are known (the last ends at `end`, e.g.
+    the messages a previous turn shares byte for byte): walked on from there only. `text` holds
+    the rest of the array with position `x` at `text[x - shift]` (a part of the whole text);
+    every span returned is a position in the whole."""
     while True:
-        sep = _ARRAY_SEP.match(text, end)
+        sep = _ARRAY_SEP.match(text, end - shift)
         if sep is None:
-            raise JsonSpanError("expected ',' or ']'", skip_ws(text, end))
+            raise JsonSpanError("expected ',' or ']'", skip_ws(text, end - shift) + shift)
         if sep.group(1) is None:
-            return ArraySpan(start, sep.end(), tuple(elements))
+            return ArraySpan(start, sep.end() + shift, tuple(elements))
         i = sep.end()
         try:
-            value, end = _DECODER.raw_decode(text, i)
+            value, stop = _DECODER.raw_decode(text, i)
         except json.JSONDecodeError as e:
-            raise JsonSpanError(f"bad array element: {e.msg}", e.pos) from None
-        elements.append(Element(i, end, value))
+            raise JsonSpanError(f"bad array element: {e.msg}", e.pos + shift) from None
+        elements.append(Element(i + shift, stop + shift, value))
+        end = stop + shift
+
+
+def shift_array(arr: ArraySpan, shift: int) -> ArraySpan:
+    """`arr` with every position moved by `shift` (a span found in a part of a text)."""
+    if not shift:
+        return arr
+    els = tuple(Element(e.start + shift, e.end + shift, e.value) for e in arr.elements)
+    return ArraySpan(arr.start + shift, arr.end + shift, els)
 
 
 def walk_object(
@@ -182,19 +197,24 @@ def walk_document(
     return members
 
 
-def rebuild_array(text: str, arr: ArraySpan, pieces: list[str]) -> str:
+def rebuild_array(text: str | Chars, arr: ArraySpan, pieces: list[str]) -> str:
     """The array `arr` with `pieces` as its elements, in the original's own punctuation.
 
     The whitespace after `[`, between the first two elements and before `]` is reused, so a
-    pretty-printed array stays pretty and a compact one compact.
+    pretty-printed array stays pretty and a compact one compact. `text` is the whole text, or
+    its `Chars` (read in the few places needed, never joined).
     """
+
+    def cut(a: int, b: int) -> str:
+        return text.slice(a, b) if isinstance(text, Chars) else text[a:b]
+
     els = arr.elements
     if els:
-        lead = text[arr.start + 1 : els[0].start]
-        trail = text[els[-1].end : arr.end - 1]
+        lead = cut(arr.start + 1, els[0].start)
+        trail = cut(els[-1].end, arr.end - 1)
     else:
         lead = trail = ""
-    sep = text[els[0].end : els[1].start] if len(els) >= 2 else ","
+    sep = cut(els[0].end, els[1].start) if len(els) >= 2 else ","
     if not pieces:
         return "[]"
     return "[" + lead + sep.join(pieces) + trail + "]"

@@ -15,12 +15,12 @@ from __future__ import annotations
 
 import operator
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from cg.wire.body import BodyIndex
 from cg.wire.dialects import Dialect, MessageView
-from cg.wire.jsonspan import rebuild_array
+from cg.wire.jsonspan import rebuild_array, shift_array
 from cg.wire.reply import dumps
 
 
@@ -74,8 +74,12 @@ def cut_source(index: BodyIndex, i: int, drop: frozenset[int]) -> str:
     arr = index.content_array(i)
     if arr is None:
         raise ValueError(f"messages[{i}] has no content block array to cut from")
-    text = index.text
     m = index.messages[i]
+    # The message lies within one string of the text (`cg.wire.chars`): read it there.
+    text, shift, _ = index.chars.locate(m.start)
+    if shift:
+        arr = shift_array(arr, -shift)
+        m = replace(m, start=m.start - shift, end=m.end - shift)
     els = arr.elements
     keep = [n for n in range(len(els)) if n not in drop]
     if not keep:
@@ -116,9 +120,13 @@ def splice_text(index: BodyIndex, plan: Sequence[Piece]) -> str:
             pieces.append(cut_source(index, p.index, p.drop))
         else:
             pieces.append(p.json)
-    text = index.text
     arr = index.array
-    return text[: arr.start] + rebuild_array(text, arr, pieces) + text[arr.end :]
+    chars = index.chars
+    return (
+        chars.slice(0, arr.start)
+        + rebuild_array(chars, arr, pieces)
+        + chars.slice(arr.end, len(chars))
+    )
 
 
 def plan_views(index: BodyIndex, plan: Sequence[Piece]) -> list[MessageView]:

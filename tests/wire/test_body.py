@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from cg.wire.body import BodyIndex, BodyRejected, MessageCache, index_body
 from cg.wire.dialects import ANTHROPIC, DIALECTS, OPENAI, Dialect
 from cg.wire.shape import validate_index, validate_shape
+from cg.wire.splice import Keep, splice
 from tests.strategies import SETTINGS, Sample, bodies, dumps, styles
 
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "claude_code_2.1.197_turn16.json"
@@ -187,6 +188,10 @@ def test_unknown_content_anywhere_rejects_the_body_with_the_reason(
 def _same_index(a: BodyIndex, b: BodyIndex) -> None:
     assert [(m.start, m.end) for m in a.messages] == [(m.start, m.end) for m in b.messages]
     assert [m.value for m in a.messages] == [m.value for m in b.messages]
+    assert len(a.chars) == len(b.text) and a.chars.slice(0, len(a.chars)) == b.text
+    assert [a.source(i) for i in range(len(a.messages))] == [
+        b.source(i) for i in range(len(b.messages))
+    ]
     assert a.views == b.views == [m.view for m in b.messages]
     assert a.views is a.views  # built once, shared by every reader
     assert (a.array.start, a.array.end) == (b.array.start, b.array.end)
@@ -221,6 +226,52 @@ def test_cached_index_equals_a_fresh_one_on_grown_edited_and_reserialised_turns(
     assert validate_index(cached) == validate_shape(cached.views, d)
     if style == s.style and msgs[: len(s.messages)] == s.messages:
         assert cache.hits - hits == len(s.messages), "the repeated prefix was not reused"
+
+
+@SETTINGS
+@given(
+    bodies(min_turns=1),
+    st.lists(st.tuples(st.integers(1, 3), st.text(max_size=6)), min_size=1, max_size=40),
+)
+def test_a_long_session_indexed_warm_reads_the_same_as_each_body_read_whole(
+    s: Sample, turns: list[tuple[int, str]]
+) -> None:
+    """Every turn appends messages to the last: its text is the previous turn's segments and
+    its new middle (`cg.wire.chars`), joined now and then; every span, source, content array
+    and splice reads what the body read whole reads."""
+    d = DIALECTS[s.dialect]
+    cache = MessageCache()
+    raw = s.raw
+    whole = index_body(raw, d, cache)
+    warm = 0
+    for n, (new, words) in enumerate(turns):
+        added = [
+            {"role": "user", "content": [{"type": "text", "text": f"{words} ✓ {n}.{j}"}]}
+            if d.name == "anthropic"
+            else {"role": "user", "content": f"{words} é {n}.{j}"}
+            for j in range(new)
+        ]
+        # appended after the last message, every other byte as it was (as an agent sends it)
+        at = len(whole.text[: whole.messages[-1].end].encode())
+        more = "".join("," + json.dumps(m, ensure_ascii=False) for m in added)
+        raw = raw[:at] + more.encode() + raw[at:]
+        before = cache.prefix_hits
+        cached = index_body(raw, d, cache)
+        warm += cache.prefix_hits - before
+        whole = index_body(raw, d)
+        _same_index(cached, whole)
+        last = len(whole.messages) - 1
+        if d.name == "anthropic":
+            a, b = cached.content_array(last), whole.content_array(last)
+            assert a is not None and b is not None
+            assert (a.start, a.end, [(e.start, e.end) for e in a.elements]) == (
+                b.start,
+                b.end,
+                [(e.start, e.end) for e in b.elements],
+            )
+        plan = [Keep(0), Keep(last)] if last else [Keep(0)]
+        assert splice(cached, plan) == splice(whole, plan)
+    assert warm == len(turns)  # vacuity: every turn after the first was read warm
 
 
 def test_cache_reuses_the_previous_turn_of_the_claude_code_fixture() -> None:
