@@ -188,6 +188,11 @@ def _fact_row(raw: Any, digest: Any, tokens: Any, outputs: str, flags: Any) -> F
     return (key, bytes(digest), int(tokens), outs, int(flags))
 
 
+# `put_facts` trims the facts cache once it is this many rows over its cap (a delete of that
+# many random keys writes about as many pages to the WAL: 256 KiB).
+FACTS_TRIM = 64
+
+
 def _facts_cap(max_bytes: int) -> int:
     """Rows the facts cache keeps: a quarter of `max_bytes` at ~100 bytes a row with its index
     (facts are a cache: a lost row is a recount), at least 1000."""
@@ -474,6 +479,7 @@ class Store:
         self._stash_bytes = 0
         self._stashed = 0
         self._file_at_evict = 0  # the files' bytes when the last eviction ended
+        self._facts_rows: int | None = None  # rows in `facts`, as this process counts them
         # (stash key, owner) -> when this process last refreshed its `last_used`
         self._touched: dict[tuple[str, str], float] = {}
         self._lock = threading.Lock()
@@ -873,11 +879,25 @@ class Store:
             return
         t = self.now()
         with self._tx("put_facts") as conn:
-            conn.executemany(
+            cur = conn.executemany(
                 "INSERT OR IGNORE INTO facts (raw, digest, tokens, outputs, flags, seen) "
                 "VALUES (?, ?, ?, ?, ?, ?)",
                 _fact_params(rows, t),
             )
+            if self._facts_rows is None:
+                self._facts_rows = int(conn.execute("SELECT COUNT(*) FROM facts").fetchone()[0])
+            else:
+                self._facts_rows += max(cur.rowcount, 0)
+            # The cache's cap, kept as it fills: the oldest rows go a few at a time. Their keys
+            # are random, so each deleted row rewrites a page of its own; the whole overflow
+            # of a minute deleted at once (as `evict` did) put megabytes into the WAL at once.
+            over = self._facts_rows - _facts_cap(self.max_bytes)
+            if over >= FACTS_TRIM:
+                gone = conn.execute(
+                    "DELETE FROM facts WHERE raw IN (SELECT raw FROM facts ORDER BY seen LIMIT ?)",
+                    (over,),
+                ).rowcount
+                self._facts_rows -= max(gone, 0)
         self._maybe_evict()
 
     # -- checkpoints ------------------------------------------------------------------------
@@ -1134,12 +1154,14 @@ class Store:
             ).rowcount
             sess = conn.execute("DELETE FROM sessions WHERE last_request < ?", (cutoff,)).rowcount
             conn.execute("DELETE FROM facts WHERE seen < ?", (cutoff,))
-            # Facts are a cache: the newest `_facts_cap` rows are kept.
+            # Facts are a cache: the newest `_facts_cap` rows are kept (`put_facts` trims as
+            # it writes; this is for rows other processes wrote). Counted again for it.
             conn.execute(
                 "DELETE FROM facts WHERE raw IN (SELECT raw FROM facts ORDER BY seen DESC "
                 "LIMIT -1 OFFSET ?)",
                 (_facts_cap(self.max_bytes),),
             )
+            self._facts_rows = int(conn.execute("SELECT COUNT(*) FROM facts").fetchone()[0])
             # The ledger outlives the stashes: it is tiny, and it is the record of what was spent.
             ledger_cutoff = t - max(self.ttl, LEDGER_TTL_DAYS * 86400.0)
             conn.execute(

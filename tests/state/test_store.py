@@ -20,6 +20,7 @@ import pytest
 
 from cg.settings import StoreConfig
 from cg.state.store import (
+    FACTS_TRIM,
     KEY_PATTERN,
     KEY_RE,
     SCHEMA_VERSION,
@@ -28,6 +29,7 @@ from cg.state.store import (
     FactRow,
     Store,
     StoreError,
+    _facts_cap,
     span_bytes,
     stash_key,
     valid_key,
@@ -494,6 +496,28 @@ def fact_row(n: int) -> FactRow:
     tool output tokens, flags."""
     raw = hashlib.blake2b(str(n).encode(), digest_size=16).digest()
     return (raw, raw[::-1], n % 5000, (n % 300,), 0)
+
+
+def test_the_facts_cache_holds_its_cap_as_it_fills_oldest_first_a_few_rows_at_a_time(
+    db: Path, clock: Clock
+):
+    """The cap is kept by `put_facts` itself (not by a minute's bulk delete in `evict`, whose
+    random keys put megabytes into the WAL at once), least recently first seen first."""
+    counts: list[int] = []
+    with Store(db, now=clock, max_mb=1, evict_interval=10 * HOUR) as st:
+        cap = _facts_cap(st.max_bytes)  # 2,621 rows
+        for i in range(80):  # 8,000 rows through the cap, 100 a turn, no eviction
+            st.put_facts([fact_row(i * 100 + j) for j in range(100)])
+            rows = st._conn.execute("SELECT COUNT(*) FROM facts").fetchone()[0]  # type: ignore[union-attr]
+            assert rows < cap + FACTS_TRIM + 100, (i, rows)
+            counts.append(rows)
+            clock.t += 1
+        kept = st.get_facts([fact_row(n)[0] for n in range(8000)])
+        assert cap <= len(kept) < cap + FACTS_TRIM
+        assert all(fact_row(n)[0] in kept for n in range(7900, 8000))  # the newest are kept
+        assert not any(fact_row(n)[0] in kept for n in range(8000 - cap - 200))  # oldest gone
+        assert st._last_evict < clock.t - 20  # vacuity: no eviction ran meanwhile
+    assert max(counts) >= cap  # vacuity: it filled to the cap
 
 
 def test_the_file_holds_to_max_mb(db: Path, clock: Clock):
