@@ -91,6 +91,8 @@ class Result:
     store_mb_peak: float = 0.0  # the SQLite file + -wal + -shm on disk, sampled with the RSS
     store_mb_peak_parts: list[float] = field(default_factory=list)  # database, -wal, -shm
     wave_end_store_mb: list[float] = field(default_factory=list)
+    # each wave's highest sample: database + -wal (which of the two grew, and when)
+    wave_peak_store_mb: list[tuple[float, float]] = field(default_factory=list)
     stash_mb_peak: float = 0.0  # SUM(stashes.size): what `max_mb` caps, as the store counts it
     wave_end_stash_mb: list[float] = field(default_factory=list)
     stash_mb_bound: float = 0.0  # with max_mb: the stashes' share of it + STASH_SLACK
@@ -353,6 +355,7 @@ def run(
                 lat: list[float] = []
                 end = time.monotonic() + seconds
                 checked = 0.0  # seconds spent in per-wave isolation checks
+                sampled = 0  # store samples read into wave_peak_store_mb
                 for wave in range(waves):
                     left = max(end - time.monotonic(), 0.0)
                     since = len(fake.requests)
@@ -367,6 +370,9 @@ def run(
                         threading.Event().wait(0.2)  # a bounded poll of the proxy's counters
                     result.wave_end_rss_mb.append(round(rss_kb(proxy.proc.pid) / 1024, 1))
                     result.wave_end_store_mb.append(mb(store_bytes(db)))
+                    wave_samples, sampled = rss.store[sampled:], len(rss.store)
+                    top = max(wave_samples, key=sum, default=(0, 0, 0))
+                    result.wave_peak_store_mb.append((mb(top[0]), mb(top[1])))
                     result.wave_end_stash_mb.append(mb(stash_bytes(db) or 0))
                     if max_mb is not None:
                         # A capped store evicts the older waves' stashes (least recently used
