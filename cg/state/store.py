@@ -207,6 +207,7 @@ def _facts_cap(max_bytes: int) -> int:
 # of the file leaves them less room (`evict`).
 STASH_SHARE = 0.5
 EVICT_TO = 0.9
+ROOM_SHARE = 0.9  # of what the database may take: what is live in it, at most
 WAL_SHARE = 0.125
 SHM_BYTES = 32 * 1024  # the WAL's index file
 ROOM_MIN_BYTES = 1024 * 1024  # below it the schema alone is a tenth of the cap: not held on disk
@@ -480,6 +481,9 @@ class Store:
         self._stashed = 0
         self._file_at_evict = 0  # the files' bytes when the last eviction ended
         self._facts_rows: int | None = None  # rows in `facts`, as this process counts them
+        # What the stashes may hold until the next eviction: their share of `max_bytes`, or
+        # less when the rest of the file needs the room (`evict`).
+        self._stash_budget = _stash_limits(self.max_bytes)[0]
         # (stash key, owner) -> when this process last refreshed its `last_used`
         self._touched: dict[tuple[str, str], float] = {}
         self._lock = threading.Lock()
@@ -767,7 +771,7 @@ class Store:
     def _maybe_evict(self) -> None:
         if not self._evicts:
             return
-        over = self._stash_bytes + self._stashed > _stash_limits(self.max_bytes)[0]
+        over = self._stash_bytes + self._stashed > self._stash_budget
         # The rest of the file grew (checkpoints, the ledger, facts): the stashes' room is
         # measured again once the files have grown by a fiftieth of the cap.
         grown = self._file_bytes() > self._file_at_evict + self.max_bytes // 50
@@ -1180,19 +1184,22 @@ class Store:
             budget, target = _stash_limits(self.max_bytes)
             if self.persistent and self.max_bytes >= ROOM_MIN_BYTES:
                 # The rest of the file (ledger, checkpoints, facts, sessions) grows with the
-                # sessions seen; stashes, the part that can go, make room for it. Once the
-                # database file reaches 95% of what it may take (the cap less the WAL's share
-                # and its 32 KiB index), stashes go until the live pages fill 80% of it: the
-                # rest is free pages, which SQLite reuses before it grows the file.
+                # sessions seen; stashes, the part that can go, make room for it. The database
+                # may take the cap less the WAL's share and its 32 KiB index; the stashes get
+                # what the rest leaves of 90% of that, until the next eviction measures again
+                # (`_stash_budget`). The file grows only when its pages are all in use, so
+                # bounding what is live bounds the file. (Evicting only once the file had
+                # grown let the stashes refill their whole share each time: the file ratcheted
+                # up by a fiftieth of the cap per eviction, to 31 MB of a 32 MB cap.)
                 page = conn.execute("PRAGMA page_size").fetchone()[0]
                 pages = conn.execute("PRAGMA page_count").fetchone()[0]
                 free = conn.execute("PRAGMA freelist_count").fetchone()[0]
                 allowed = self.max_bytes - self._wal_limit() - SHM_BYTES
-                stale_bytes = sum(int(n) for _, _, n, old in rows if old)
-                need = (pages - free) * page - stale_bytes - int(allowed * 0.8)
-                if pages * page > allowed * 0.95 and need > 0:
-                    target = min(target, max(0, total - need))
-                    budget = min(budget, target)
+                stashed = sum(int(n) for _, _, n, _ in rows)
+                rest = max(0, (pages - free) * page - stashed)
+                room = max(0, int(allowed * ROOM_SHARE) - rest)
+                budget = min(budget, room)
+                target = min(target, int(budget * EVICT_TO))
             victims: list[tuple[str, str]] = []
             if total > budget:
                 victims, total = _lru_victims(live, total, target)
@@ -1206,6 +1213,7 @@ class Store:
                 conn.executemany("DELETE FROM stashes WHERE key = ? AND session = ?", chunk)
         self._last_evict = t
         self._stash_bytes, self._stashed = int(total), 0
+        self._stash_budget = budget
         if lru or expired or cps or sess:
             self._checkpoint()
         self._file_at_evict = self._file_bytes()

@@ -1,5 +1,8 @@
 """The raw message index: one request body, decoded once, with the span of every message.
 
+An agent's next turn is indexed on its previous one (`MessageCache`): the bytes it repeats are
+compared, never decoded or parsed again, and only its new messages are read.
+
 The transcript array is the dialect's `array_key`: `messages`, or the Responses API's `input`
 (whose items are indexed as messages: a view each, calls and outputs included).
 

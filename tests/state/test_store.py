@@ -24,6 +24,7 @@ from cg.state.store import (
     KEY_PATTERN,
     KEY_RE,
     SCHEMA_VERSION,
+    SHM_BYTES,
     TOUCH_INTERVAL,
     Checkpoint,
     FactRow,
@@ -464,6 +465,45 @@ def test_stashes_make_room_for_what_the_rest_of_the_file_holds(db: Path, clock: 
             assert st.stats().file_bytes <= max_mb * kb * kb, (i, st.stats().file_bytes)
         assert st.stats().stash_bytes < max_mb * kb * kb // 2 * 0.8  # less than their half
         assert st.evicted > 200  # vacuity
+
+
+def test_when_the_rest_needs_room_the_stashes_keep_to_less_until_measured_again(
+    db: Path, clock: Clock
+):
+    """Checkpoints fill half the cap: the stashes' budget falls below their half and holds
+    between evictions, so they never refill into pages the rest needs (the file grows only
+    when every page is live: in a day-long soak, stashes refilling their whole half after each
+    eviction ratcheted the file up to 31 MB of a 32 MB cap)."""
+    kb, mb = 1024, 1024 * 1024
+    max_mb = 4
+    with Store(db, now=clock, max_mb=max_mb, evict_interval=10 * HOUR) as st:
+        share = st._stash_budget
+        for i in range(600):  # ~2.5 MB of checkpoints: over half the cap
+            big = "c" * 2000
+            st.put_checkpoint(
+                Checkpoint(
+                    session=f"s{i}", summary=big, head_count=1, covered_count=4,
+                    covered_hash=f"h{i}", key=None,
+                    message=json.dumps({"role": "user", "content": big}),
+                )
+            )  # fmt: skip
+        st.evict()
+        budget = st._stash_budget
+        assert 0 < budget < share * 0.6, (budget, share)  # vacuity: the rest took room
+        page = 4096
+        allowed = max_mb * mb - st._wal_limit() - SHM_BYTES
+        for i in range(200):
+            st.put_stash(stash_key([f"{i}"]), "s", [json.dumps("z" * (20 * kb))], "anthropic")
+            assert st.stats().stash_bytes <= st._stash_budget + 21 * kb
+            conn = st._conn
+            assert conn is not None
+            pages, free = (
+                conn.execute(f"PRAGMA {p}").fetchone()[0] for p in ("page_count", "freelist_count")
+            )
+            assert (pages - free) * page <= allowed, i  # what is live fits the file's share
+            clock.t += 1
+        assert st.evicted > 100  # vacuity: it was the lowered budget that evicted
+    assert os.path.getsize(db) <= allowed
 
 
 def test_a_large_eviction_goes_a_wal_share_at_a_time(db: Path, clock: Clock):
