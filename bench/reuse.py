@@ -75,7 +75,7 @@ from cg.summarize.component import Commission, Summarize, conversation_key, pref
 from cg.summarize.config import SummarizeConfig, parse_summarize
 from cg.summarize.prompt import HEADER
 from cg.summarize.span import Span, select_span
-from cg.summarize.triggers import RequestFacts, cache_ttl, evaluate, resolve_window
+from cg.summarize.triggers import RequestFacts, evaluate, resolve_window
 from cg.wire.body import BodyIndex, MessageCache, index_body
 from cg.wire.dialects import ANTHROPIC, OPENAI, Dialect
 from cg.wire.shape import check_wire_roles, introduced, validate_shape
@@ -348,11 +348,11 @@ def part_lines(sc: Scenario) -> list[Line]:
     before = validate_shape(views, d)
     text = splice_text(ix, plan)
     injected, ok = _inject(ix, text, sc.expand, sid, {})
-    assert ok
+    assert ok and injected is not None
     new = injected.encode("utf-8")
     assert new == sc.expected
     model = ix.members["model"].value if "model" in ix.members else None
-    ttl = cache_ttl(ix.text)
+    ttl = comp._outside_ttl(ix)
 
     def facts() -> RequestFacts:
         return RequestFacts(
@@ -385,7 +385,10 @@ def part_lines(sc: Scenario) -> list[Line]:
             "apply · store.touch_session (the store)",
             lambda: store.touch_session(sid, sc.tick(), ttl),
         ),
-        ("apply · cache_ttl: regex over the body text", lambda: cache_ttl(ix.text)),
+        (
+            "apply · cache_ttl of the text outside the messages (memoised on the index)",
+            lambda: comp._outside_ttl(ix),
+        ),
         ("apply · select_span", lambda: select_span(views, cfg.keep_first, cfg.keep_last)),
         (
             f"apply · {n} message facts: digests and token counts (memo hits)",
