@@ -28,13 +28,15 @@ transaction) and a killed process (a transaction is all or nothing). Bounded by 
 `last_used` and a total stash size, evicted least recently used first; eviction runs on open and
 opportunistically after writes, at most once per `evict_interval` seconds. Session clocks expire by
 the same TTL, and a checkpoint with its session (reading a checkpoint marks its stash used).
-The file is held to `max_mb` (see `STASH_SHARE`; a day-long soak ended every wave within it
-and peaked 12% over for a moment, docs/benchmarks.md): stashes get half of it, evicted as soon as a
-write takes them past it (and less when the rest of the file needs the room), the facts cache a
-quarter, and the WAL is checkpointed at an eighth and cut back after each eviction. What is not
+The file is held to `max_mb` (see `STASH_SHARE`; a day-long soak with a 32 MB cap peaked at
+28.3 MB, docs/benchmarks.md): stashes get half of it, evicted as soon as a write takes them past
+it (and kept to less between evictions when the rest of the file needs the room), the facts
+cache a quarter (trimmed as it fills), and the WAL is checkpointed at half its eighth and cut
+back after each eviction, which deletes its stashes half a WAL share at a time. What is not
 evicted by size (checkpoints, session clocks, the ledger: bounded by the TTL and 30 days) is the
 one thing that can still outgrow a cap too small for the sessions it serves.
-Ledger rows are a few hundred bytes per session and what `/_cg/sessions` reports, so they live
+Ledger rows are a few hundred bytes per session (~2 KB with the prompt-cache state the ledger
+keeps per session) and what `/_cg/sessions` reports, so they live
 `LEDGER_TTL_DAYS` (30) days after their session's last answer, or the store TTL if that is longer.
 
 Credentials never reach this module: its API takes only session ids (allow-listed, `cg.state.session`),
