@@ -15,12 +15,12 @@ from __future__ import annotations
 
 import operator
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 from cg.wire.body import BodyIndex
 from cg.wire.dialects import Dialect, MessageView
-from cg.wire.jsonspan import rebuild_array, shift_array
+from cg.wire.jsonspan import rebuild_array
 from cg.wire.reply import dumps
 
 
@@ -75,23 +75,23 @@ def cut_source(index: BodyIndex, i: int, drop: frozenset[int]) -> str:
     if arr is None:
         raise ValueError(f"messages[{i}] has no content block array to cut from")
     m = index.messages[i]
-    # The message lies within one string of the text (`cg.wire.chars`): read it there.
-    text, shift, _ = index.chars.locate(m.start)
-    if shift:
-        arr = shift_array(arr, -shift)
-        m = replace(m, start=m.start - shift, end=m.end - shift)
+    src = index.source(i)
+
+    def cut(a: int, b: int) -> str:  # text[a:b] of the whole body, read in the message's source
+        return src[a - m.start : b - m.start]
+
     els = arr.elements
     keep = [n for n in range(len(els)) if n not in drop]
     if not keep:
-        return text[m.start : arr.start] + rebuild_array(text, arr, []) + text[arr.end : m.end]
+        return cut(m.start, arr.start) + "[]" + cut(arr.end, m.end)
     # Each dropped block goes with one separator next to it; every other byte (including the
     # whitespace between kept blocks, uniform or not) stays exactly as the client sent it.
-    parts = [text[m.start : els[0].start]]
+    parts = [cut(m.start, els[0].start)]
     for a, n in enumerate(keep):
-        parts.append(text[els[n].start : els[n].end])
+        parts.append(cut(els[n].start, els[n].end))
         if a + 1 < len(keep):
-            parts.append(text[els[n].end : els[n + 1].start])
-    parts.append(text[els[-1].end : m.end])
+            parts.append(cut(els[n].end, els[n + 1].start))
+    parts.append(cut(els[-1].end, m.end))
     return "".join(parts)
 
 
