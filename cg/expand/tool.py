@@ -71,23 +71,20 @@ _CLOSE = re.compile(r"(?:>|\\u003[eE]){2}")
 
 # The same, on the body's bytes (a marker is ASCII): a pass-through turn is searched as it came,
 # never decoded (a warm turn's text is not built whole: `cg.wire.chars`).
-_KEY_AT_B = re.compile(rf"cg:({KEY_PATTERN})".encode())
-_OPEN_B = re.compile(rb"(?:<|\\u003[cC]){2}\Z")
-_CLOSE_B = re.compile(rb"(?:>|\\u003[eE]){2}")
+_BYTES = tuple(re.compile(p.pattern.encode()) for p in (_KEY_AT, _OPEN, _CLOSE))
 
 
 def markers(raw: bytes | str) -> Iterator[str]:
     """Every marker key in `raw` (bytes or decoded text), in order of appearance."""
-    if isinstance(raw, bytes):
-        for b in _KEY_AT_B.finditer(raw):
-            start = b.start()
-            if _OPEN_B.search(raw, max(0, start - 12), start) and _CLOSE_B.match(raw, b.end()):
-                yield b.group(1).decode("ascii")
-        return
-    for m in _KEY_AT.finditer(raw):
+    found: tuple[re.Pattern[Any], ...] = (
+        _BYTES if isinstance(raw, bytes) else (_KEY_AT, _OPEN, _CLOSE)
+    )
+    key_at, opener, closer = found
+    for m in key_at.finditer(raw):
         start = m.start()
-        if _OPEN.search(raw, max(0, start - 12), start) and _CLOSE.match(raw, m.end()):
-            yield m.group(1)
+        if opener.search(raw, max(0, start - 12), start) and closer.match(raw, m.end()):
+            key = m.group(1)
+            yield key.decode("ascii") if isinstance(key, bytes) else key
 
 
 def forces_tool_choice(dialect: str, tool_choice: Any) -> bool:
