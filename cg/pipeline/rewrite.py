@@ -127,19 +127,18 @@ def rewrite_body(
                 lap("validate", t)
                 record["violations"] = [v.to_json() for v in bad]
                 return done("failed_open", f"rewrite introduced {bad[0].rule}: {bad[0].message}")
-        injected = False
         # Where the rebuilt array sits in the final text: it starts where it did, unless the
         # expand tool went into a `tools` member before it.
         arr_start = index.array.start
-        arr_end = index.array.end + (len(text) if text is not None else size) - size
+        arr_end = index.array.end + (len(text) - size if text is not None else 0)
         if expand is not None:
             grown = len(text) if text is not None else size
-            text, injected = _inject(index, text, expand, sid.id, record)
+            text, _ = _inject(index, text, expand, sid.id, record)
             tools = index.members.get("tools")
             if text is not None and tools is not None and tools.start < arr_start:
                 arr_start += len(text) - grown
                 arr_end += len(text) - grown
-        if text is None or (not spliced and not injected):
+        if text is None:  # neither spliced nor given the tool: the body as it came
             return done("passed_through", "no component acted")
         new = text.encode("utf-8")
         # index_body admits only wire-legal roles, so any role violation here is the rewrite's.
