@@ -239,11 +239,11 @@ def _chunks(
     victims: list[tuple[str, str]], sizes: dict[tuple[str, str], int], limit: int
 ) -> list[list[tuple[str, str]]]:
     """`victims` in runs of at most `limit` bytes of stash each (one victim at least)."""
-    out: list[list[tuple[str, str]]] = [[]]
+    out: list[list[tuple[str, str]]] = []
     acc = 0
     for v in victims:
         n = sizes.get(v, 0)
-        if out[-1] and acc + n > limit:
+        if not out or acc + n > limit:
             out.append([])
             acc = 0
         out[-1].append(v)
@@ -481,7 +481,7 @@ class Store:
         # on the file count their own, and each evicts on its interval anyway).
         self._stash_bytes = 0
         self._stashed = 0
-        self._file_at_evict = 0  # the files' bytes when the last eviction ended
+        self._db_at_evict = 0  # the database file's bytes when the last eviction ended
         self._facts_rows: int | None = None  # rows in `facts`, as this process counts them
         # What the stashes may hold until the next eviction: their share of `max_bytes`, or
         # less when the rest of the file needs the room (`evict`).
@@ -761,12 +761,14 @@ class Store:
             with suppress(StoreError), self._op("checkpoint") as conn:
                 conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
 
-    def _file_bytes(self) -> int:
-        """The database and its WAL on disk, now (two `stat` calls; 0 when not a file)."""
+    def _db_bytes(self) -> int:
+        """The database file on disk, now (one `stat` call; 0 when not a file). Its WAL is held
+        by its own pragmas; counted here, its refilling after each truncation set off
+        evictions that found nothing to do."""
         if not self.persistent:
             return 0
         try:
-            return os.path.getsize(self.path) + os.path.getsize(self.path + "-wal")
+            return os.path.getsize(self.path)
         except OSError:
             return 0
 
@@ -775,8 +777,8 @@ class Store:
             return
         over = self._stash_bytes + self._stashed > self._stash_budget
         # The rest of the file grew (checkpoints, the ledger, facts): the stashes' room is
-        # measured again once the files have grown by a fiftieth of the cap.
-        grown = self._file_bytes() > self._file_at_evict + self.max_bytes // 50
+        # measured again once the database has grown by a fiftieth of the cap.
+        grown = self._db_bytes() > self._db_at_evict + self.max_bytes // 50
         if over or grown or self.now() - self._last_evict >= self.evict_interval:
             self.evict()
 
@@ -1159,15 +1161,20 @@ class Store:
                 (cutoff, cutoff),
             ).rowcount
             sess = conn.execute("DELETE FROM sessions WHERE last_request < ?", (cutoff,)).rowcount
-            conn.execute("DELETE FROM facts WHERE seen < ?", (cutoff,))
+            aged = conn.execute("DELETE FROM facts WHERE seen < ?", (cutoff,)).rowcount
             # Facts are a cache: the newest `_facts_cap` rows are kept (`put_facts` trims as
-            # it writes; this is for rows other processes wrote). Counted again for it.
-            conn.execute(
+            # it writes; this is for rows other processes wrote, after which exactly the cap is
+            # left: this process's count is right again).
+            cap = _facts_cap(self.max_bytes)
+            over = conn.execute(
                 "DELETE FROM facts WHERE raw IN (SELECT raw FROM facts ORDER BY seen DESC "
                 "LIMIT -1 OFFSET ?)",
-                (_facts_cap(self.max_bytes),),
-            )
-            self._facts_rows = int(conn.execute("SELECT COUNT(*) FROM facts").fetchone()[0])
+                (cap,),
+            ).rowcount
+            if over > 0:
+                self._facts_rows = cap
+            elif self._facts_rows is not None:
+                self._facts_rows -= max(aged, 0)
             # The ledger outlives the stashes: it is tiny, and it is the record of what was spent.
             ledger_cutoff = t - max(self.ttl, LEDGER_TTL_DAYS * 86400.0)
             conn.execute(
@@ -1208,8 +1215,6 @@ class Store:
         expired, lru = len(stale), len(victims)
         sizes = {(k, s): int(n) for k, s, n, _ in rows}
         for chunk in _chunks(stale + victims, sizes, self._wal_limit() // 2):
-            if not chunk:
-                continue
             self._checkpoint()
             with suppress(StoreError), self._tx("evict: stashes") as conn:
                 conn.executemany("DELETE FROM stashes WHERE key = ? AND session = ?", chunk)
@@ -1218,7 +1223,7 @@ class Store:
         self._stash_budget = budget
         if lru or expired or cps or sess:
             self._checkpoint()
-        self._file_at_evict = self._file_bytes()
+        self._db_at_evict = self._db_bytes()
         result = EvictResult(expired, lru, cps, sess)
         self.evicted += result.expired_stashes + result.lru_stashes
         return result
