@@ -36,6 +36,7 @@ from cg.proxy import control, dashboard, malloc
 from cg.proxy import view as views
 from cg.proxy.agents import CLAUDE_CODE, CODEX, claude_code, codex, codex_compaction
 from cg.proxy.calls import call_flow
+from cg.proxy.message import content, content_type
 from cg.proxy.meter import Meter
 from cg.proxy.relay import HEADER as RELAY_HEADER
 from cg.proxy.relay import Relay, RelayJob
@@ -43,6 +44,7 @@ from cg.proxy.resend import resend
 from cg.proxy.stats import Stats
 from cg.settings import AUTO, Config, host_allowed, load_presets
 from cg.state.facts import FactsCache
+from cg.state.session import header
 from cg.state.store import Store, StoreError, valid_key
 from cg.state.tokens import TokenCounter
 from cg.summarize.client import HttpPool, Origin, SummarizerClient, timeout_from_env
@@ -66,14 +68,21 @@ STORE_RETRY = 2.0
 # done (option cg_redact_credentials), so a saved flow, a viewer or a later addon never has them.
 CREDENTIAL_HEADERS = ("authorization", "x-api-key", "api-key", "x-goog-api-key")
 REDACTED = "[redacted by context-guru]"
+_REDACTED_BYTES = REDACTED.encode()
 MAX_LIVE = 10_000  # provider flows in flight; one that never ended is redacted past this
 
 
+_CREDENTIAL_NAMES = frozenset(n.encode() for n in CREDENTIAL_HEADERS)
+
+
 def redact(headers: http.Headers) -> None:
-    """Every credential header's value replaced by REDACTED (the names stay: what was sent)."""
-    for name in CREDENTIAL_HEADERS:
-        if name in headers:
-            headers.set_all(name, [REDACTED] * len(headers.get_all(name)))
+    """Every credential header's value replaced by REDACTED (the names stay: what was sent).
+    One pass over the raw fields: four lookups and a `set_all` each were ~0.02 ms a flow."""
+    fields = headers.fields
+    if any(k.lower() in _CREDENTIAL_NAMES for k, _ in fields):
+        headers.fields = tuple(
+            (k, _REDACTED_BYTES if k.lower() in _CREDENTIAL_NAMES else v) for k, v in fields
+        )
 
 
 def redact_backup(flow: http.HTTPFlow) -> None:
@@ -83,9 +92,8 @@ def redact_backup(flow: http.HTTPFlow) -> None:
     req = backup.get("request") if isinstance(backup, dict) else None
     if not isinstance(req, dict) or "headers" not in req:
         return
-    names = {n.encode() for n in CREDENTIAL_HEADERS}
     req["headers"] = tuple(
-        (k, REDACTED.encode() if k.lower() in names else v) for k, v in req["headers"]
+        (k, _REDACTED_BYTES if k.lower() in _CREDENTIAL_NAMES else v) for k, v in req["headers"]
     )
 
 
@@ -225,6 +233,15 @@ class ContextGuru:
             "as many bodies sent upstream (summarized: smaller) are kept for the usage ledger.",
         )
         loader.add_option(
+            "cg_ledger_delay_ms",
+            int,
+            250,
+            "The usage ledger commits the answers booked within this many milliseconds in one "
+            "SQLite transaction (one per answer was half of a small turn's cost); a read of "
+            "the ledger and a clean exit commit at once. A crash loses at most this window of "
+            "bookings; 0 commits every answer as it is booked.",
+        )
+        loader.add_option(
             "cg_control_remote",
             bool,
             False,
@@ -271,6 +288,10 @@ class ContextGuru:
                 raise ValueError(f"cg_max_body_mb: must be >= 0 (got {opts.cg_max_body_mb})")
             if opts.cg_warm_sessions < 1:
                 raise ValueError(f"cg_warm_sessions: must be >= 1 (got {opts.cg_warm_sessions})")
+            if not 0 <= opts.cg_ledger_delay_ms <= 60_000:
+                raise ValueError(
+                    f"cg_ledger_delay_ms: must be in 0..60000 (got {opts.cg_ledger_delay_ms})"
+                )
             configs = load_presets(opts.cg_preset, opts.cg_config, list(COMPONENTS))
             # The last one is the default: `summarize` under auto, else the one named.
             preset = list(configs)[-1]
@@ -284,6 +305,7 @@ class ContextGuru:
                 self.facts,
                 sent_bodies=opts.cg_warm_sessions,
             )
+            ledger.store.ledger_delay = opts.cg_ledger_delay_ms / 1000
             timeout = timeout_from_env()
             self._set_verify(upstream_verify(opts))
             pipelines = {
@@ -469,6 +491,7 @@ class ContextGuru:
                 loop.create_task(self.pool.aclose()),
                 loop.create_task(self.relay_pool.aclose()),
             }
+        self.meter.close()
         if self.store is not None:
             self.store.close()
             self.store = None
@@ -487,8 +510,8 @@ class ContextGuru:
         dialect = route(req.method, req.path)
         # By name (the Host header): in transparent/local mode, and in a CONNECT tunnel,
         # `req.host` is the address connected to, not the provider's name.
-        if dialect is None or not host_allowed(req.pretty_host, self.hosts):
-            return
+        if dialect is None or (self.hosts and not host_allowed(req.pretty_host, self.hosts)):
+            return  # (`pretty_host` parses the Host header: only asked when cg_hosts is set)
         self.stats.requests += 1
         self.live[flow.id] = flow
         while len(self.live) > MAX_LIVE:
@@ -505,7 +528,7 @@ class ContextGuru:
         passing = self._passing(req, down)
         if passing is None:
             try:
-                raw = req.get_content(strict=True)
+                raw = content(req, strict=True)
             except ValueError as e:
                 passing = ("passed_through", f"cannot decode body: {e}")
         if raw is None:
@@ -571,7 +594,7 @@ class ContextGuru:
     def _passing(self, req: http.Request, down: str | None) -> tuple[str, str] | None:
         """(outcome, reason) for a provider request passed through without reading its body:
         bypassed, the store down, a streamed body, or one over cg_max_body_mb; else None."""
-        if req.headers.get(BYPASS_HEADER, "").strip() == "1":
+        if (header(req.headers, BYPASS_HEADER) or "").strip() == "1":
             return "bypassed", f"{BYPASS_HEADER}: 1"
         if down is not None:
             return "passed_through", f"{down}: passing through until it works"
@@ -963,7 +986,7 @@ class ContextGuru:
             return
         if record.get("expand", {}).get("injected") and not relayed:
             return
-        if flow.response.headers.get("content-type", "").startswith("text/event-stream"):
+        if content_type(flow.response).startswith("text/event-stream"):
             flow.response.stream = self.meter.stream(flow)
 
     # -- control endpoints -------------------------------------------------------------------
@@ -985,13 +1008,11 @@ class ContextGuru:
             return control.no_session()
         sessions = self.sessions_json(scope)
         ledger = self.meter.ledger
-        history = dict(ledger.history) if ledger is not None else {}
-        if scope is not None:
-            history = {k: v for k, v in history.items() if k == scope}
+        history = ledger.chart(scope) if ledger is not None else {}
         page = dashboard.render(
             self.stats_json() if scope is None else {},
             sessions.get("sessions", []),
-            {k: list(v) for k, v in history.items()},
+            history,
             error=sessions.get("error"),
         )
         return http.Response.make(

@@ -15,6 +15,8 @@ method here raises, so a metering bug can never touch an answer.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 from typing import Any
 
@@ -22,6 +24,7 @@ from mitmproxy import http
 
 from cg.billing.ledger import Ledger, Round, Turn
 from cg.billing.tap import UNDECODABLE, UsageTap, usage_of_json
+from cg.proxy.message import content, content_type
 from cg.proxy.stats import UsageCounts
 from cg.wire.answers import Reply
 from cg.wire.body import BodyIndex, BodyRejected, index_body
@@ -44,6 +47,7 @@ class Meter:
         self.ledger: Ledger | None = None
         self.turns: dict[str, Turn] = {}
         self.readable: set[str] = set()  # flows whose body may be indexed after the fact
+        self._timer: asyncio.TimerHandle | None = None  # commits held bookings (`flush`)
 
     # -- hooks ------------------------------------------------------------------------------
 
@@ -131,6 +135,32 @@ class Meter:
         except Exception as e:  # noqa: BLE001
             self.counts.store_errors += 1
             log.warning("context-guru: the usage ledger could not be written: %s", e)
+        self._arm()
+
+    def flush(self) -> None:
+        """Commit the bookings the store holds (`cg_ledger_delay_ms`); the timer's callback.
+        A commit that fails is counted, and tried again after another delay."""
+        self._timer = None
+        if self.ledger is None:
+            return
+        try:
+            self.ledger.store.flush_usage()
+        except Exception as e:  # noqa: BLE001
+            self.counts.store_errors += 1
+            log.warning("context-guru: the usage ledger could not be written: %s", e)
+            with contextlib.suppress(RuntimeError):  # no loop: the next booking tries again
+                asyncio.get_running_loop()
+                self._arm()
+
+    def armed(self) -> bool:
+        """Whether a commit of held bookings is scheduled."""
+        return self._timer is not None
+
+    def close(self) -> None:
+        """At exit: no timer left behind (closing the store commits what it holds)."""
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
 
     def report(self, session: str | None = None) -> dict[str, Any]:
         """`usage` and `savings` for `/_cg/stats` (None, with the reason, when unreadable)."""
@@ -142,6 +172,21 @@ class Meter:
             return {"usage": None, "savings": None, "ledger_error": str(e)}
 
     # -- helpers ----------------------------------------------------------------------------
+
+    def _arm(self) -> None:
+        """A booking the store holds is committed within its delay, even when no answer
+        follows to do it: one timer at a time, on the running loop (none: at once)."""
+        if self._timer is not None or self.ledger is None:
+            return
+        store = self.ledger.store
+        if not store.usage_held():
+            return
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            self.flush()
+            return
+        self._timer = loop.call_later(store.ledger_delay, self.flush)
 
     def _forget(self, flow_id: str) -> Turn | None:
         self.readable.discard(flow_id)
@@ -157,14 +202,14 @@ class Meter:
             return None
         if isinstance(tap, UsageTap):
             tap.finish()
-        elif flow.response.headers.get("content-type", "").startswith(SSE):
+        elif content_type(flow.response).startswith(SSE):
             # Read whole (a buffered answer: the expand tool was offered), the same way.
             tap = UsageTap(dialect)
-            tap(flow.response.get_content(strict=False) or b"")
+            tap(content(flow.response, strict=False) or b"")
             tap.finish()
         else:
             try:
-                raw, model = usage_of_json(flow.response.get_content(strict=False) or b"")
+                raw, model = usage_of_json(content(flow.response, strict=False) or b"")
             except ValueError:
                 self.counts.malformed += 1
                 return None
@@ -198,13 +243,14 @@ class Meter:
             turn.rewritten = False  # the client's own bytes were what got billed
         if turn.index is None and flow.id in self.readable:
             turn.index = _index(flow, turn.dialect)
-        sent = flow.request.get_content(strict=False) if turn.rewritten else None
+        sent = content(flow.request, strict=False) if turn.rewritten else None
         try:
             session = self.ledger.agent_turn(turn, rounds, flow.request.headers, sent)
         except Exception as e:  # noqa: BLE001
             self.counts.store_errors += 1
             log.warning("context-guru: the usage ledger could not be written: %s", e)
             return
+        self._arm()
         self.counts.read += len(rounds)
         total = Usage()
         for r in rounds:

@@ -65,6 +65,7 @@ from pathlib import Path
 from typing import Any
 
 from cg.settings import StoreConfig
+from cg.state.pending import UsageBatch
 from cg.wire.jsonspan import JsonSpanError, walk_array
 from cg.wire.usage import Usage
 
@@ -176,6 +177,28 @@ _USAGE_COLS = (
     "input_tokens, cache_write_tokens, cache_write_1h_tokens, cache_read_tokens, "
     "output_tokens, requests"
 )
+_USAGE_UPSERT = (
+    f"INSERT INTO usage (session, kind, model, tier, {_USAGE_COLS}, updated) "
+    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
+    "ON CONFLICT (session, kind, model, tier) DO UPDATE SET "
+    "input_tokens = input_tokens + excluded.input_tokens, "
+    "cache_write_tokens = cache_write_tokens + excluded.cache_write_tokens, "
+    "cache_write_1h_tokens = cache_write_1h_tokens + excluded.cache_write_1h_tokens, "
+    "cache_read_tokens = cache_read_tokens + excluded.cache_read_tokens, "
+    "output_tokens = output_tokens + excluded.output_tokens, "
+    "requests = requests + excluded.requests, updated = excluded.updated"
+)
+_LEDGER_UPSERT = (
+    "INSERT INTO ledger (session, turns, rewritten, tokens_not_sent, estimate_skipped, "
+    "cache_state, last_seen) VALUES (?, ?, ?, ?, ?, ?, ?) "
+    "ON CONFLICT (session) DO UPDATE SET turns = turns + excluded.turns, "
+    "rewritten = rewritten + excluded.rewritten, "
+    "tokens_not_sent = tokens_not_sent + excluded.tokens_not_sent, "
+    "estimate_skipped = estimate_skipped + excluded.estimate_skipped, "
+    "cache_state = COALESCE(excluded.cache_state, cache_state), "
+    "last_seen = excluded.last_seen"
+)
+HELD_ROWS_MAX = 50_000  # ledger rows held while the store refuses writes (then they are dropped)
 
 
 def _fact_params(rows: Sequence[FactRow], seen: float) -> list[tuple[Any, ...]]:
@@ -461,9 +484,12 @@ class Store:
         evict_interval: float = DEFAULT_EVICT_INTERVAL,
         busy_timeout_ms: int = DEFAULT_BUSY_TIMEOUT_MS,
         evict: bool = True,
+        ledger_delay: float = 0.0,
     ) -> None:
         """`evict=False` opens the file as a reader would: nothing is ever evicted by this
-        object (the CLI must not apply its default TTL to a store configured longer)."""
+        object (the CLI must not apply its default TTL to a store configured longer).
+        `ledger_delay`: seconds `record_usage` may hold rows to commit them together (0: each
+        call commits)."""
         if ttl_hours <= 0 or max_mb <= 0:
             raise ValueError("ttl_hours and max_mb must be positive")
         raw = os.fspath(path)
@@ -489,6 +515,10 @@ class Store:
         # (stash key, owner) -> when this process last refreshed its `last_used`
         self._touched: dict[tuple[str, str], float] = {}
         self._lock = threading.Lock()
+        self.ledger_delay = ledger_delay
+        self._batch = UsageBatch()  # ledger rows not yet committed (`record_usage`)
+        self._batch_since = 0.0  # `_clock()` when the first of them was booked
+        self._clock: Callable[[], float] = time.monotonic  # the window's clock (tests set it)
         self.error: str | None = None  # the last operation's error, until one succeeds
         self.error_at = 0.0  # time.monotonic() of that error
         self._conn: sqlite3.Connection | None = None
@@ -783,6 +813,8 @@ class Store:
             self.evict()
 
     def close(self) -> None:
+        if self._conn is not None:
+            self._flushed()
         with self._lock:
             if self._conn is not None:
                 with suppress(sqlite3.Error):
@@ -1008,6 +1040,7 @@ class Store:
         """Every session the store knows of, most recently seen first. A session's
         conversations (checkpoint keys `session#…`) are one session; its newest checkpoint is
         the one reported."""
+        self._flushed()
         with self._op("sessions") as conn:
             rows = conn.execute(
                 f"""
@@ -1052,44 +1085,57 @@ class Store:
         cache_state: str | None = None,
     ) -> None:
         """Add `(kind, model, tier, usage)` rows to `session`'s ledger, and `turns` to its
-        counters (`cache_state`, when given, replaces the stored one), in one transaction."""
+        counters (`cache_state`, when given, replaces the stored one), all in one transaction.
+
+        With `ledger_delay` > 0 the rows are held (`cg.state.pending`) and committed with every
+        other turn booked within that many seconds, by the first call after it has passed or by
+        `flush_usage` (the addon's timer, any read of the ledger, `close`). A crash loses at most
+        that window of bookings; a failed commit keeps them held for the next (StoreError is
+        raised all the same, for the caller to count)."""
         _check_kinds(rows)
+        d = turns or LedgerTurns()
+        counts = (d.turns, d.rewritten, d.tokens_not_sent, d.estimate_skipped)
         t = self.now()
-        with self._tx("record_usage") as conn:
-            for kind, model, tier, u in rows:
-                conn.execute(
-                    f"INSERT INTO usage (session, kind, model, tier, {_USAGE_COLS}, updated) "
-                    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
-                    "ON CONFLICT (session, kind, model, tier) DO UPDATE SET "
-                    "input_tokens = input_tokens + excluded.input_tokens, "
-                    "cache_write_tokens = cache_write_tokens + excluded.cache_write_tokens, "
-                    "cache_write_1h_tokens = cache_write_1h_tokens + "
-                    "excluded.cache_write_1h_tokens, "
-                    "cache_read_tokens = cache_read_tokens + excluded.cache_read_tokens, "
-                    "output_tokens = output_tokens + excluded.output_tokens, "
-                    "requests = requests + excluded.requests, updated = excluded.updated",
-                    (
-                        session, kind, model, tier, u.input_tokens, u.cache_write_tokens,
-                        u.cache_write_1h_tokens, u.cache_read_tokens, u.output_tokens,
-                        u.requests, t,
-                    ),
-                )  # fmt: skip
-            d = turns or LedgerTurns()
-            conn.execute(
-                "INSERT INTO ledger (session, turns, rewritten, tokens_not_sent, "
-                "estimate_skipped, cache_state, last_seen) VALUES (?, ?, ?, ?, ?, ?, ?) "
-                "ON CONFLICT (session) DO UPDATE SET turns = turns + excluded.turns, "
-                "rewritten = rewritten + excluded.rewritten, "
-                "tokens_not_sent = tokens_not_sent + excluded.tokens_not_sent, "
-                "estimate_skipped = estimate_skipped + excluded.estimate_skipped, "
-                "cache_state = COALESCE(excluded.cache_state, cache_state), "
-                "last_seen = excluded.last_seen",
-                (
-                    session, d.turns, d.rewritten, d.tokens_not_sent, d.estimate_skipped,
-                    cache_state, t,
-                ),
-            )  # fmt: skip
-        self._maybe_evict()
+        with self._lock:
+            if not self._batch:
+                self._batch_since = self._clock()
+            self._batch.add(session, rows, counts, cache_state, t)
+            due = self._clock() - self._batch_since >= self.ledger_delay
+        if due:
+            self._commit_usage()
+            self._maybe_evict()
+
+    def usage_held(self) -> bool:
+        """Whether ledger rows wait for `flush_usage`."""
+        return bool(self._batch)
+
+    def flush_usage(self) -> None:
+        """Commit the ledger rows `record_usage` holds. Raises StoreError (they stay held)."""
+        if self._batch:
+            self._commit_usage()
+            self._maybe_evict()
+
+    def _commit_usage(self) -> None:
+        taken: UsageBatch | None = None
+        try:
+            with self._tx("record_usage") as conn:
+                taken, self._batch = self._batch, UsageBatch()  # under the lock `_tx` holds
+                conn.executemany(_USAGE_UPSERT, taken.usage_params())
+                conn.executemany(_LEDGER_UPSERT, taken.ledger_params())
+        except StoreError:
+            if taken is not None:
+                with self._lock:
+                    taken.absorb(self._batch)
+                    # A store that keeps failing must not hold an unbounded batch.
+                    self._batch = taken if len(taken) <= HELD_ROWS_MAX else UsageBatch()
+            raise
+
+    def _flushed(self) -> None:
+        """Before a read of the ledger: what this process booked is in it (a store that cannot
+        take the write is read as it stands)."""
+        if self._batch:
+            with suppress(StoreError):
+                self._commit_usage()
 
     def usage_rows(self, session: str | None = None) -> list[UsageRow]:
         """The ledger's rows (one session's, when given), in a stable order."""
@@ -1098,6 +1144,7 @@ class Store:
         if session is not None:
             sql += " WHERE session = ?"
             args = (session,)
+        self._flushed()
         with self._op("usage_rows") as conn:
             rows = conn.execute(sql + " ORDER BY session, kind, model, tier", args).fetchall()
         return [_usage_row(r) for r in rows]
@@ -1112,12 +1159,16 @@ class Store:
         if session is not None:
             sql += " WHERE session = ?"
             args = (session,)
+        self._flushed()
         with self._op("ledger_turns") as conn:
             rows = conn.execute(sql, args).fetchall()
         return {r[0]: _ledger_turns(r[1:]) for r in rows}
 
     def cache_state(self, session: str) -> str | None:
         """The estimate's prompt-cache entries last stored for `session` (JSON), or None."""
+        held = self._batch.cache_state(session)
+        if held is not None:
+            return held
         with self._op("cache_state") as conn:
             row = conn.execute(
                 "SELECT cache_state FROM ledger WHERE session = ?", (session,)

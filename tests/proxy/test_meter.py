@@ -5,7 +5,9 @@ from the config, and the summarizer's own usage."""
 
 from __future__ import annotations
 
+import asyncio
 import json
+import sqlite3
 import warnings
 from pathlib import Path
 from typing import Any
@@ -327,3 +329,109 @@ async def test_an_answer_mitmproxy_streamed_itself_counts_missing_not_malformed(
         f.response.stream = True
         await cg.response(f)
         assert (cg.stats.usage_reads.missing, cg.stats.usage_reads.malformed) == (1, 0)
+
+
+# -- the ledger's bookings, committed together (cg_ledger_delay_ms) ----------------------------
+
+ANSWER = json.dumps(
+    {
+        "id": "m",
+        "type": "message",
+        "role": "assistant",
+        "model": "claude-sonnet-5-5",
+        "content": [],
+        "usage": {"input_tokens": 3, "output_tokens": 4},
+    }
+)
+
+
+def _booked(db: Path) -> list[tuple[str, int]]:
+    """The ledger's turn counters as another process reads the file now."""
+    conn = sqlite3.connect(db)
+    try:
+        return conn.execute("SELECT session, turns FROM ledger ORDER BY session").fetchall()
+    finally:
+        conn.close()
+
+
+async def _answer(cg: ContextGuru, session: str) -> None:
+    f = make_flow(headers={"x-context-guru-session": session})
+    cg.request(f)
+    f.response = http.Response.make(200, ANSWER, {"content-type": "application/json"})
+    cg.responseheaders(f)
+    await cg.response(f)
+    assert f.metadata[META]["ledger"]["session"] == session
+
+
+async def test_bookings_are_committed_by_the_timer_within_the_delay(tmp_path: Path) -> None:
+    cg = ContextGuru()
+    with taddons.context(cg) as tctx:
+        configure(tctx, cg, tmp_path, cg_ledger_delay_ms=300)
+        await _answer(cg, "held-1")
+        await _answer(cg, "held-2")
+        assert _booked(tmp_path / "cg.sqlite3") == []  # held, not yet in the file
+        assert cg.meter.armed()
+        deadline = asyncio.get_running_loop().time() + 10.0
+        while not _booked(tmp_path / "cg.sqlite3"):
+            assert asyncio.get_running_loop().time() < deadline, "the timer never committed"
+            await asyncio.sleep(0.02)  # yield to the loop, whose timer commits them
+        assert _booked(tmp_path / "cg.sqlite3") == [("held-1", 1), ("held-2", 1)]
+        assert not cg.meter.armed()
+        assert cg.stats.usage_reads.store_errors == 0
+
+
+async def test_stats_and_exit_commit_what_is_held(tmp_path: Path) -> None:
+    cg = ContextGuru()
+    with taddons.context(cg) as tctx:
+        configure(tctx, cg, tmp_path, cg_ledger_delay_ms=60_000)
+        await _answer(cg, "a")
+        assert _booked(tmp_path / "cg.sqlite3") == []
+        assert cg.stats_json()["usage"]["agent"]["output_tokens"] == 4  # a read commits
+        assert _booked(tmp_path / "cg.sqlite3") == [("a", 1)]
+        await _answer(cg, "b")
+        assert _booked(tmp_path / "cg.sqlite3") == [("a", 1)]
+        cg.done()
+        assert _booked(tmp_path / "cg.sqlite3") == [("a", 1), ("b", 1)]
+
+
+async def test_a_zero_delay_commits_every_answer_as_it_is_booked(tmp_path: Path) -> None:
+    cg = ContextGuru()
+    with taddons.context(cg) as tctx:
+        configure(tctx, cg, tmp_path, cg_ledger_delay_ms=0)
+        await _answer(cg, "now")
+        assert _booked(tmp_path / "cg.sqlite3") == [("now", 1)]
+        assert not cg.meter.armed()
+
+
+@pytest.mark.parametrize("bad", [-1, 60_001])
+async def test_a_ledger_delay_out_of_range_names_the_option(tmp_path: Path, bad: int) -> None:
+    cg = ContextGuru()
+    with (
+        taddons.context(cg) as tctx,
+        pytest.raises(exceptions.OptionsError, match="cg_ledger_delay_ms"),
+    ):
+        configure(tctx, cg, tmp_path, cg_ledger_delay_ms=bad)
+
+
+async def test_a_refused_commit_is_counted_and_tried_again(tmp_path: Path) -> None:
+    """Another writer holds the file when the timer fires: the commit fails, is counted, and
+    the bookings stay held for the next try, which finds the file free."""
+    cg = ContextGuru()
+    db = tmp_path / "cg.sqlite3"
+    with taddons.context(cg) as tctx:
+        configure(tctx, cg, tmp_path, cg_ledger_delay_ms=60_000)
+        await _answer(cg, "kept")
+        blocker = sqlite3.connect(db, isolation_level=None)
+        blocker.execute("BEGIN IMMEDIATE")
+        try:
+            cg.meter.flush()  # what the timer calls
+            assert cg.stats.usage_reads.store_errors == 1
+            assert cg.meter.armed()  # tried again later
+        finally:
+            blocker.execute("ROLLBACK")
+            blocker.close()
+        cg.meter.flush()
+        assert _booked(db) == [("kept", 1)]
+        assert cg.stats.usage_reads.store_errors == 1
+        cg.meter.close()
+        assert not cg.meter.armed()

@@ -1,0 +1,110 @@
+"""`cg.state.session.header` and `cg.proxy.message` read mitmproxy's messages from their raw
+fields, memoised per version of the fields: they must agree with `Headers.get` and
+`get_content` on every input, and see every change made to the headers since."""
+
+from __future__ import annotations
+
+import gzip
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from mitmproxy import http
+from mitmproxy.test import tutils
+
+from cg.proxy.addon import REDACTED, redact
+from cg.proxy.message import content, content_type
+from cg.state.session import header
+
+NAMES = ["content-type", "Content-Type", "x-api-key", "X-Claude-Code-Session-Id", "session-id", "a"]
+names = st.sampled_from(NAMES)
+values = st.text(st.characters(min_codepoint=0x20, max_codepoint=0x2FF), max_size=12)
+fields = st.lists(st.tuples(names, values), max_size=8)
+
+
+def headers_of(pairs: list[tuple[str, str]]) -> http.Headers:
+    return http.Headers([(k.encode(), v.encode("utf-8", "surrogateescape")) for k, v in pairs])
+
+
+@settings(max_examples=200)
+@given(pairs=fields, edits=st.lists(st.tuples(names, st.one_of(st.none(), values)), max_size=4))
+def test_header_agrees_with_mitmproxy_before_and_after_every_change(
+    pairs: list[tuple[str, str]], edits: list[tuple[str, str | None]]
+) -> None:
+    h = headers_of(pairs)
+    other = headers_of(list(reversed(pairs)))  # a second message read in between
+    for name, value in [(None, None), *edits]:
+        if name is not None:
+            if value is None:
+                h.pop(name, None)
+            else:
+                h[name] = value
+        for n in {x.lower() for x in NAMES}:
+            assert header(h, n) == h.get(n)
+            assert header(other, n) == other.get(n)
+
+
+def test_header_reads_a_plain_dict_case_insensitively() -> None:
+    assert header({"X-Claude-Code-Session-Id": "s"}, "x-claude-code-session-id") == "s"
+    assert header({"a": "1"}, "b") is None
+
+
+@pytest.mark.parametrize(
+    ("encoding", "raw"),
+    [
+        (None, b'{"a":1}'),
+        ("", b'{"a":1}'),
+        ("identity", b'{"a":1}'),
+        ("gzip", gzip.compress(b'{"a":1}')),
+        ("gzip", b"not gzip at all"),
+        ("br", b"\x00\x01 not brotli"),
+    ],
+)
+@pytest.mark.parametrize("strict", [True, False])
+def test_content_agrees_with_get_content(encoding: str | None, raw: bytes, strict: bool) -> None:
+    req = tutils.treq(content=b"")
+    req.raw_content = raw
+    if encoding is not None:
+        req.headers["content-encoding"] = encoding
+    try:
+        want: bytes | type[Exception] | None = req.get_content(strict=strict)
+    except ValueError:
+        want = ValueError
+    if want is ValueError:
+        with pytest.raises(ValueError):
+            content(req, strict=strict)
+    else:
+        assert content(req, strict=strict) == want
+    req.raw_content = None
+    assert content(req, strict=strict) is None
+
+
+def test_content_type_is_the_header_or_empty() -> None:
+    resp = tutils.tresp()
+    resp.headers["Content-Type"] = "text/event-stream; charset=utf-8"
+    assert content_type(resp) == "text/event-stream; charset=utf-8"
+    del resp.headers["content-type"]
+    assert content_type(resp) == ""
+
+
+def test_redact_replaces_every_credential_value_in_place_and_nothing_else() -> None:
+    h = http.Headers(
+        [
+            (b"Authorization", b"Bearer sk-1"),
+            (b"content-type", b"application/json"),
+            (b"X-Api-Key", b"sk-2"),
+            (b"x-api-key", b"sk-3"),
+        ]
+    )
+    redact(h)
+    assert h.fields == (
+        (b"Authorization", REDACTED.encode()),
+        (b"content-type", b"application/json"),
+        (b"X-Api-Key", REDACTED.encode()),
+        (b"x-api-key", REDACTED.encode()),
+    )
+    assert header(h, "x-api-key") == f"{REDACTED}, {REDACTED}"  # the memo saw the change
+    quiet = http.Headers([(b"content-type", b"application/json")])
+    before = quiet.fields
+    redact(quiet)
+    assert quiet.fields is before  # nothing to redact: untouched

@@ -1,0 +1,203 @@
+"""`Store.record_usage` with `ledger_delay`: bookings held in memory (`cg.state.pending`) and
+committed together. Held bookings must read back, once committed, exactly as if each had been
+committed alone; nothing held is lost by a read, a close, or a commit that failed."""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from cg.state.pending import UsageBatch
+from cg.state.store import LedgerTurns, Store, StoreError
+from cg.wire.usage import Usage
+
+Row = tuple[str, str, str, Usage]
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 0.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def held_store(path: Path, delay: float = 10.0) -> tuple[Store, Clock]:
+    store = Store(path, ledger_delay=delay)
+    clock = Clock()
+    store._clock = clock
+    return store, clock
+
+
+def committed(path: Path) -> tuple[list[tuple[object, ...]], list[tuple[object, ...]]]:
+    """The usage and ledger tables as another process would read them now."""
+    conn = sqlite3.connect(path)
+    try:
+        usage = conn.execute(
+            "SELECT session, kind, model, tier, input_tokens, output_tokens, requests FROM usage "
+            "ORDER BY session, kind, model, tier"
+        ).fetchall()
+        ledger = conn.execute(
+            "SELECT session, turns, rewritten, tokens_not_sent, estimate_skipped, cache_state "
+            "FROM ledger ORDER BY session"
+        ).fetchall()
+    finally:
+        conn.close()
+    return usage, ledger
+
+
+AGENT: list[Row] = [("agent", "m", "", Usage(10, 0, 0, 5, 2, 1))]
+
+
+def test_a_booking_is_held_until_the_window_passes_then_committed_with_the_next(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "cg.sqlite3"
+    store, clock = held_store(path, delay=0.25)
+    store.record_usage("s", AGENT, LedgerTurns(turns=1), '{"v":1}')
+    store.record_usage("s", AGENT, LedgerTurns(turns=1))
+    assert committed(path) == ([], [])  # held: another process sees nothing yet
+    assert store.usage_held()
+    clock.t = 0.25
+    store.record_usage("t", AGENT, LedgerTurns(turns=1))  # past the window: all three go
+    assert not store.usage_held()
+    usage, ledger = committed(path)
+    assert usage == [("s", "agent", "m", "", 20, 4, 2), ("t", "agent", "m", "", 10, 2, 1)]
+    assert ledger == [("s", 2, 0, 0, 0, '{"v":1}'), ("t", 1, 0, 0, 0, None)]
+    store.close()
+
+
+def test_without_a_delay_every_booking_commits_at_once(tmp_path: Path) -> None:
+    path = tmp_path / "cg.sqlite3"
+    store = Store(path)
+    store.record_usage("s", AGENT, LedgerTurns(turns=1))
+    assert committed(path)[1] == [("s", 1, 0, 0, 0, None)]
+    assert not store.usage_held()
+    store.close()
+
+
+def test_every_read_of_the_ledger_sees_what_is_held(tmp_path: Path) -> None:
+    path = tmp_path / "cg.sqlite3"
+    store, _ = held_store(path)
+    store.record_usage("s", AGENT, LedgerTurns(turns=1), '{"v":1,"entries":[]}')
+    # The cache state is answered from memory, without a commit.
+    assert store.cache_state("s") == '{"v":1,"entries":[]}'
+    assert store.usage_held()
+    assert [r.usage for r in store.usage_rows("s")] == [AGENT[0][3]]
+    assert not store.usage_held()  # the read committed them
+    store.record_usage("s", AGENT, LedgerTurns(turns=1))
+    assert store.ledger_turns()["s"].turns == 2
+    store.record_usage("u", AGENT, LedgerTurns(turns=1))
+    assert "u" in {info.session for info in store.sessions()}
+    store.close()
+
+
+def test_close_commits_what_is_held(tmp_path: Path) -> None:
+    path = tmp_path / "cg.sqlite3"
+    store, _ = held_store(path)
+    store.record_usage("s", AGENT, LedgerTurns(turns=1, rewritten=1, tokens_not_sent=7))
+    assert committed(path) == ([], [])
+    store.close()
+    assert committed(path)[1] == [("s", 1, 1, 7, 0, None)]
+
+
+def test_a_commit_that_fails_keeps_the_bookings_for_the_next(tmp_path: Path) -> None:
+    path = tmp_path / "cg.sqlite3"
+    store = Store(path, ledger_delay=10.0, busy_timeout_ms=50)
+    store._clock = Clock()
+    store.record_usage("s", AGENT, LedgerTurns(turns=1))
+    blocker = sqlite3.connect(path, isolation_level=None)
+    blocker.execute("BEGIN IMMEDIATE")  # another writer holds the file
+    try:
+        with pytest.raises(StoreError):
+            store.flush_usage()
+        store.record_usage("s", AGENT, LedgerTurns(turns=1))  # booked while it was refused
+    finally:
+        blocker.execute("ROLLBACK")
+        blocker.close()
+    assert store.usage_held()
+    store.flush_usage()
+    assert committed(path) == ([("s", "agent", "m", "", 20, 4, 2)], [("s", 2, 0, 0, 0, None)])
+    store.close()
+
+
+def test_an_unknown_kind_is_refused_before_anything_is_held(tmp_path: Path) -> None:
+    store, _ = held_store(tmp_path / "cg.sqlite3")
+    with pytest.raises(ValueError):
+        store.record_usage("s", [("bogus", "m", "", Usage())])
+    assert not store.usage_held()
+    store.close()
+
+
+# -- the batch against one commit per booking ------------------------------------------------
+
+counts = st.integers(0, 10**6)
+usages = st.builds(Usage, counts, counts, counts, counts, counts, st.integers(0, 3))
+rows = st.lists(
+    st.tuples(
+        st.sampled_from(["agent", "estimate", "summarizer"]),
+        st.sampled_from(["m1", "m2"]),
+        st.sampled_from(["", "long"]),
+        usages,
+    ),
+    max_size=3,
+)
+bookings = st.lists(
+    st.tuples(
+        st.sampled_from(["s1", "s2", "s3"]),
+        rows,
+        st.builds(LedgerTurns, st.integers(0, 2), st.integers(0, 1), counts, st.integers(0, 1)),
+        st.one_of(st.none(), st.sampled_from(['{"a":1}', '{"b":2}'])),
+    ),
+    min_size=1,
+    max_size=12,
+)
+
+
+@settings(max_examples=60, deadline=None)
+@given(bookings=bookings, split=st.integers(0, 12))
+def test_held_bookings_read_back_as_if_each_had_been_committed_alone(
+    tmp_path_factory: pytest.TempPathFactory,
+    bookings: list[tuple[str, list[Row], LedgerTurns, str | None]],
+    split: int,
+) -> None:
+    d = tmp_path_factory.mktemp("held")
+    one, held = Store(d / "one.sqlite3"), Store(d / "held.sqlite3", ledger_delay=3600.0)
+    clock = Clock()
+    held._clock = clock
+    try:
+        for i, (session, rs, turns, state) in enumerate(bookings):
+            one.record_usage(session, rs, turns, state)
+            if i == split:
+                clock.t += 3600.0  # one commit in the middle, the rest held until the read
+            held.record_usage(session, rs, turns, state)
+        assert held.usage_rows() == one.usage_rows()
+        assert _counters(held) == _counters(one)
+        for session in ("s1", "s2", "s3"):
+            assert held.cache_state(session) == one.cache_state(session)
+        assert committed(d / "held.sqlite3") == committed(d / "one.sqlite3")
+    finally:
+        one.close()
+        held.close()
+
+
+def _counters(store: Store) -> dict[str, tuple[int, int, int, int]]:
+    return {
+        s: (t.turns, t.rewritten, t.tokens_not_sent, t.estimate_skipped)
+        for s, t in store.ledger_turns().items()
+    }
+
+
+def test_a_batch_put_back_in_front_keeps_the_newer_state() -> None:
+    older, newer = UsageBatch(), UsageBatch()
+    older.add("s", AGENT, (1, 0, 0, 0), "old", 1.0)
+    newer.add("s", AGENT, (1, 1, 3, 0), "new", 2.0)
+    newer.add("s", AGENT, (1, 0, 0, 0), None, 3.0)
+    older.absorb(newer)
+    assert older.turns == 3 and len(older) == 2
+    assert older.ledger["s"] == [3, 1, 3, 0, "new", 3.0]
+    assert older.usage[("s", "agent", "m", "")] == (Usage(30, 0, 0, 15, 6, 3), 3.0)
