@@ -42,6 +42,9 @@ from cg.wire.dialects import DIALECTS
 from cg.wire.usage import Usage
 
 HISTORY_TURNS = 200  # per session, for the dashboard's chart (memory only)
+# A chart point: the turn's time, whether it was rewritten, its ledger rows, and the cost of the
+# summarizer calls booked since the session's turn before (None: one was unpriced).
+_Point = tuple[float, bool, list[tuple[str, str, str, Usage]], float | None]
 UNKNOWN_MODEL = "unknown"
 UNIDENTIFIED = "unidentified"  # a flow whose body could not be read to find its session
 STATE_ENTRIES = 64  # cache entries stored per session: the newest prefixes are what the next
@@ -93,9 +96,9 @@ class Ledger:
         self.facts = facts
         self.max_sessions = max_sessions
         self._caches: OrderedDict[str, PromptCache] = OrderedDict()
-        # The dashboard's chart: each session's latest turns priced, in memory only (this
-        # process's turns; the ledger's sums are what persists).
-        self.history: OrderedDict[str, deque[dict[str, Any]]] = OrderedDict()
+        # The dashboard's chart: each session's latest turns, in memory only (this process's
+        # turns; the ledger's sums are what persists). Priced by `chart`.
+        self.history: OrderedDict[str, deque[_Point]] = OrderedDict()
         self._summarizer_due: dict[str, float | None] = {}
         # The bodies sent upstream, apart from the addon's cache of client bodies (which the
         # next turn is matched against): a rewritten session's next sent body repeats its
@@ -156,28 +159,39 @@ class Ledger:
         return session
 
     def _remember(self, session: str, turn: Turn, rows: list[tuple[str, str, str, Usage]]) -> None:
-        """One point of the dashboard's chart: what this turn was billed (with the summarizer
-        calls since the last turn) and, ESTIMATE, what it would have been unrewritten."""
-
-        ledger = [UsageRow(session, *row) for row in rows]
-        billed = rows_cost((r for r in ledger if r.kind == "agent"), self.prices)
-        without = rows_cost((r for r in ledger if r.kind == "estimate"), self.prices)
+        """One point of the dashboard's chart, priced when the chart is read (`chart`): the
+        pricing was a tenth of the ledger's work per answer, for a page seldom open."""
         summ = self._summarizer_due.pop(session, 0.0)
-        if billed is not None:
-            billed = None if summ is None else billed + summ
         points = self.history.pop(session, None) or deque(maxlen=HISTORY_TURNS)
         self.history[session] = points
         while len(self.history) > self.max_sessions:
             self.history.popitem(last=False)
-        points.append(
-            {
-                "at": turn.at,
-                "rewritten": turn.rewritten,
-                "billed_usd": billed,
-                "without_rewrite_usd": without,
-                "summarizer_usd": summ,
-            }
-        )
+        points.append((turn.at, turn.rewritten, rows, summ))
+
+    def chart(self, session: str | None = None) -> dict[str, list[dict[str, Any]]]:
+        """Each session's latest turns (one session's, when given): what each was billed (with
+        the summarizer calls since the turn before) and, ESTIMATE, what it would have been
+        unrewritten."""
+        out: dict[str, list[dict[str, Any]]] = {}
+        for sid, points in list(self.history.items()):
+            if session is None or sid == session:
+                out[sid] = [self._priced(session=sid, point=p) for p in list(points)]
+        return out
+
+    def _priced(self, session: str, point: _Point) -> dict[str, Any]:
+        at, rewritten, rows, summ = point
+        ledger = [UsageRow(session, *row) for row in rows]
+        billed = rows_cost((r for r in ledger if r.kind == "agent"), self.prices)
+        without = rows_cost((r for r in ledger if r.kind == "estimate"), self.prices)
+        if billed is not None:
+            billed = None if summ is None else billed + summ
+        return {
+            "at": at,
+            "rewritten": rewritten,
+            "billed_usd": billed,
+            "without_rewrite_usd": without,
+            "summarizer_usd": summ,
+        }
 
     def summarizer_call(self, session: str, model: str, usage: Usage) -> None:
         """Record one summarizer answer's usage (SummarizerClient's `on_usage`)."""

@@ -15,7 +15,7 @@ of many requests no longer tells.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cache
 from typing import Any
 
@@ -26,6 +26,7 @@ from cg.wire.usage import Usage
 
 PRICES_FILE = PRESETS_DIR / "tables" / "prices.yaml"
 LONG = "long"
+MATCHED_MAX = 1024  # model names remembered (a client naming endless models must not grow it)
 
 
 def cost_at(rates: Rates, u: Usage) -> float:
@@ -44,12 +45,22 @@ def cost_at(rates: Rates, u: Usage) -> float:
 class PriceTable:
     prices: dict[str, Price]
     date: str = ""
+    # model -> its price (None: unpriced), for names matched by prefix: each answer is priced
+    # three times, and the prefix search goes over the whole table.
+    _matched: dict[str, Price | None] = field(
+        default_factory=dict, init=False, repr=False, compare=False
+    )
 
     def lookup(self, model: str) -> Price | None:
         if model in self.prices:
             return self.prices[model]
+        if model in self._matched:
+            return self._matched[model]
         best = max((p for p in self.prices if model.startswith(p)), key=len, default=None)
-        return self.prices[best] if best is not None else None
+        found = self.prices[best] if best is not None else None
+        if len(self._matched) < MATCHED_MAX:
+            self._matched[model] = found
+        return found
 
     def tier(self, model: str, prompt_tokens: int) -> str:
         """`long` when this request is billed at the model's long-prompt rates, else ``."""

@@ -94,10 +94,11 @@ def rewrite_body(
         if before:
             record["input_violations"] = [v.to_json() for v in before]
 
-        if not components and agent_compaction is None:
-            return done("passed_through", "no components in the pipeline")
+        # Resolved here even with no pipeline: the usage ledger books the answer under it.
         sid = session_of(headers or {}, index)
         record["session"] = sid.id
+        if not components and agent_compaction is None:
+            return done("passed_through", "no components in the pipeline")
         req = RequestContext(index, sid.id, headers or {}, time.time() if now is None else now)
         if agent_compaction is not None:
             forgot = [c.invalidate(req) for c in components if isinstance(c, Invalidates)]

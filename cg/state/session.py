@@ -29,7 +29,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, overload
 
@@ -62,10 +62,37 @@ def valid_session_id(s: object) -> bool:
 
 
 def header(headers: Mapping[str, str], name: str) -> str | None:
+    """Header `name` (given in lower case), case-insensitively; repeated, its values joined
+    with ", " as `Headers.get` does. mitmproxy's `Headers` is read from its raw fields, lowered
+    once per version of them (`_lowered`): its own lookup converts every field to `str` first
+    (~2–3 µs), and a flow is asked for about nine names over its life."""
+    fields = getattr(headers, "fields", None)
+    if type(fields) is tuple:
+        found = _lowered(fields).get(name.encode())
+        if found is None:
+            return None
+        return ", ".join(v.decode("utf-8", "surrogateescape") for v in found)  # as `Headers`
     v = headers.get(name)
     if v is None and isinstance(headers, dict):  # a plain dict: case-insensitively
         v = next((val for k, val in headers.items() if k.lower() == name), None)
     return v
+
+
+# The last two header field tuples read, each with its values by lowered name: a flow's request
+# and response alternate. `Headers.fields` is an immutable tuple, replaced on any change, and the
+# memo holds it, so `is` can never match a newer version (nor a new tuple at a reused address).
+_LOWERED: list[tuple[tuple[Any, ...], dict[bytes, list[bytes]]]] = []
+
+
+def _lowered(fields: tuple[Any, ...]) -> dict[bytes, list[bytes]]:
+    for known, by_name in _LOWERED:
+        if known is fields:
+            return by_name
+    by_name = {}
+    for k, v in fields:
+        by_name.setdefault(k.lower(), []).append(v)
+    _LOWERED[:] = [(fields, by_name), *_LOWERED[:1]]
+    return by_name
 
 
 def session_from_user_id(user_id: object) -> str | None:
@@ -101,6 +128,7 @@ def resolve_session(
     system: object = None,
     first_user: object = None,
     cache_key: object = None,
+    head: Callable[[], str] | None = None,
 ) -> SessionId:
     """The session of one request; never fails.
 
@@ -108,7 +136,8 @@ def resolve_session(
     `metadata` is the parsed top-level `metadata` value (anthropic), `system` the parsed system
     prompt (anthropic: the top-level `system`; openai: `messages[0]` when its role is system or
     developer) and `first_user` the parsed first user message; `conversation_head` finds the last
-    two for any dialect. `cache_key` is a Responses request's `prompt_cache_key`.
+    two for any dialect. `cache_key` is a Responses request's `prompt_cache_key`. `head`, when
+    given, is called for the head hash instead (computed only when no explicit id is found).
     """
     skipped: list[str] = []
     for name in (HEADER_CG, HEADER_CLAUDE_CODE, HEADER_CODEX):
@@ -127,7 +156,8 @@ def resolve_session(
         if valid_session_id(cache_key.strip()):
             return SessionId(cache_key.strip(), SOURCE_CACHE_KEY, tuple(skipped))
         skipped.append(SOURCE_CACHE_KEY)
-    return SessionId(head_hash(system, first_user), SOURCE_HEAD, tuple(skipped))
+    h = head() if head is not None else head_hash(system, first_user)
+    return SessionId(h, SOURCE_HEAD, tuple(skipped))
 
 
 def conversation_head(
@@ -187,8 +217,35 @@ class _Values(Sequence[Any]):
 def session_of(headers: Mapping[str, str], index: BodyIndex) -> SessionId:
     """`resolve_session` for an indexed body (`metadata.user_id` is read for anthropic only,
     `prompt_cache_key` for responses only)."""
+    name = index.dialect.name
+    metadata = index.members.get("metadata") if name == "anthropic" else None
+    cache_key = index.members.get("prompt_cache_key") if name == "responses" else None
+    return resolve_session(
+        headers,
+        metadata.value if metadata is not None else None,
+        cache_key=cache_key.value if cache_key is not None else None,
+        head=lambda: _head_of(index),
+    )
+
+
+def _head_of(index: BodyIndex) -> str:
+    """The head hash of an indexed body, memoised on the index (`memo["head"]`) as a list as
+    long as the messages up to the first user message, with the hash last: a next turn inherits
+    the list cut to the messages it shares, so it keeps the hash only while it repeats that
+    head byte for byte (the members outside the array, where the system prompt lives, are
+    shared whole or the index is not inherited at all). A session without headers re-hashed
+    its system prompt and first message at every answer."""
+    known = index.memo.get("head", (None, None))[1]
+    if isinstance(known, list) and known and known[-1] is not None:
+        return str(known[-1])
     top = {k: m.value for k, m in index.members.items()}
     system, first_user = conversation_head(index.dialect.name, top, _Values(index.messages))
-    metadata = top.get("metadata") if index.dialect.name == "anthropic" else None
-    cache_key = top.get("prompt_cache_key") if index.dialect.name == "responses" else None
-    return resolve_session(headers, metadata, system, first_user, cache_key)
+    h = head_hash(system, first_user)
+    at = next(
+        (i for i, m in enumerate(index.messages)
+         if isinstance(m.value, dict) and m.value.get("role") == "user"),
+        None,
+    )  # fmt: skip
+    if at is not None:
+        index.memo["head"] = (None, [None] * at + [h])
+    return h

@@ -19,7 +19,7 @@ raises `UsageError`, which a caller counts and skips: a malformed usage never br
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, fields
+from dataclasses import dataclass
 from typing import Any
 
 KEYS = (
@@ -45,7 +45,15 @@ class Usage:
     requests: int = 0
 
     def __add__(self, other: Usage) -> Usage:
-        return Usage(*(getattr(self, f.name) + getattr(other, f.name) for f in fields(self)))
+        # Spelled out: the loop over `fields()` was ~2 µs, several times per answer booked.
+        return Usage(
+            self.input_tokens + other.input_tokens,
+            self.cache_write_tokens + other.cache_write_tokens,
+            self.cache_write_1h_tokens + other.cache_write_1h_tokens,
+            self.cache_read_tokens + other.cache_read_tokens,
+            self.output_tokens + other.output_tokens,
+            self.requests + other.requests,
+        )
 
     def scaled(self, k: float) -> Usage:
         """Every token count times k (rounded); `requests` unchanged."""
@@ -65,8 +73,13 @@ class Usage:
 
     def to_json(self) -> dict[str, int]:
         """The five keys of SPEC §11 (the 1-hour share of the writes is a pricing detail)."""
-        d = asdict(self)
-        return {k: d[k] for k in KEYS}
+        return {
+            "input_tokens": self.input_tokens,
+            "cache_write_tokens": self.cache_write_tokens,
+            "cache_read_tokens": self.cache_read_tokens,
+            "output_tokens": self.output_tokens,
+            "requests": self.requests,
+        }
 
 
 def _count(obj: dict[str, Any], key: str, where: str) -> int:

@@ -391,3 +391,32 @@ def test_a_turn_no_pipeline_ran_on_does_not_feed_the_model(store: Store, facts: 
     ledger.agent_turn(t, [Round(Usage(5, requests=1))], H)
     assert store.cache_state("s1") is None
     assert ledger.report()["savings"]["turns"] == 1
+
+
+def test_the_chart_prices_each_turn_when_read(store: Store, facts: FactsCache) -> None:
+    """The dashboard's points are kept unpriced and priced by `chart`: the same figures the
+    ledger's report gives, the summarizer's cost on the turn after it."""
+    ledger = Ledger(store, PRICES, facts)
+    billed = Usage(input_tokens=100, cache_read_tokens=300000, output_tokens=500, requests=1)
+    ledger.agent_turn(turn(body(3)), [Round(billed, "claude-test")], H)
+    summ = Usage(input_tokens=9000, output_tokens=700, requests=1)
+    ledger.summarizer_call("s1", "cheap-summarizer", summ)
+    ledger.agent_turn(turn(body(5)), [Round(billed, "unpriced-model")], H)
+    chart = ledger.chart()
+    assert list(chart) == ["s1"] and ledger.chart("other") == {}
+    first, second = chart["s1"]
+    assert first["billed_usd"] == pytest.approx(cost(billed, CLAUDE))
+    assert first["without_rewrite_usd"] == pytest.approx(cost(billed, CLAUDE))
+    assert (first["summarizer_usd"], first["rewritten"]) == (0.0, False)
+    assert second["summarizer_usd"] == pytest.approx(cost(summ, CHEAP))
+    assert second["billed_usd"] is None and second["without_rewrite_usd"] is None  # unpriced
+    assert ledger.chart("s1") == chart
+
+
+def test_a_price_found_by_prefix_is_remembered_and_the_same() -> None:
+    table = PriceTable(dict(PRICES.prices))
+    assert table.lookup("claude-test-20991231") is PRICES.prices["claude-test"]
+    assert table.lookup("claude-test-20991231") is PRICES.prices["claude-test"]
+    assert table.lookup("nobody") is None and table.lookup("nobody") is None
+    assert table._matched == {"claude-test-20991231": PRICES.prices["claude-test"], "nobody": None}
+    assert table == PriceTable(dict(PRICES.prices))  # the memo is not part of the table

@@ -224,3 +224,63 @@ def test_openai_body_hashes_messages0_system_and_ignores_metadata():
     assert sid.source == SOURCE_HEAD
     assert sid.id == head_hash(body["messages"][0], body["messages"][1])
     assert session_of({HEADER_CG: "mine"}, idx).id == "mine"
+
+
+def _body(system: str, messages: list[dict[str, Any]]) -> bytes:
+    return json.dumps({"model": "m", "system": system, "messages": messages}).encode()
+
+
+def test_a_warm_turn_reuses_the_head_hash_until_its_head_changes(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The head hash is memoised on the index (`memo["head"]`) and inherited by a next turn
+    that repeats the messages up to the first user message; a turn that edits them, or that
+    is not indexed from the previous one, hashes afresh, and always to what a fresh index
+    hashes to."""
+    from cg.state import session as session_mod
+    from cg.wire.body import MessageCache
+
+    calls: list[int] = []
+    real = session_mod.head_hash
+
+    def counted(system: object, first_user: object) -> str:
+        calls.append(1)
+        return real(system, first_user)
+
+    monkeypatch.setattr(session_mod, "head_hash", counted)
+    cache = MessageCache()
+    asst = {"role": "assistant", "content": "ok"}
+    msgs: list[dict[str, Any]] = [
+        {"role": "assistant", "content": "hello first"},  # the head may start elsewhere
+        {"role": "user", "content": "the task"},
+    ]
+    ids = []
+    for turn in range(4):
+        index = index_body(_body(SYSTEM, msgs), ANTHROPIC, cache)
+        assert (index.shared > 0) == (turn > 0)  # vacuity guard: warm from the second turn
+        ids.append(session_of({}, index).id)
+        msgs = [*msgs, asst, {"role": "user", "content": f"next {turn}"}]
+    assert len(set(ids)) == 1 and calls == [1]
+    assert ids[0] == real(SYSTEM, {"role": "user", "content": "the task"})
+    # The first user message edited: the memo is cut with the shared prefix.
+    edited = [msgs[0], {"role": "user", "content": "another task"}, *msgs[2:]]
+    index = index_body(_body(SYSTEM, edited), ANTHROPIC, cache)
+    assert session_of({}, index).id == real(SYSTEM, {"role": "user", "content": "another task"})
+    assert calls == [1, 1]
+    # A header wins without hashing at all.
+    fresh = index_body(_body(SYSTEM, edited), ANTHROPIC)
+    assert session_of({HEADER_CG: "explicit"}, fresh).id == "explicit"
+    assert calls == [1, 1]
+
+
+def test_a_body_without_a_user_message_is_hashed_every_time_never_memoised() -> None:
+    from cg.wire.body import MessageCache
+
+    cache = MessageCache()
+    first = index_body(_body(SYSTEM, [{"role": "assistant", "content": "a"}]), ANTHROPIC, cache)
+    assert session_of({}, first).id == head_hash(SYSTEM, None)
+    assert "head" not in first.memo
+    grown = [{"role": "assistant", "content": "a"}, {"role": "user", "content": "now a task"}]
+    index = index_body(_body(SYSTEM, grown), ANTHROPIC, cache)
+    assert index.shared == 1
+    assert session_of({}, index).id == head_hash(SYSTEM, grown[1])
