@@ -233,13 +233,15 @@ class ContextGuru:
             "as many bodies sent upstream (summarized: smaller) are kept for the usage ledger.",
         )
         loader.add_option(
-            "cg_ledger_delay_ms",
+            "cg_store_batch_ms",
             int,
             250,
-            "The usage ledger commits the answers booked within this many milliseconds in one "
-            "SQLite transaction (one per answer was half of a small turn's cost); a read of "
-            "the ledger and a clean exit commit at once. A crash loses at most this window of "
-            "bookings; 0 commits every answer as it is booked.",
+            "The SQLite store commits each turn's bookkeeping (the usage ledger's bookings, the "
+            "session's clock) with the others of this many milliseconds, in one transaction "
+            "(one per turn each was half of a small turn's cost); a read of the ledger and a "
+            "clean exit commit at once. A crash loses at most this window of bookings; 0 "
+            "commits every one as it is made. Checkpoints and stashes are always written at "
+            "once.",
         )
         loader.add_option(
             "cg_control_remote",
@@ -288,9 +290,9 @@ class ContextGuru:
                 raise ValueError(f"cg_max_body_mb: must be >= 0 (got {opts.cg_max_body_mb})")
             if opts.cg_warm_sessions < 1:
                 raise ValueError(f"cg_warm_sessions: must be >= 1 (got {opts.cg_warm_sessions})")
-            if not 0 <= opts.cg_ledger_delay_ms <= 60_000:
+            if not 0 <= opts.cg_store_batch_ms <= 60_000:
                 raise ValueError(
-                    f"cg_ledger_delay_ms: must be in 0..60000 (got {opts.cg_ledger_delay_ms})"
+                    f"cg_store_batch_ms: must be in 0..60000 (got {opts.cg_store_batch_ms})"
                 )
             configs = load_presets(opts.cg_preset, opts.cg_config, list(COMPONENTS))
             # The last one is the default: `summarize` under auto, else the one named.
@@ -305,7 +307,7 @@ class ContextGuru:
                 self.facts,
                 sent_bodies=opts.cg_warm_sessions,
             )
-            ledger.store.ledger_delay = opts.cg_ledger_delay_ms / 1000
+            ledger.store.batch_delay = opts.cg_store_batch_ms / 1000
             timeout = timeout_from_env()
             self._set_verify(upstream_verify(opts))
             pipelines = {
@@ -579,6 +581,7 @@ class ContextGuru:
         record.setdefault("timings_ms", {})["hook"] = round((time.perf_counter() - t0) * 1000, 3)
         flow.metadata[META] = record
         self.meter.note(flow, record, index, self.max_body)
+        self.meter.arm()  # the session's clock, if the pipeline held one
         views.mark(
             flow,
             views.view_record(

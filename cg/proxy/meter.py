@@ -135,22 +135,38 @@ class Meter:
         except Exception as e:  # noqa: BLE001
             self.counts.store_errors += 1
             log.warning("context-guru: the usage ledger could not be written: %s", e)
-        self._arm()
+        self.arm()
+
+    def arm(self) -> None:
+        """What the store holds (a booking, a session's clock) is committed within its delay,
+        even when no turn follows to do it: one timer at a time, on the running loop (none:
+        at once). Called after each booking and each request hook."""
+        if self._timer is not None or self.ledger is None:
+            return
+        store = self.ledger.store
+        if not store.held():
+            return
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            self.flush()
+            return
+        self._timer = loop.call_later(store.batch_delay, self.flush)
 
     def flush(self) -> None:
-        """Commit the bookings the store holds (`cg_ledger_delay_ms`); the timer's callback.
+        """Commit the bookings the store holds (`cg_store_batch_ms`); the timer's callback.
         A commit that fails is counted, and tried again after another delay."""
         self._timer = None
         if self.ledger is None:
             return
         try:
-            self.ledger.store.flush_usage()
+            self.ledger.store.flush_held()
         except Exception as e:  # noqa: BLE001
             self.counts.store_errors += 1
             log.warning("context-guru: the usage ledger could not be written: %s", e)
             with contextlib.suppress(RuntimeError):  # no loop: the next booking tries again
                 asyncio.get_running_loop()
-                self._arm()
+                self.arm()
 
     def armed(self) -> bool:
         """Whether a commit of held bookings is scheduled."""
@@ -172,21 +188,6 @@ class Meter:
             return {"usage": None, "savings": None, "ledger_error": str(e)}
 
     # -- helpers ----------------------------------------------------------------------------
-
-    def _arm(self) -> None:
-        """A booking the store holds is committed within its delay, even when no answer
-        follows to do it: one timer at a time, on the running loop (none: at once)."""
-        if self._timer is not None or self.ledger is None:
-            return
-        store = self.ledger.store
-        if not store.usage_held():
-            return
-        try:
-            loop = asyncio.get_running_loop()
-        except RuntimeError:
-            self.flush()
-            return
-        self._timer = loop.call_later(store.ledger_delay, self.flush)
 
     def _forget(self, flow_id: str) -> Turn | None:
         self.readable.discard(flow_id)
@@ -250,7 +251,7 @@ class Meter:
             self.counts.store_errors += 1
             log.warning("context-guru: the usage ledger could not be written: %s", e)
             return
-        self._arm()
+        self.arm()
         self.counts.read += len(rounds)
         total = Usage()
         for r in rounds:

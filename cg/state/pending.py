@@ -1,11 +1,13 @@
-"""The usage ledger's rows held back for one transaction (`Store.record_usage` with a delay).
+"""The per-turn bookkeeping held back for one transaction (`Store.batch_delay`): the usage
+ledger's rows and the sessions' clocks.
 
-Why: an answer's booking was one SQLite transaction of its own, `BEGIN IMMEDIATE` to `COMMIT`
-(~0.1 ms), and on a small turn that was half of the addon's response hook: the part that kept a
-proxy at 0.75× plain mitmdump's throughput at 16 clients. The ledger's writes are sums (usage
-rows and turn counters are added to, the cache state is replaced), so turns booked within one
-window fold into one row per key and go in as one transaction. Each turn is whole in a batch:
-a turn's rows are never split between two commits.
+Why: each was one SQLite transaction of its own per turn, `BEGIN IMMEDIATE` to `COMMIT`
+(~0.1 ms each). An answer's booking was half of a small turn's response hook (0.75× plain
+mitmdump's throughput at 16 clients), and the session clock 2% of a 1 MB reuse turn's CPU. The
+ledger's writes are sums (usage rows and turn counters are added to, the cache state is
+replaced) and a clock is replaced, so the turns within one window fold into one row per key
+and go in as one transaction. Each turn is whole in a batch: a turn's rows are never split
+between two commits.
 """
 
 from __future__ import annotations
@@ -18,24 +20,29 @@ from cg.wire.usage import Usage
 UsageKey = tuple[str, str, str, str]  # session, kind, model, tier
 
 
-class UsageBatch:
+class HeldWrites:
     """Sums of `(kind, model, tier, usage)` rows per session and of each session's turn
-    counters, with the newest cache state and the time each key was last written."""
+    counters, with the newest cache state and the time each key was last written; and each
+    session's newest clock."""
 
-    __slots__ = ("ledger", "turns", "usage")
+    __slots__ = ("clocks", "ledger", "turns", "usage")
 
     def __init__(self) -> None:
         self.usage: dict[UsageKey, tuple[Usage, float]] = {}
         # session -> [turns, rewritten, tokens_not_sent, estimate_skipped, cache_state, t]
         self.ledger: dict[str, list[Any]] = {}
+        self.clocks: dict[str, tuple[float, float | None]] = {}  # (last_request, cache_ttl)
         self.turns = 0  # record_usage calls folded in
 
     def __bool__(self) -> bool:
-        return self.turns > 0
+        return self.turns > 0 or bool(self.clocks)
 
     def __len__(self) -> int:
         """Rows the batch would write."""
-        return len(self.usage) + len(self.ledger)
+        return len(self.usage) + len(self.ledger) + len(self.clocks)
+
+    def clock(self, session: str, last_request: float, cache_ttl: float | None) -> None:
+        self.clocks[session] = (last_request, cache_ttl)
 
     def add(
         self,
@@ -60,7 +67,7 @@ class UsageBatch:
             row[5] = t
         self.turns += 1
 
-    def absorb(self, newer: UsageBatch) -> None:
+    def absorb(self, newer: HeldWrites) -> None:
         """Fold in a batch recorded after this one (a failed commit's batch is put back in
         front of what arrived meanwhile)."""
         for key, (u, t) in newer.usage.items():
@@ -79,6 +86,7 @@ class UsageBatch:
                 row[4] = state
             row[5] = t
         self.turns += newer.turns
+        self.clocks.update(newer.clocks)
 
     def cache_state(self, session: str) -> str | None:
         """The newest cache state held for `session`, or None (then the stored one stands)."""
@@ -90,6 +98,9 @@ class UsageBatch:
 
     def ledger_params(self) -> list[tuple[Any, ...]]:
         return [(s, *row) for s, row in self.ledger.items()]
+
+    def clock_params(self) -> list[tuple[Any, ...]]:
+        return [(s, t, ttl) for s, (t, ttl) in self.clocks.items()]
 
 
 def _counts(u: Usage) -> tuple[int, ...]:

@@ -1165,12 +1165,12 @@ class PgStore(Store):
 
         self._submit(_Op(run, "record_usage", mode="pipeline"))
 
-    def usage_held(self) -> bool:
+    def held(self) -> bool:
         """Nothing is held back here: every booking is queued for the writer thread at once
-        (`ledger_delay` is SQLite's, whose commit is on the hot path)."""
+        (`batch_delay` is SQLite's, whose commit is on the hot path)."""
         return False
 
-    def flush_usage(self) -> None:
+    def flush_held(self) -> None:
         """Bookings are the writer's already (`flush` waits for them to commit)."""
 
     def usage_rows(self, session: str | None = None) -> list[UsageRow]:

@@ -65,7 +65,7 @@ from pathlib import Path
 from typing import Any
 
 from cg.settings import StoreConfig
-from cg.state.pending import UsageBatch
+from cg.state.pending import HeldWrites
 from cg.wire.jsonspan import JsonSpanError, walk_array
 from cg.wire.usage import Usage
 
@@ -197,6 +197,9 @@ _LEDGER_UPSERT = (
     "estimate_skipped = estimate_skipped + excluded.estimate_skipped, "
     "cache_state = COALESCE(excluded.cache_state, cache_state), "
     "last_seen = excluded.last_seen"
+)
+_CLOCK_UPSERT = (
+    "INSERT OR REPLACE INTO sessions (session, last_request, cache_ttl) VALUES (?, ?, ?)"
 )
 HELD_ROWS_MAX = 50_000  # ledger rows held while the store refuses writes (then they are dropped)
 
@@ -484,12 +487,12 @@ class Store:
         evict_interval: float = DEFAULT_EVICT_INTERVAL,
         busy_timeout_ms: int = DEFAULT_BUSY_TIMEOUT_MS,
         evict: bool = True,
-        ledger_delay: float = 0.0,
+        batch_delay: float = 0.0,
     ) -> None:
         """`evict=False` opens the file as a reader would: nothing is ever evicted by this
         object (the CLI must not apply its default TTL to a store configured longer).
-        `ledger_delay`: seconds `record_usage` may hold rows to commit them together (0: each
-        call commits)."""
+        `batch_delay`: seconds `record_usage` and `touch_session` may hold their rows to commit
+        them together (0: each call commits)."""
         if ttl_hours <= 0 or max_mb <= 0:
             raise ValueError("ttl_hours and max_mb must be positive")
         raw = os.fspath(path)
@@ -515,8 +518,8 @@ class Store:
         # (stash key, owner) -> when this process last refreshed its `last_used`
         self._touched: dict[tuple[str, str], float] = {}
         self._lock = threading.Lock()
-        self.ledger_delay = ledger_delay
-        self._batch = UsageBatch()  # ledger rows not yet committed (`record_usage`)
+        self.batch_delay = batch_delay
+        self._batch = HeldWrites()  # ledger rows not yet committed (`record_usage`)
         self._batch_since = 0.0  # `_clock()` when the first of them was booked
         self._clock: Callable[[], float] = time.monotonic  # the window's clock (tests set it)
         self.error: str | None = None  # the last operation's error, until one succeeds
@@ -1012,20 +1015,25 @@ class Store:
         self, session: str, now: float | None = None, cache_ttl: float | None = None
     ) -> SessionRecord | None:
         """Record a request of `session` at `now`; returns the record it replaces (None when the
-        session is seen for the first time), so the caller can judge the cache state."""
+        session is seen for the first time), so the caller can judge the cache state. With
+        `batch_delay` > 0 the clock is held and committed with the ledger's bookings (every
+        read of it here sees the held one)."""
         t = self.now() if now is None else now
-        with self._tx("touch_session") as conn:
-            row = conn.execute(
-                "SELECT last_request, cache_ttl FROM sessions WHERE session = ?", (session,)
-            ).fetchone()
-            conn.execute(
-                "INSERT OR REPLACE INTO sessions (session, last_request, cache_ttl) "
-                "VALUES (?, ?, ?)",
-                (session, t, cache_ttl),
-            )
-        return SessionRecord(session, row[0], row[1]) if row else None
+        if self.batch_delay <= 0:
+            with self._tx("touch_session") as conn:
+                row = conn.execute(
+                    "SELECT last_request, cache_ttl FROM sessions WHERE session = ?", (session,)
+                ).fetchone()
+                conn.execute(_CLOCK_UPSERT, (session, t, cache_ttl))
+            return SessionRecord(session, row[0], row[1]) if row else None
+        prev = self.get_session(session)
+        self._hold(lambda held: held.clock(session, t, cache_ttl))
+        return prev
 
     def get_session(self, session: str) -> SessionRecord | None:
+        held = self._batch.clocks.get(session)
+        if held is not None:
+            return SessionRecord(session, held[0], held[1])
         with self._op("get_session") as conn:
             row = conn.execute(
                 "SELECT last_request, cache_ttl FROM sessions WHERE session = ?", (session,)
@@ -1087,55 +1095,62 @@ class Store:
         """Add `(kind, model, tier, usage)` rows to `session`'s ledger, and `turns` to its
         counters (`cache_state`, when given, replaces the stored one), all in one transaction.
 
-        With `ledger_delay` > 0 the rows are held (`cg.state.pending`) and committed with every
+        With `batch_delay` > 0 the rows are held (`cg.state.pending`) and committed with every
         other turn booked within that many seconds, by the first call after it has passed or by
-        `flush_usage` (the addon's timer, any read of the ledger, `close`). A crash loses at most
+        `flush_held` (the addon's timer, any read of the ledger, `close`). A crash loses at most
         that window of bookings; a failed commit keeps them held for the next (StoreError is
         raised all the same, for the caller to count)."""
         _check_kinds(rows)
         d = turns or LedgerTurns()
         counts = (d.turns, d.rewritten, d.tokens_not_sent, d.estimate_skipped)
         t = self.now()
+        self._hold(lambda held: held.add(session, rows, counts, cache_state, t))
+
+    def _hold(self, write: Callable[[HeldWrites], None]) -> None:
+        """Add a write to the held batch; commit the batch once its window has passed (at once
+        without a `batch_delay`)."""
         with self._lock:
             if not self._batch:
                 self._batch_since = self._clock()
-            self._batch.add(session, rows, counts, cache_state, t)
-            due = self._clock() - self._batch_since >= self.ledger_delay
+            write(self._batch)
+            due = self._clock() - self._batch_since >= self.batch_delay
         if due:
-            self._commit_usage()
+            self._commit_held()
             self._maybe_evict()
 
-    def usage_held(self) -> bool:
-        """Whether ledger rows wait for `flush_usage`."""
+    def held(self) -> bool:
+        """Whether ledger rows or session clocks wait for `flush_held`."""
         return bool(self._batch)
 
-    def flush_usage(self) -> None:
-        """Commit the ledger rows `record_usage` holds. Raises StoreError (they stay held)."""
+    def flush_held(self) -> None:
+        """Commit the ledger rows and session clocks held (`batch_delay`). Raises StoreError
+        (they stay held)."""
         if self._batch:
-            self._commit_usage()
+            self._commit_held()
             self._maybe_evict()
 
-    def _commit_usage(self) -> None:
-        taken: UsageBatch | None = None
+    def _commit_held(self) -> None:
+        taken: HeldWrites | None = None
         try:
             with self._tx("record_usage") as conn:
-                taken, self._batch = self._batch, UsageBatch()  # under the lock `_tx` holds
+                taken, self._batch = self._batch, HeldWrites()  # under the lock `_tx` holds
                 conn.executemany(_USAGE_UPSERT, taken.usage_params())
                 conn.executemany(_LEDGER_UPSERT, taken.ledger_params())
+                conn.executemany(_CLOCK_UPSERT, taken.clock_params())
         except StoreError:
             if taken is not None:
                 with self._lock:
                     taken.absorb(self._batch)
                     # A store that keeps failing must not hold an unbounded batch.
-                    self._batch = taken if len(taken) <= HELD_ROWS_MAX else UsageBatch()
+                    self._batch = taken if len(taken) <= HELD_ROWS_MAX else HeldWrites()
             raise
 
     def _flushed(self) -> None:
-        """Before a read of the ledger: what this process booked is in it (a store that cannot
-        take the write is read as it stands)."""
+        """Before a read of the ledger or the sessions table: what this process booked is in it
+        (a store that cannot take the write is read as it stands)."""
         if self._batch:
             with suppress(StoreError):
-                self._commit_usage()
+                self._commit_held()
 
     def usage_rows(self, session: str | None = None) -> list[UsageRow]:
         """The ledger's rows (one session's, when given), in a stable order."""
@@ -1178,6 +1193,7 @@ class Store:
     # -- bounds -----------------------------------------------------------------------------
 
     def stats(self) -> StoreStats:
+        self._flushed()
         with self._op("stats") as conn:
             n, total = conn.execute(
                 "SELECT COUNT(*), COALESCE(SUM(size), 0) FROM stashes"
@@ -1202,6 +1218,7 @@ class Store:
         `secure_delete` on, so a deleted stash's bytes are overwritten through the WAL. One
         transaction for all of it, on top of the WAL the writes before had left, took the files
         12% over `max_mb` in a day-long soak."""
+        self._flushed()  # a session's held clock keeps its checkpoint
         t = self.now()
         cutoff = t - self.ttl
         with self._tx("evict") as conn:

@@ -368,6 +368,11 @@ class Summarize:
         elif conv in self.inflight:
             detail["commission"] = "a summary for this session is already in flight"
         else:
+            # What the store holds (this turn's clock: `batch_delay`) is committed first: a
+            # store that cannot take writes is found before a summary it could not keep is
+            # paid for (StoreError: the turn passes through, as when the clock was written at
+            # once).
+            self.store.flush_held()
             step.commission = self._commission(req, conv, span, digests, cp, step.plan)
             step.commission.based_on = based_on
             detail["commission"] = why

@@ -331,7 +331,7 @@ async def test_an_answer_mitmproxy_streamed_itself_counts_missing_not_malformed(
         assert (cg.stats.usage_reads.missing, cg.stats.usage_reads.malformed) == (1, 0)
 
 
-# -- the ledger's bookings, committed together (cg_ledger_delay_ms) ----------------------------
+# -- the ledger's bookings, committed together (cg_store_batch_ms) ----------------------------
 
 ANSWER = json.dumps(
     {
@@ -366,7 +366,7 @@ async def _answer(cg: ContextGuru, session: str) -> None:
 async def test_bookings_are_committed_by_the_timer_within_the_delay(tmp_path: Path) -> None:
     cg = ContextGuru()
     with taddons.context(cg) as tctx:
-        configure(tctx, cg, tmp_path, cg_ledger_delay_ms=300)
+        configure(tctx, cg, tmp_path, cg_store_batch_ms=300)
         await _answer(cg, "held-1")
         await _answer(cg, "held-2")
         assert _booked(tmp_path / "cg.sqlite3") == []  # held, not yet in the file
@@ -383,7 +383,7 @@ async def test_bookings_are_committed_by_the_timer_within_the_delay(tmp_path: Pa
 async def test_stats_and_exit_commit_what_is_held(tmp_path: Path) -> None:
     cg = ContextGuru()
     with taddons.context(cg) as tctx:
-        configure(tctx, cg, tmp_path, cg_ledger_delay_ms=60_000)
+        configure(tctx, cg, tmp_path, cg_store_batch_ms=60_000)
         await _answer(cg, "a")
         assert _booked(tmp_path / "cg.sqlite3") == []
         assert cg.stats_json()["usage"]["agent"]["output_tokens"] == 4  # a read commits
@@ -397,20 +397,20 @@ async def test_stats_and_exit_commit_what_is_held(tmp_path: Path) -> None:
 async def test_a_zero_delay_commits_every_answer_as_it_is_booked(tmp_path: Path) -> None:
     cg = ContextGuru()
     with taddons.context(cg) as tctx:
-        configure(tctx, cg, tmp_path, cg_ledger_delay_ms=0)
+        configure(tctx, cg, tmp_path, cg_store_batch_ms=0)
         await _answer(cg, "now")
         assert _booked(tmp_path / "cg.sqlite3") == [("now", 1)]
         assert not cg.meter.armed()
 
 
 @pytest.mark.parametrize("bad", [-1, 60_001])
-async def test_a_ledger_delay_out_of_range_names_the_option(tmp_path: Path, bad: int) -> None:
+async def test_a_batch_delay_out_of_range_names_the_option(tmp_path: Path, bad: int) -> None:
     cg = ContextGuru()
     with (
         taddons.context(cg) as tctx,
-        pytest.raises(exceptions.OptionsError, match="cg_ledger_delay_ms"),
+        pytest.raises(exceptions.OptionsError, match="cg_store_batch_ms"),
     ):
-        configure(tctx, cg, tmp_path, cg_ledger_delay_ms=bad)
+        configure(tctx, cg, tmp_path, cg_store_batch_ms=bad)
 
 
 async def test_a_refused_commit_is_counted_and_tried_again(tmp_path: Path) -> None:
@@ -419,7 +419,7 @@ async def test_a_refused_commit_is_counted_and_tried_again(tmp_path: Path) -> No
     cg = ContextGuru()
     db = tmp_path / "cg.sqlite3"
     with taddons.context(cg) as tctx:
-        configure(tctx, cg, tmp_path, cg_ledger_delay_ms=60_000)
+        configure(tctx, cg, tmp_path, cg_store_batch_ms=60_000)
         await _answer(cg, "kept")
         blocker = sqlite3.connect(db, isolation_level=None)
         blocker.execute("BEGIN IMMEDIATE")
