@@ -32,7 +32,10 @@ preset instead of `off`: the verification turn commissions a summary (the upstre
 carry one), the run waits for it, and every timed turn must reuse the checkpoint (a turn whose
 request declares tools and streams then goes through the expand relay; its timings are
 reported). `--concurrency N` adds a throughput phase: N clients in parallel per target, each
-target alone. `--size BYTES` scales the same-body traffic (10 KB to 5 MB: `bench.sizes`).
+target alone; `--throughput-rounds R` repeats it R times, the targets interleaved, and reports
+the median of each, with the CPU time each proxy process spent per request (Linux: from
+/proc/PID/stat), a figure far steadier than requests per second on a shared 2-core machine.
+`--size BYTES` scales the same-body traffic (10 KB to 5 MB: `bench.sizes`).
 
 Every process is started and stopped by its PID; every wait has a deadline.
 """
@@ -389,6 +392,18 @@ def per_client(n: int, c: int) -> int:
     return max(20, n // c)
 
 
+def cpu_seconds(pid: int | None) -> float | None:
+    """User + system CPU seconds process `pid` has used so far (Linux), else None."""
+    if pid is None:
+        return None
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 def throughput(base: str, path: str, body: bytes, headers: dict[str, str], c: int, n: int) -> float:
     """Requests per second with `c` clients in parallel (each its own keep-alive connection)
     sending `n` POSTs each."""
@@ -437,6 +452,7 @@ def run(
     concurrency: int = 1,
     size: int = TARGET_BYTES,
     sets: list[str] | None = None,
+    throughput_rounds: int = 1,
 ) -> dict[str, Any]:
     rounds = warmup + n
     if traffic_name == "growing":
@@ -533,11 +549,24 @@ def run(
             probe = clients[2].get(PROBE_PATH).json()
             plain_probe = clients[1].get(PROBE_PATH).json()
             rps: dict[str, float] = {}
+            cpu_us: dict[str, float] = {}
             if concurrency > 1:
                 body = traffic.body(rounds - 1)
                 per = per_client(n, concurrency)
-                for t in targets:  # after the sequential rounds, each target alone
-                    rps[t.name] = throughput(t.base, path, body, headers, concurrency, per)
+                pids = {targets[1].name: plain.popen.pid, targets[2].name: addon.popen.pid}
+                runs: dict[str, list[float]] = {t.name: [] for t in targets}
+                cpu: dict[str, list[float]] = {name: [] for name in pids}
+                for _ in range(throughput_rounds):
+                    for t in targets:  # after the sequential rounds, each target alone
+                        before = cpu_seconds(pids.get(t.name))
+                        runs[t.name].append(
+                            throughput(t.base, path, body, headers, concurrency, per)
+                        )
+                        after = cpu_seconds(pids.get(t.name))
+                        if before is not None and after is not None:
+                            cpu[t.name].append((after - before) / (concurrency * per) * 1e6)
+                rps = {name: statistics.median(v) for name, v in runs.items()}
+                cpu_us = {name: statistics.median(v) for name, v in cpu.items() if v}
         finally:
             for c in clients:
                 c.close()
@@ -585,6 +614,8 @@ def run(
         "sets": sets or [],
         "concurrency": concurrency,
         "throughput_rps": rps,
+        "throughput_rounds": throughput_rounds,
+        "cpu_us_per_request": cpu_us,
         "throughput_ratio_addon_plain": (
             rps[addon_t.name] / rps[plain_t.name] if rps.get(plain_t.name) else None
         ),
@@ -683,11 +714,21 @@ def markdown(res: dict[str, Any]) -> str:
     ]
     if res.get("throughput_rps"):
         rps = res["throughput_rps"]
+        rounds = res.get("throughput_rounds", 1)
         lines.append(
-            f"Throughput with {res['concurrency']} clients in parallel: "
+            f"Throughput with {res['concurrency']} clients in parallel"
+            + (f" (median of {rounds} interleaved rounds)" if rounds > 1 else "")
+            + ": "
             + ", ".join(f"{k} {v:.1f} req/s" for k, v in rps.items())
             + f"; addon/plain **{res['throughput_ratio_addon_plain']:.2f}×**."
         )
+        cpu = res.get("cpu_us_per_request") or {}
+        if len(cpu) == 2:
+            (pn, pv), (an, av) = cpu.items()
+            lines.append(
+                f"CPU per request at {res['concurrency']} clients: {pn} {pv:.0f} µs, {an} "
+                f"{av:.0f} µs: **+{av - pv:.0f} µs**, plain/addon **{pv / av:.2f}×**."
+            )
     return "\n".join(lines)
 
 
@@ -726,6 +767,13 @@ def main(argv: list[str] | None = None) -> int:
         help="also measure throughput with this many clients in parallel (default 1: no)",
     )
     ap.add_argument(
+        "--throughput-rounds",
+        type=int,
+        default=1,
+        help="repeat the throughput phase this many times, the targets interleaved, and report "
+        "medians (default 1)",
+    )
+    ap.add_argument(
         "--size",
         type=int,
         default=TARGET_BYTES,
@@ -747,6 +795,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if not 1 <= args.n <= 10_000 or not 0 <= args.warmup <= 1_000:
         ap.error("-n must be in 1..10000 and --warmup in 0..1000")
+    if not 1 <= args.throughput_rounds <= 50:
+        ap.error("--throughput-rounds must be in 1..50")
     dialects = ["anthropic", "openai"] if args.dialect == "both" else [args.dialect]
     kinds = ["same", "growing"] if args.traffic == "both" else [args.traffic]
     results = [
@@ -761,6 +811,7 @@ def main(argv: list[str] | None = None) -> int:
             args.concurrency,
             args.size,
             args.sets,
+            args.throughput_rounds,
         )
         for d in dialects
         for k in kinds
