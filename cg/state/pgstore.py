@@ -56,6 +56,8 @@ from cg.state.store import (
     _CP_COLS,
     _STASH_COLS,
     _USAGE_COLS,
+    CACHE_STATE_CLEARED,
+    CACHE_STATE_LIFE,
     FACTS_BATCH,
     LEDGER_TTL_DAYS,
     TOUCH_INTERVAL,
@@ -1251,6 +1253,12 @@ class PgStore(Store):
             (ledger_cutoff,),
         )
         conn.execute("DELETE FROM cg_ledger WHERE last_seen < %s", (ledger_cutoff,))
+        # An expired prompt-cache state, as the SQLite store clears it (`CACHE_STATE_LIFE`).
+        conn.execute(
+            "UPDATE cg_ledger SET cache_state = NULL WHERE session IN (SELECT session FROM "
+            "cg_ledger WHERE last_seen < %s AND cache_state IS NOT NULL LIMIT %s)",
+            (t - CACHE_STATE_LIFE, CACHE_STATE_CLEARED),
+        )
         conn.execute(f"DELETE FROM cg_claims WHERE lease_until < {_DB_NOW} - 3600")
         conn.execute("DELETE FROM cg_facts WHERE seen < %s", (cutoff,))
         # Facts are a cache: the newest `_facts_cap` rows are kept, as the SQLite store does.

@@ -35,9 +35,10 @@ cache a quarter (trimmed as it fills), and the WAL is checkpointed at half its e
 back after each eviction, which deletes its stashes half a WAL share at a time. What is not
 evicted by size (checkpoints, session clocks, the ledger: bounded by the TTL and 30 days) is the
 one thing that can still outgrow a cap too small for the sessions it serves.
-Ledger rows are a few hundred bytes per session (~2 KB with the prompt-cache state the ledger
-keeps per session) and what `/_cg/sessions` reports, so they live
-`LEDGER_TTL_DAYS` (30) days after their session's last answer, or the store TTL if that is longer.
+Ledger rows are a few hundred bytes per session and what `/_cg/sessions` reports, so they live
+`LEDGER_TTL_DAYS` (30) days after their session's last answer, or the store TTL if that is longer;
+the prompt-cache state a row keeps while its session is live (~2 KB) is cleared two hours after
+its last answer, when every entry in it has expired.
 
 Credentials never reach this module: its API takes only session ids (allow-listed, `cg.state.session`),
 message text, summaries and times, never headers, API keys or model settings.
@@ -71,6 +72,10 @@ from cg.wire.usage import Usage
 
 SCHEMA_VERSION = 3
 LEDGER_TTL_DAYS = 30.0
+# A ledger row's prompt-cache state outlives its last turn by twice the longest cache TTL (1 h):
+# by then every entry has expired. Cleared at most this many rows per eviction.
+CACHE_STATE_LIFE = 2 * 3600.0
+CACHE_STATE_CLEARED = 256
 USAGE_KINDS = ("agent", "summarizer", "estimate")
 TOUCH_INTERVAL = 60.0  # seconds between `last_used` updates of a live checkpoint's stash
 TOUCHED_MAX = 20_000  # stashes whose last refresh a process remembers (then it forgets all)
@@ -201,7 +206,7 @@ _LEDGER_UPSERT = (
 _CLOCK_UPSERT = (
     "INSERT OR REPLACE INTO sessions (session, last_request, cache_ttl) VALUES (?, ?, ?)"
 )
-HELD_ROWS_MAX = 50_000  # ledger rows held while the store refuses writes (then they are dropped)
+HELD_ROWS_MAX = 50_000  # rows held while the store refuses writes (then they are dropped)
 
 
 def _fact_params(rows: Sequence[FactRow], seen: float) -> list[tuple[Any, ...]]:
@@ -519,7 +524,7 @@ class Store:
         self._touched: dict[tuple[str, str], float] = {}
         self._lock = threading.Lock()
         self.batch_delay = batch_delay
-        self._batch = HeldWrites()  # ledger rows not yet committed (`record_usage`)
+        self._batch = HeldWrites()  # bookings and clocks not yet committed (`batch_delay`)
         self._batch_since = 0.0  # `_clock()` when the first of them was booked
         self._clock: Callable[[], float] = time.monotonic  # the window's clock (tests set it)
         self.error: str | None = None  # the last operation's error, until one succeeds
@@ -1132,7 +1137,7 @@ class Store:
     def _commit_held(self) -> None:
         taken: HeldWrites | None = None
         try:
-            with self._tx("record_usage") as conn:
+            with self._tx("commit held writes") as conn:
                 taken, self._batch = self._batch, HeldWrites()  # under the lock `_tx` holds
                 conn.executemany(_USAGE_UPSERT, taken.usage_params())
                 conn.executemany(_LEDGER_UPSERT, taken.ledger_params())
@@ -1251,6 +1256,15 @@ class Store:
                 (ledger_cutoff,),
             )
             conn.execute("DELETE FROM ledger WHERE last_seen < ?", (ledger_cutoff,))
+            # A session's prompt-cache state (~1.8 KB) is dead once its last turn is older than
+            # the longest cache TTL: every entry in it has expired, and a cold cache is what
+            # it would load as. Cleared a bounded run at a time (a day-long soak's 2,305
+            # sessions kept 4.2 MB of it; all at once would be as many MB of WAL).
+            conn.execute(
+                "UPDATE ledger SET cache_state = NULL WHERE session IN (SELECT session FROM "
+                "ledger WHERE last_seen < ? AND cache_state IS NOT NULL LIMIT ?)",
+                (t - CACHE_STATE_LIFE, CACHE_STATE_CLEARED),
+            )
             rows = conn.execute(
                 "SELECT key, session, size, last_used < ? FROM stashes ORDER BY last_used, created",
                 (cutoff,),

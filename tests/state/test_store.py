@@ -18,8 +18,11 @@ from typing import Any
 
 import pytest
 
+from cg.billing.ledger import _load
 from cg.settings import StoreConfig
 from cg.state.store import (
+    CACHE_STATE_CLEARED,
+    CACHE_STATE_LIFE,
     FACTS_TRIM,
     KEY_PATTERN,
     KEY_RE,
@@ -28,6 +31,7 @@ from cg.state.store import (
     TOUCH_INTERVAL,
     Checkpoint,
     FactRow,
+    LedgerTurns,
     Store,
     StoreError,
     _facts_cap,
@@ -35,6 +39,7 @@ from cg.state.store import (
     stash_key,
     valid_key,
 )
+from cg.wire.usage import Usage
 
 HOUR = 3600.0
 
@@ -790,3 +795,39 @@ def test_a_stash_reads_back_from_a_store_that_cannot_be_written(db: Path):
         holder.execute("ROLLBACK")
         holder.close()
         st.close()
+
+
+def test_a_prompt_cache_state_is_cleared_once_every_entry_in_it_has_expired(
+    target: Target,
+) -> None:
+    """Two hours after a session's last answer its stored prompt-cache state can only load as
+    a cold cache (the longest TTL is one hour), so eviction clears it, a bounded run at a time,
+    and keeps the session's counts and usage."""
+
+    class Clock:
+        t = 1_000_000.0
+
+        def __call__(self) -> float:
+            return self.t
+
+    clock = Clock()
+    state = '{"v":1,"entries":[["00",1000100.0,3600.0]]}'
+    n = CACHE_STATE_CLEARED + 10
+    with make(target, now=clock, evict_interval=1e9) as st:
+        for i in range(n):
+            st.record_usage(f"old{i}", [("agent", "m", "", Usage(5, requests=1))],
+                            LedgerTurns(turns=1), state)  # fmt: skip
+        clock.t += CACHE_STATE_LIFE - 60
+        st.record_usage("new", [("agent", "m", "", Usage(5, requests=1))], LedgerTurns(turns=1),
+                        state)  # fmt: skip
+        clock.t += 120  # the old ones are past the life, the new one is not
+        st.evict()
+        kept = [i for i in range(n) if st.cache_state(f"old{i}") is not None]
+        assert len(kept) == 10  # a bounded run: the next eviction takes the rest
+        assert st.cache_state("new") == state
+        st.evict()
+        assert all(st.cache_state(f"old{i}") is None for i in range(n))
+        assert st.cache_state("new") == state
+        assert st.ledger_turns("old0")["old0"].turns == 1 and st.usage_rows("old0") != []
+        assert _load(st.cache_state("old0")).entries == {}  # what it loads as: cold, as before
+        assert not [e for e in _load(state).entries.values() if e[0] > clock.t]  # all expired
