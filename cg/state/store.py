@@ -1129,10 +1129,10 @@ class Store:
 
     def flush_held(self) -> None:
         """Commit the ledger rows and session clocks held (`batch_delay`). Raises StoreError
-        (they stay held)."""
+        (they stay held). No eviction follows: a commission's request hook calls this, and the
+        next write due evicts as ever."""
         if self._batch:
             self._commit_held()
-            self._maybe_evict()
 
     def _commit_held(self) -> None:
         taken: HeldWrites | None = None
