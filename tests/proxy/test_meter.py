@@ -365,16 +365,21 @@ async def _answer(cg: ContextGuru, session: str) -> None:
 
 async def test_bookings_are_committed_by_the_timer_within_the_delay(tmp_path: Path) -> None:
     cg = ContextGuru()
+    fired = asyncio.Event()
+    flush = cg.meter.flush
+
+    def flushed() -> None:  # the timer's callback, observed (armed with `self.flush`)
+        flush()
+        fired.set()
+
+    cg.meter.flush = flushed  # type: ignore[method-assign]
     with taddons.context(cg) as tctx:
         configure(tctx, cg, tmp_path, cg_store_batch_ms=300)
         await _answer(cg, "held-1")
         await _answer(cg, "held-2")
         assert _booked(tmp_path / "cg.sqlite3") == []  # held, not yet in the file
-        assert cg.meter.armed()
-        deadline = asyncio.get_running_loop().time() + 10.0
-        while not _booked(tmp_path / "cg.sqlite3"):
-            assert asyncio.get_running_loop().time() < deadline, "the timer never committed"
-            await asyncio.sleep(0.02)  # yield to the loop, whose timer commits them
+        assert cg.meter.armed() and not fired.is_set()
+        await asyncio.wait_for(fired.wait(), 10.0)
         assert _booked(tmp_path / "cg.sqlite3") == [("held-1", 1), ("held-2", 1)]
         assert not cg.meter.armed()
         assert cg.stats.usage_reads.store_errors == 0
