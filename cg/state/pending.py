@@ -25,17 +25,16 @@ class HeldWrites:
     counters, with the newest cache state and the time each key was last written; and each
     session's newest clock."""
 
-    __slots__ = ("clocks", "ledger", "turns", "usage")
+    __slots__ = ("clocks", "ledger", "usage")
 
     def __init__(self) -> None:
         self.usage: dict[UsageKey, tuple[Usage, float]] = {}
         # session -> [turns, rewritten, tokens_not_sent, estimate_skipped, cache_state, t]
         self.ledger: dict[str, list[Any]] = {}
         self.clocks: dict[str, tuple[float, float | None]] = {}  # (last_request, cache_ttl)
-        self.turns = 0  # record_usage calls folded in
 
     def __bool__(self) -> bool:
-        return self.turns > 0 or bool(self.clocks)
+        return bool(self.ledger or self.clocks)  # every booking writes its session's row
 
     def __len__(self) -> int:
         """Rows the batch would write."""
@@ -53,40 +52,34 @@ class HeldWrites:
         t: float,
     ) -> None:
         for kind, model, tier, u in rows:
-            key = (session, kind, model, tier)
-            had = self.usage.get(key)
-            self.usage[key] = (had[0] + u if had is not None else u, t)
-        row = self.ledger.get(session)
-        if row is None:
-            self.ledger[session] = [*counts, cache_state, t]
-        else:
-            for i in range(4):
-                row[i] += counts[i]
-            if cache_state is not None:
-                row[4] = cache_state
-            row[5] = t
-        self.turns += 1
+            self._add_usage((session, kind, model, tier), u, t)
+        self._add_counts(session, counts, cache_state, t)
 
     def absorb(self, newer: HeldWrites) -> None:
         """Fold in a batch recorded after this one (a failed commit's batch is put back in
         front of what arrived meanwhile)."""
         for key, (u, t) in newer.usage.items():
-            had = self.usage.get(key)
-            self.usage[key] = (had[0] + u if had is not None else u, t)
+            self._add_usage(key, u, t)
         for session, (a, b, c, d, state, t) in newer.ledger.items():
-            row = self.ledger.get(session)
-            if row is None:
-                self.ledger[session] = [a, b, c, d, state, t]
-                continue
-            row[0] += a
-            row[1] += b
-            row[2] += c
-            row[3] += d
-            if state is not None:
-                row[4] = state
-            row[5] = t
-        self.turns += newer.turns
+            self._add_counts(session, (a, b, c, d), state, t)
         self.clocks.update(newer.clocks)
+
+    def _add_usage(self, key: UsageKey, u: Usage, t: float) -> None:
+        had = self.usage.get(key)
+        self.usage[key] = (had[0] + u if had is not None else u, t)
+
+    def _add_counts(
+        self, session: str, counts: tuple[int, int, int, int], state: str | None, t: float
+    ) -> None:
+        row = self.ledger.get(session)
+        if row is None:
+            self.ledger[session] = [*counts, state, t]
+            return
+        for i in range(4):
+            row[i] += counts[i]
+        if state is not None:
+            row[4] = state
+        row[5] = t
 
     def cache_state(self, session: str) -> str | None:
         """The newest cache state held for `session`, or None (then the stored one stands)."""

@@ -6,6 +6,8 @@ lost by a read, an eviction, a close, or a commit that failed."""
 from __future__ import annotations
 
 import sqlite3
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -32,6 +34,18 @@ def held_store(path: Path, delay: float = 10.0) -> tuple[Store, Clock]:
     clock = Clock()
     store._clock = clock
     return store, clock
+
+
+@contextmanager
+def twins(d: Path) -> Iterator[tuple[Store, Store, Clock]]:
+    """A store committing every write, and one holding them an hour (on its own clock)."""
+    one = Store(d / "one.sqlite3")
+    held, clock = held_store(d / "held.sqlite3", delay=3600.0)
+    try:
+        yield one, held, clock
+    finally:
+        one.close()
+        held.close()
 
 
 def committed(path: Path) -> tuple[list[tuple[object, ...]], list[tuple[object, ...]]]:
@@ -167,10 +181,7 @@ def test_held_bookings_read_back_as_if_each_had_been_committed_alone(
     split: int,
 ) -> None:
     d = tmp_path_factory.mktemp("held")
-    one, held = Store(d / "one.sqlite3"), Store(d / "held.sqlite3", batch_delay=3600.0)
-    clock = Clock()
-    held._clock = clock
-    try:
+    with twins(d) as (one, held, clock):
         for i, (session, rs, turns, state) in enumerate(bookings):
             one.record_usage(session, rs, turns, state)
             if i == split:
@@ -181,9 +192,6 @@ def test_held_bookings_read_back_as_if_each_had_been_committed_alone(
         for session in ("s1", "s2", "s3"):
             assert held.cache_state(session) == one.cache_state(session)
         assert committed(d / "held.sqlite3") == committed(d / "one.sqlite3")
-    finally:
-        one.close()
-        held.close()
 
 
 def _counters(store: Store) -> dict[str, tuple[int, int, int, int]]:
@@ -199,7 +207,7 @@ def test_a_batch_put_back_in_front_keeps_the_newer_state() -> None:
     newer.add("s", AGENT, (1, 1, 3, 0), "new", 2.0)
     newer.add("s", AGENT, (1, 0, 0, 0), None, 3.0)
     older.absorb(newer)
-    assert older.turns == 3 and len(older) == 2
+    assert len(older) == 2
     assert older.ledger["s"] == [3, 1, 3, 0, "new", 3.0]
     assert older.usage[("s", "agent", "m", "")] == (Usage(30, 0, 0, 15, 6, 3), 3.0)
 
@@ -287,10 +295,7 @@ def test_held_clocks_answer_as_committed_ones(
     split: int,
 ) -> None:
     d = tmp_path_factory.mktemp("clocks")
-    one, held = Store(d / "one.sqlite3"), Store(d / "held.sqlite3", batch_delay=3600.0)
-    clock = Clock()
-    held._clock = clock
-    try:
+    with twins(d) as (one, held, clock):
         for i, (session, t, ttl, book) in enumerate(writes):
             if i == split:
                 clock.t += 3600.0
@@ -304,6 +309,3 @@ def test_held_clocks_answer_as_committed_ones(
             (i.session, i.last_request) for i in one.sessions()
         ]
         assert clocks(d / "held.sqlite3") == clocks(d / "one.sqlite3")
-    finally:
-        one.close()
-        held.close()
