@@ -68,21 +68,21 @@ STORE_RETRY = 2.0
 # done (option cg_redact_credentials), so a saved flow, a viewer or a later addon never has them.
 CREDENTIAL_HEADERS = ("authorization", "x-api-key", "api-key", "x-goog-api-key")
 REDACTED = "[redacted by context-guru]"
+_CREDENTIAL_NAMES = frozenset(n.encode() for n in CREDENTIAL_HEADERS)
 _REDACTED_BYTES = REDACTED.encode()
 MAX_LIVE = 10_000  # provider flows in flight; one that never ended is redacted past this
 
 
-_CREDENTIAL_NAMES = frozenset(n.encode() for n in CREDENTIAL_HEADERS)
+def _redacted(fields: tuple[tuple[bytes, bytes], ...]) -> tuple[tuple[bytes, bytes], ...]:
+    """Raw header fields with every credential's value replaced (the names stay)."""
+    return tuple((k, _REDACTED_BYTES if k.lower() in _CREDENTIAL_NAMES else v) for k, v in fields)
 
 
 def redact(headers: http.Headers) -> None:
     """Every credential header's value replaced by REDACTED (the names stay: what was sent).
     One pass over the raw fields: four lookups and a `set_all` each were ~0.02 ms a flow."""
-    fields = headers.fields
-    if any(k.lower() in _CREDENTIAL_NAMES for k, _ in fields):
-        headers.fields = tuple(
-            (k, _REDACTED_BYTES if k.lower() in _CREDENTIAL_NAMES else v) for k, v in fields
-        )
+    if any(k.lower() in _CREDENTIAL_NAMES for k, _ in headers.fields):
+        headers.fields = _redacted(headers.fields)
 
 
 def redact_backup(flow: http.HTTPFlow) -> None:
@@ -92,9 +92,7 @@ def redact_backup(flow: http.HTTPFlow) -> None:
     req = backup.get("request") if isinstance(backup, dict) else None
     if not isinstance(req, dict) or "headers" not in req:
         return
-    req["headers"] = tuple(
-        (k, _REDACTED_BYTES if k.lower() in _CREDENTIAL_NAMES else v) for k, v in req["headers"]
-    )
+    req["headers"] = _redacted(req["headers"])
 
 
 def _request_text(raw: bytes, encoding: str | None) -> str:
