@@ -22,14 +22,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-KEYS = (
-    "input_tokens",
-    "cache_write_tokens",
-    "cache_read_tokens",
-    "output_tokens",
-    "requests",
-)
-
 
 class UsageError(ValueError):
     """A `usage` object of the wrong shape; the message says what was wrong."""
