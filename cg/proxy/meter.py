@@ -133,8 +133,7 @@ class Meter:
             self.ledger.summarizer_call(session, model, usage)
             self.counts.summarizer_read += 1
         except Exception as e:  # noqa: BLE001
-            self.counts.store_errors += 1
-            log.warning("context-guru: the usage ledger could not be written: %s", e)
+            self._unwritten(e)
         self.arm()
 
     def arm(self) -> None:
@@ -162,8 +161,7 @@ class Meter:
         try:
             self.ledger.store.flush_held()
         except Exception as e:  # noqa: BLE001
-            self.counts.store_errors += 1
-            log.warning("context-guru: the usage ledger could not be written: %s", e)
+            self._unwritten(e)
             with contextlib.suppress(RuntimeError):  # no loop: the next booking tries again
                 asyncio.get_running_loop()
                 self.arm()
@@ -188,6 +186,10 @@ class Meter:
             return {"usage": None, "savings": None, "ledger_error": str(e)}
 
     # -- helpers ----------------------------------------------------------------------------
+
+    def _unwritten(self, e: Exception) -> None:
+        self.counts.store_errors += 1
+        log.warning("context-guru: the usage ledger could not be written: %s", e)
 
     def _forget(self, flow_id: str) -> Turn | None:
         self.readable.discard(flow_id)
@@ -248,8 +250,7 @@ class Meter:
         try:
             session = self.ledger.agent_turn(turn, rounds, flow.request.headers, sent)
         except Exception as e:  # noqa: BLE001
-            self.counts.store_errors += 1
-            log.warning("context-guru: the usage ledger could not be written: %s", e)
+            self._unwritten(e)
             return
         self.arm()
         self.counts.read += len(rounds)
