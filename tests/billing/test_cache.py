@@ -141,8 +141,8 @@ def test_the_chain_memoised_on_a_warm_index_equals_one_built_from_scratch(
     cut = data.draw(st.integers(0, len(msgs)))
     assert sample.dialect != "responses"
     nxt = data.draw(messages(sample.dialect, 0, 2))
-    tail = data.draw(st.sampled_from(["append", "replace"]))
-    later = msgs + nxt if tail == "append" else msgs[:cut] + nxt
+    tail = data.draw(st.sampled_from(["append", "replace", "same"]))
+    later = {"append": msgs + nxt, "replace": msgs[:cut] + nxt, "same": msgs}[tail]
     dialect = DIALECTS[sample.dialect]
     facts = FactsCache(TokenCounter())
     cache = MessageCache()
@@ -158,6 +158,9 @@ def test_the_chain_memoised_on_a_warm_index_equals_one_built_from_scratch(
     # Vacuity guard: the second index inherited the first one's chain where they share messages.
     if second.shared:
         assert second.memo["chain"][1][: second.shared] == first.memo["chain"][1][: second.shared]
+    # The whole body again: the memoised prompt itself, not one rebuilt.
+    if tail == "same" and msgs:
+        assert second.shared == len(msgs) and p2 is p1
 
 
 def test_a_claude_code_next_turn_hashes_only_its_new_messages() -> None:
