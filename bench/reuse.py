@@ -78,8 +78,8 @@ from cg.summarize.span import Span, select_span
 from cg.summarize.triggers import RequestFacts, evaluate, resolve_window
 from cg.wire.body import BodyIndex, MessageCache, index_body
 from cg.wire.dialects import ANTHROPIC, OPENAI, Dialect
-from cg.wire.shape import check_wire_roles, introduced, validate_shape
-from cg.wire.splice import plan_sources, plan_views, splice_text
+from cg.wire.shape import check_wire_roles, check_wire_roles_at, introduced, validate_shape
+from cg.wire.splice import apply_edits, plan_sources, plan_views, splice_array_bytes
 
 BUDGET_MS = 10.0
 CONFIG: dict[str, Any] = {
@@ -346,10 +346,15 @@ def part_lines(sc: Scenario) -> list[Line]:
     plan = step.plan
     assert plan is not None
     before = validate_shape(views, d)
-    text = splice_text(ix, plan)
-    injected, ok = _inject(ix, text, sc.expand, sid, {})
-    assert ok and injected is not None
-    new = injected.encode("utf-8")
+    start, end, array = splice_array_bytes(ix, plan)
+    raw = memoryview(ix.raw)
+    sent = (raw[:start], array, raw[end:])
+    tool = _inject(ix, sent, sc.expand, sid, {})
+    assert tool is not None
+    at, part = tool
+    edits = [(start, end, (array,)), (at, at, (part,))]
+    edits.sort(key=lambda e: e[0])
+    new = apply_edits(ix.raw, edits)
     assert new == sc.expected
     model = ix.members["model"].value if "model" in ix.members else None
     ttl = comp._outside_ttl(ix)
@@ -402,20 +407,21 @@ def part_lines(sc: Scenario) -> list[Line]:
         ),
         ("apply · middle tokens, request facts (sums, system+tools, window)", facts),
         (
-            "apply · summary token count (json.loads + cached count)",
-            lambda: comp.tokens.count_text(json.loads(cp.message)["content"]),
+            "apply · summary message and token count (memoised per checkpoint)",
+            lambda: comp._insert(d, cp.message),
         ),
         ("apply · trigger evaluate", lambda: evaluate(cfg, f)),
-        ("splice_text", lambda: splice_text(ix, plan)),
+        ("splice_array_bytes: the rebuilt array", lambda: splice_array_bytes(ix, plan)),
         ("validate: plan views + introduced", validate),
         (
-            "inject: marker scan + store.has_stash + append_tool",
-            lambda: _inject(ix, text, sc.expand, sid, {}),
+            "inject: marker scan + store.has_stash + tool_insertion",
+            lambda: _inject(ix, sent, sc.expand, sid, {}),
         ),
         (
-            "encode + check_wire_roles (json.loads of the new body)",
-            lambda: check_wire_roles(injected.encode("utf-8"), d),
+            "check_wire_roles_at on the rebuilt array (decode + json)",
+            lambda: check_wire_roles_at(array.decode(), 0, len(array.decode()), d),
         ),
+        ("apply_edits: the new body, one join", lambda: apply_edits(ix.raw, edits)),
     ]
 
     def warm_index() -> Callable[[], object]:

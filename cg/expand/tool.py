@@ -13,10 +13,11 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any, Literal
 
 from cg.state.store import KEY_PATTERN, Stash, Store
+from cg.wire.body import BodyIndex
 
 TOOL_NAME = "context_guru_expand"
 InjectMode = Literal["auto", "always", "never"]
@@ -74,10 +75,10 @@ _CLOSE = re.compile(r"(?:>|\\u003[eE]){2}")
 _BYTES = tuple(re.compile(p.pattern.encode()) for p in (_KEY_AT, _OPEN, _CLOSE))
 
 
-def markers(raw: bytes | str) -> Iterator[str]:
+def markers(raw: bytes | memoryview | str) -> Iterator[str]:
     """Every marker key in `raw` (bytes or decoded text), in order of appearance."""
     found: tuple[re.Pattern[Any], ...] = (
-        _BYTES if isinstance(raw, bytes) else (_KEY_AT, _OPEN, _CLOSE)
+        (_KEY_AT, _OPEN, _CLOSE) if isinstance(raw, str) else _BYTES
     )
     key_at, opener, closer = found
     for m in key_at.finditer(raw):
@@ -115,11 +116,12 @@ def inject_reason(
     dialect: str,
     tools: Any,
     tool_choice: Any,
-    sent: bytes | str,
+    sent: bytes | str | Sequence[bytes | memoryview],
     store: Store | None,
     session: str,
 ) -> tuple[bool, str]:
-    """Whether to append the expand tool to the request about to be sent, and why (not)."""
+    """Whether to append the expand tool to the request about to be sent, and why (not).
+    `sent` is its body, or the body's parts in order (a marker lies within one message)."""
     if mode == "never":
         return False, "cg_expand_inject: never"
     if declares(dialect, tools):
@@ -132,29 +134,36 @@ def inject_reason(
         return False, "the request declares no tools"
     if store is None or not store.persistent:
         return False, "the store does not persist"
-    for key in markers(sent):
-        if store.has_stash(key, session):
-            return True, f"marker {key} resolves"
+    for part in (sent,) if isinstance(sent, (bytes, str)) else sent:
+        for key in markers(part):
+            if store.has_stash(key, session):
+                return True, f"marker {key} resolves"
     return False, "no resolvable marker"
 
 
-def append_tool(text: str, tools_span: tuple[int, int] | None, obj_end: int, dialect: str) -> str:
-    """`text` with the expand tool appended to its `tools` array (or a new `tools` member).
-
-    `tools_span` is the `[start, end)` of the existing array; `obj_end` the index just past the
-    top-level object's closing brace. Everything else keeps its bytes.
-    """
-    tool = TOOL_JSON[dialect]
-    if tools_span is not None:
-        start, end = tools_span
-        close = end - 1
-        inner_end = close
-        while inner_end > start + 1 and text[inner_end - 1] in " \t\r\n":
-            inner_end -= 1
-        sep = "" if inner_end == start + 1 else ","
-        return text[:inner_end] + sep + tool + text[inner_end:]
-    brace = obj_end - 1
-    return text[:brace] + f',"tools":[{tool}]' + text[brace:]
+def tool_insertion(index: BodyIndex) -> tuple[int, bytes]:
+    """Where in the body's bytes the expand tool goes, and what goes there: after the last of
+    the request's `tools` (any whitespace before the `]` stays after it), or a new `tools`
+    member before the object's closing brace. Everything else keeps its bytes. Raises
+    ValueError if that place is not what the index says it is."""
+    tool = TOOL_JSON[index.dialect.name].encode()
+    raw = index.raw
+    tools = index.members.get("tools")
+    if tools is not None:
+        start, end = tools.start, tools.end
+        inner = end - 1
+        while inner > start + 1 and index.slice(inner - 1, inner) in " \t\r\n":
+            inner -= 1
+        close = index.byte_offset(end - 1)
+        if raw[close : close + 1] != b"]":
+            raise ValueError("the request's tools array does not end where it was read")
+        return index.byte_offset(inner), (b"" if inner == start + 1 else b",") + tool
+    end = len(raw)
+    while end and raw[end - 1] in b" \t\r\n":
+        end -= 1
+    if raw[end - 1 : end] != b"}":
+        raise ValueError("the body does not end with its object's closing brace")
+    return end - 1, b',"tools":[' + tool + b"]"
 
 
 def render_stash(stash: Stash, cap: int = MAX_EXPANSION_CHARS) -> str:

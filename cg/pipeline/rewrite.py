@@ -11,7 +11,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from cg.expand.tool import InjectMode, append_tool, inject_reason
+from cg.expand.tool import InjectMode, inject_reason, tool_insertion
 from cg.pipeline.contract import Component, Invalidates, RequestContext
 from cg.pipeline.runner import PipelineResult, run_pipeline
 from cg.state.session import session_of
@@ -25,7 +25,13 @@ from cg.wire.shape import (
     validate_index,
     validate_shape,
 )
-from cg.wire.splice import is_identity, plan_sources, plan_views, splice_text
+from cg.wire.splice import (
+    apply_edits,
+    is_identity,
+    plan_sources,
+    plan_views,
+    splice_array_bytes,
+)
 
 Outcome = Literal["passed_through", "rewritten", "failed_open"]
 
@@ -112,42 +118,40 @@ def rewrite_body(
         result = run_pipeline(components, req)
         record["components"] = result.records
         t = lap("pipeline", t)
-        # The new body's text: spliced, or (only if the expand tool goes in) the body whole.
-        text: str | None = None
-        size = len(index.chars)
+        # The new body as edits of the client's bytes: the rebuilt array (if spliced) and the
+        # expand tool (if it goes in), joined once at the end; every other byte is the client's.
+        edits: list[tuple[int, int, Sequence[bytes]]] = []
+        array = b""
         spliced = not is_identity(result.plan, len(index.messages))
         if spliced:
-            text = splice_text(index, result.plan)
+            start, end, array = splice_array_bytes(index, result.plan)
+            edits.append((start, end, (array,)))
             t = lap("splice", t)
             record["messages_out"] = len(result.plan)
             sources = plan_sources(result.plan)
             after = validate_shape(plan_views(index, result.plan), dialect)
             after += separated(index.views, sources, dialect)
             bad = introduced(before, after, sources)
+            if not bad:
+                # index_body admits only wire-legal roles, so any role violation in the rebuilt
+                # array is the rewrite's; the rest of the body is the client's own bytes.
+                text = array.decode("utf-8")
+                bad = check_wire_roles_at(text, 0, len(text), dialect)
             if bad:
                 lap("validate", t)
                 record["violations"] = [v.to_json() for v in bad]
                 return done("failed_open", f"rewrite introduced {bad[0].rule}: {bad[0].message}")
-        # Where the rebuilt array sits in the final text: it starts where it did, unless the
-        # expand tool went into a `tools` member before it.
-        arr_start = index.array.start
-        arr_end = index.array.end + (len(text) - size if text is not None else 0)
         if expand is not None:
-            grown = len(text) if text is not None else size
-            text, _ = _inject(index, text, expand, sid.id, record)
-            tools = index.members.get("tools")
-            if text is not None and tools is not None and tools.start < arr_start:
-                arr_start += len(text) - grown
-                arr_end += len(text) - grown
-        if text is None:  # neither spliced nor given the tool: the body as it came
+            view = memoryview(index.raw)
+            sent = (view[: edits[0][0]], array, view[edits[0][1] :]) if edits else (index.raw,)
+            tool = _inject(index, sent, expand, sid.id, record)
+            if tool is not None:
+                at, part = tool
+                edits.insert(0 if edits and at < edits[0][0] else len(edits), (at, at, (part,)))
+        if not edits:  # neither spliced nor given the tool: the body as it came
             return done("passed_through", "no component acted")
-        new = text.encode("utf-8")
-        # index_body admits only wire-legal roles, so any role violation here is the rewrite's.
-        bad = check_wire_roles_at(text, arr_start, arr_end, dialect)
+        new = apply_edits(index.raw, edits)
         lap("validate", t)
-        if bad:
-            record["violations"] = [v.to_json() for v in bad]
-            return done("failed_open", f"rewrite introduced {bad[0].rule}: {bad[0].message}")
         return done("rewritten", "rewritten" if spliced else "expand tool injected", new)
     except Exception as e:  # noqa: BLE001 - fail open on anything at all
         return done("failed_open", f"internal error: {type(e).__name__}: {e}")
@@ -162,17 +166,21 @@ class ExpandPolicy:
 
 
 def _inject(
-    index: BodyIndex, text: str | None, policy: ExpandPolicy, session: str, record: dict[str, Any]
-) -> tuple[str | None, bool]:
-    """`text` (None: the body as it came) with the expand tool appended when the policy says
-    so; records why (not). The body as it came is searched for markers in its bytes, and its
-    text built whole only when the tool goes in."""
+    index: BodyIndex,
+    sent: Sequence[bytes | memoryview],
+    policy: ExpandPolicy,
+    session: str,
+    record: dict[str, Any],
+) -> tuple[int, bytes] | None:
+    """Where the expand tool goes into the client's bytes, and what goes there, when the
+    policy says it goes in (None: not); records why (not). `sent` is the body about to go
+    upstream, in parts, searched for markers where it lies."""
     tools = index.members.get("tools")
     choice = index.members.get("tool_choice")
     if tools is not None and not isinstance(tools.value, list):
         # `"tools": null` and the like: nothing to append to (OpenAI clients send null).
         record["expand"] = {"injected": False, "reason": "the request's tools is not an array"}
-        return text, False
+        return None
     if (
         policy.mode != "never"
         and not (tools is not None and tools.value)
@@ -184,24 +192,15 @@ def _inject(
             "injected": False,
             "reason": "the tools live in an additional_tools item, not in tools",
         }
-        return text, False
+        return None
     ok, why = inject_reason(
         policy.mode,
         index.dialect.name,
         tools.value if tools else None,
         choice.value if choice else None,
-        text if text is not None else index.raw,
+        sent,
         policy.store,
         session,
     )
     record["expand"] = {"injected": ok, "reason": why}
-    if not ok:
-        return text, False
-    if text is None:
-        text = index.text
-    span = None
-    if tools is not None:
-        # Members after `messages` moved by however much the messages array changed length.
-        shift = len(text) - len(index.chars) if tools.start > index.array.start else 0
-        span = (tools.start + shift, tools.end + shift)
-    return append_tool(text, span, len(text.rstrip(" \t\r\n")), index.dialect.name), True
+    return tool_insertion(index) if ok else None

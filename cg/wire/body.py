@@ -93,6 +93,29 @@ class BodyIndex:
             ends.append(at)
         return ends
 
+    def byte_offset(self, p: int) -> int:
+        """Where character `p` lies in `raw`, for a `p` outside the transcript array's brackets
+        (at or before its `[`, at or after its end). Memoised by position relative to the array,
+        in a table a warm next turn's index inherits whole: its bytes outside the array are
+        this body's, so the same relative position is the same relative byte."""
+        arr = self.array
+        if arr.start < p < arr.end:
+            raise ValueError(f"character {p} is inside the transcript array")
+        if self.chars.ascii:
+            return p
+        _, known = self.memo.get("byte_offsets", (None, None))
+        if not isinstance(known, dict):
+            known = {}
+            self.memo["byte_offsets"] = (None, known)
+        key = p if p <= arr.start else -1 - (p - arr.end)  # before: >= 0; after: < 0
+        delta = known.get(key)
+        if delta is None:
+            delta = len(
+                (self.chars.slice(0, p) if key >= 0 else self.chars.slice(arr.end, p)).encode()
+            )
+            known[key] = delta
+        return delta if key >= 0 else self.byte_ends()[-1] + delta
+
     @property
     def text(self) -> str:
         """The whole decoded body as one string (joined once for a segmented text)."""

@@ -41,6 +41,13 @@ class Chars:
         return self.size
 
     @property
+    def ascii(self) -> bool:
+        """One byte per character in UTF-8 (so a character position is a byte offset): a str
+        knows this of itself, in constant time. False may also mean a segment's string holds
+        non-ASCII outside the part this text uses."""
+        return all(s.isascii() for _, s, _ in self._segs)
+
+    @property
     def segments(self) -> int:
         return len(self._segs)
 

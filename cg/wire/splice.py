@@ -107,7 +107,8 @@ def cut_value(index: BodyIndex, i: int, drop: frozenset[int]) -> dict[str, Any]:
 def splice(index: BodyIndex, plan: Sequence[Piece]) -> bytes:
     if is_identity(plan, len(index.messages)):
         return index.raw
-    return splice_text(index, plan).encode("utf-8")
+    start, end, array = splice_array_bytes(index, plan)
+    return apply_edits(index.raw, [(start, end, (array,))])
 
 
 def splice_text(index: BodyIndex, plan: Sequence[Piece]) -> str:
@@ -127,6 +128,63 @@ def splice_text(index: BodyIndex, plan: Sequence[Piece]) -> str:
         + rebuild_array(chars, arr, pieces)
         + chars.slice(arr.end, len(chars))
     )
+
+
+Bytes = bytes | memoryview
+
+
+def splice_array_bytes(index: BodyIndex, plan: Sequence[Piece]) -> tuple[int, int, bytes]:
+    """The rebuilt array as `splice_text` writes it, encoded, and the span `[start, end)` of
+    `raw` it replaces: a kept message is its own bytes, sliced where they lie in `raw`.
+
+    The text path built the new body as one string and encoded it: a copy of every kept byte
+    per step, ~4 bytes a character once one emoji was in the body. Here each kept message is
+    copied once, into the array; what is outside the array is the caller's to join."""
+    arr = index.array
+    msgs = index.messages
+    ends = index.byte_ends()
+    start = index.byte_offset(arr.start)
+    if not plan:
+        return start, ends[-1], b"[]"
+    chars = index.chars
+    els = arr.elements
+    # The punctuation between elements is ASCII (whitespace and commas): a character count
+    # there is a byte count.
+    lead = chars.slice(arr.start + 1, els[0].start).encode() if els else b""
+    trail = chars.slice(els[-1].end, arr.end - 1).encode() if els else b""
+    sep = chars.slice(els[0].end, els[1].start).encode() if len(els) >= 2 else b","
+    raw = memoryview(index.raw)
+    parts: list[Bytes] = [b"[", lead]
+    for n, p in enumerate(plan):
+        if n:
+            parts.append(sep)
+        if isinstance(p, Keep):
+            i = p.index
+            m = msgs[i]
+            before = ends[i - 1] - msgs[i - 1].end if i else start - arr.start
+            parts.append(raw[m.start + before : ends[i]])
+        elif isinstance(p, Cut):
+            parts.append(cut_source(index, p.index, p.drop).encode("utf-8"))
+        else:
+            parts.append(p.json.encode("utf-8"))
+    parts += (trail, b"]")
+    return start, ends[-1], b"".join(parts)
+
+
+def apply_edits(raw: bytes, edits: Sequence[tuple[int, int, Sequence[Bytes]]]) -> bytes:
+    """`raw` with each `[start, end)` replaced by its parts (edits in order, not overlapping):
+    one copy of the body, the untouched stretches read where they lie."""
+    view = memoryview(raw)
+    out: list[Bytes] = []
+    at = 0
+    for start, end, parts in edits:
+        if start < at or end < start:
+            raise ValueError(f"edit [{start}, {end}) overlaps or precedes byte {at}")
+        out.append(view[at:start])
+        out += parts
+        at = end
+    out.append(view[at:])
+    return b"".join(out)
 
 
 def plan_views(index: BodyIndex, plan: Sequence[Piece]) -> list[MessageView]:

@@ -20,13 +20,13 @@ from cg.expand.tool import (
     MAX_EXPANSION_CHARS,
     TOOL_JSON,
     TOOL_NAME,
-    append_tool,
     declares,
     forces_tool_choice,
     inject_reason,
     markers,
     render_stash,
     resolve,
+    tool_insertion,
 )
 from cg.pipeline.contract import RequestContext, Step
 from cg.pipeline.rewrite import ExpandPolicy, rewrite_body
@@ -206,9 +206,7 @@ def test_injection_is_idempotent(dialect: str, store: Store, stashed: str) -> No
     body = json.dumps(
         {"model": "m", "tools": tools, "messages": [{"role": "user", "content": "hi"}]}
     )
-    index = index_body(body.encode(), DIALECTS[dialect])
-    span = (index.members["tools"].start, index.members["tools"].end)
-    once = append_tool(body, span, len(body), dialect)
+    once = _with_tool(body, dialect)
     again = json.loads(once)["tools"]
     assert declares(dialect, again)
     assert decide(dialect=dialect, tools=again, store=store, sent=f"<<cg:{stashed}>>") == (
@@ -246,16 +244,50 @@ APPEND_CASES = {
         '{\n  "model": "m",\n  ' + MSGS + "\n}\n\n",
         '{\n  "model": "m",\n  ' + MSGS + '\n,"tools":[@]}\n\n',
     ),
+    # Characters that are not bytes before, in and after the array: offsets are bytes.
+    "non-ascii": (
+        '{"model":"mé🎉","tools":[{"name":"Bash"}],"messages":[{"role":"user","content":"日本"}],'
+        '"system":"ça","tools2":[{"name":"🎉"} ]}',
+        '{"model":"mé🎉","tools":[{"name":"Bash"},@],"messages":[{"role":"user","content":"日本"}],'
+        '"system":"ça","tools2":[{"name":"🎉"} ]}',
+    ),
+    "non-ascii-after": (
+        '{"messages":[{"role":"user","content":"日本"}],"system":"ça 🎉","tools":[{"name":"é"} ]}',
+        '{"messages":[{"role":"user","content":"日本"}],"system":"ça 🎉","tools":[{"name":"é"},@ ]}',
+    ),
 }
 
 
+def _with_tool(body: str, dialect: str = "anthropic") -> str:
+    """`body` with the tool put where `tool_insertion` says, in its bytes."""
+    raw = body.encode()
+    at, part = tool_insertion(index_body(raw, DIALECTS[dialect]))
+    return (raw[:at] + part + raw[at:]).decode()
+
+
+def test_the_tool_goes_in_at_the_same_bytes_on_a_warm_index() -> None:
+    """A next turn's index (segments shared with the last turn's text, its byte offsets
+    inherited) puts the tool where a body read whole does, past non-ASCII text."""
+    from cg.wire.body import MessageCache
+
+    head = '{"model":"mé🎉","messages":['
+    tail = '],"system":"ça 🎉","tools":[{"name":"é"} ]}'
+    msgs = ['{"role":"user","content":"日本"}', '{"role":"assistant","content":"ok 🎉"}']
+    cache = MessageCache()
+    # The second turn inherits the first's offsets; the third repeats the second.
+    for turn, k in enumerate((1, 2, 2)):
+        raw = (head + ",".join([*msgs[:k], '{"role":"user","content":"é"}']) + tail).encode()
+        warm = index_body(raw, DIALECTS["anthropic"], cache)
+        assert (warm.shared >= 1) == (turn > 0) and not warm.chars.ascii
+        assert tool_insertion(warm) == tool_insertion(index_body(raw, DIALECTS["anthropic"]))
+        at, part = tool_insertion(warm)
+        assert json.loads(raw[:at] + part + raw[at:])["tools"][-1]["name"] == TOOL_NAME
+
+
 @pytest.mark.parametrize("case", list(APPEND_CASES))
-def test_append_tool_changes_no_other_byte(case: str) -> None:
+def test_the_tool_goes_in_and_no_other_byte_changes(case: str) -> None:
     body, expected = APPEND_CASES[case]
-    index = index_body(body.encode(), DIALECTS["anthropic"])
-    tools = index.members.get("tools")
-    span = None if tools is None else (tools.start, tools.end)
-    out = append_tool(body, span, len(body.rstrip(" \t\r\n")), "anthropic")
+    out = _with_tool(body)
     assert out == expected.replace("@", A)
     doc = json.loads(out)
     assert doc["tools"][-1] == json.loads(A)

@@ -9,13 +9,14 @@ import pytest
 from hypothesis import assume, given
 from hypothesis import strategies as st
 
-from cg.wire.body import BodyIndex, index_body
+from cg.wire.body import BodyIndex, MessageCache, index_body
 from cg.wire.dialects import ANTHROPIC, DIALECTS, OPENAI
 from cg.wire.splice import (
     Cut,
     Insert,
     Keep,
     Piece,
+    apply_edits,
     cut_source,
     cut_value,
     identity,
@@ -23,6 +24,8 @@ from cg.wire.splice import (
     plan_sources,
     plan_views,
     splice,
+    splice_array_bytes,
+    splice_text,
 )
 from tests.strategies import SETTINGS, Sample, Style, bodies, dumps, text
 
@@ -323,3 +326,85 @@ def test_plan_sources_name_inputs_and_new_messages() -> None:
     new = Insert.message({"role": "user", "content": "x"}, ANTHROPIC)
     plan: list[Piece] = [Keep(0), new, Cut(3, frozenset({1})), new, Keep(4)]
     assert plan_sources(plan) == ["m0", "new#0", "m3", "new#1", "m4"]
+
+
+# -- the byte path equals the text path ------------------------------------------------------
+
+
+def _random_plan(idx: BodyIndex, dialect: str, data: Any) -> list[Piece]:
+    """Any subsequence of the messages, some cut (where they have blocks), some inserts."""
+    n = len(idx.messages)
+    kept = sorted(data.draw(st.sets(st.integers(0, max(n - 1, 0)), max_size=n))) if n else []
+    plan: list[Piece] = []
+    for i in kept:
+        arr = idx.content_array(i)
+        if arr is not None and arr.elements and data.draw(st.booleans()):
+            drop = data.draw(st.sets(st.integers(0, len(arr.elements) - 1), max_size=2))
+            plan.append(Cut(i, frozenset(drop)))
+        else:
+            plan.append(Keep(i))
+    for _ in range(data.draw(st.integers(0, 2))):
+        at = data.draw(st.integers(0, len(plan)))
+        plan.insert(at, Insert.message(_summary(dialect, data.draw(text)), idx.dialect))
+    return plan
+
+
+@SETTINGS
+@given(bodies(), st.data())
+def test_the_byte_splice_is_the_text_splice_encoded(s: Sample, data: Any) -> None:
+    """`splice` slices kept messages out of `raw` by byte offsets (`splice_array_bytes`); its
+    output is, byte for byte, the text path's (`splice_text`) encoded, on a body read whole
+    and on a warm body whose text is segments shared with an earlier turn (non-ASCII, escapes,
+    every layout)."""
+    dialect = DIALECTS[s.dialect]
+    cache = MessageCache()
+    warm = data.draw(st.booleans())
+    if warm:
+        # An earlier turn: some of the messages, the same members; the body is then read on it.
+        body = dict(s.body)
+        k = data.draw(st.integers(1, max(1, len(s.messages))))
+        body["messages"] = s.messages[:k]
+        index_body(dumps(body, s.style).encode(), dialect, cache)
+    idx = index_body(s.raw, dialect, cache)
+    plan = _random_plan(idx, s.dialect, data)
+    expected = splice_text(idx, plan).encode("utf-8")
+    start, end, array = splice_array_bytes(idx, plan)
+    assert idx.raw[:start] + array + idx.raw[end:] == expected
+    if not is_identity(plan, len(idx.messages)):
+        assert splice(idx, plan) == expected
+
+
+def test_the_byte_splice_reads_offsets_past_non_ascii_text() -> None:
+    """Vacuity guard for the property above: a body whose characters are not its bytes (an
+    emoji before the array, non-ASCII in kept messages and after the array) splices the same
+    both ways, and the byte offsets really differ from the character positions."""
+    body = {
+        "model": "m",
+        "system": "naïve 🎉 prompt",
+        "messages": [
+            {"role": "user", "content": "héllo 🎉"},
+            {"role": "assistant", "content": "ça va"},
+            {"role": "user", "content": "日本語"},
+        ],
+        "tools": [{"name": "t", "description": "🎉 tool", "input_schema": {}}],
+    }
+    cache = MessageCache()
+    earlier = dict(body, messages=body["messages"][:2])
+    index_body(json.dumps(earlier, ensure_ascii=False).encode(), ANTHROPIC, cache)
+    raw = json.dumps(body, ensure_ascii=False).encode()
+    summary = Insert.message(_summary("anthropic", "résumé ✓"), ANTHROPIC)
+    plan: list[Piece] = [Keep(0), summary, Keep(2)]
+    for idx in (index_body(raw, ANTHROPIC), index_body(raw, ANTHROPIC, cache)):
+        assert not idx.chars.ascii and idx.byte_offset(idx.array.start) != idx.array.start
+        out = splice(idx, plan)
+        assert out == splice_text(idx, plan).encode("utf-8")
+        msgs = json.loads(out)["messages"]
+        assert msgs == [body["messages"][0], json.loads(summary.json), body["messages"][2]]
+        assert json.loads(out)["tools"] == body["tools"]
+    assert idx.shared == 2 and idx.chars.segments > 1  # the warm one: segments, shared bytes
+
+
+def test_apply_edits_refuses_overlapping_edits() -> None:
+    assert apply_edits(b"abcdef", [(1, 2, (b"X",)), (4, 4, (b"Y", b"Z"))]) == b"aXcdYZef"
+    with pytest.raises(ValueError):
+        apply_edits(b"abcdef", [(2, 4, (b"X",)), (3, 5, (b"Y",))])
