@@ -134,6 +134,45 @@ def test_a_reuse_turn_hashes_the_covered_prefix_once_per_session_not_per_turn(
     assert hashed == []  # turn 1's hash, inherited over the prefix every turn repeats
 
 
+@SETTINGS
+@given(st.data())
+def test_running_totals_memoised_on_a_warm_index_equal_ones_summed_afresh(
+    data: st.DataObject,
+) -> None:
+    """`_totals` adds only the messages a warm index did not inherit: whatever the next turn
+    keeps, appends or changes, its totals equal the sums over every message's facts."""
+    sample = data.draw(bodies(min_turns=1, max_turns=4))
+    msgs = sample.body["messages"]
+    cut = data.draw(st.integers(0, len(msgs)))
+    assert sample.dialect != "responses"
+    nxt = data.draw(messages(sample.dialect, 0, 2))
+    tail = data.draw(st.sampled_from(["append", "replace", "same"]))
+    later = {"append": msgs + nxt, "replace": msgs[:cut] + nxt, "same": msgs}[tail]
+    dialect = DIALECTS[sample.dialect]
+    with tempfile.TemporaryDirectory() as tmp:
+        st_ = Store(str(Path(tmp) / "t.db"))
+        try:
+            comp = make(config(), st_).component
+            cache = MessageCache()
+            first = index_body(dumps(sample.body, sample.style).encode(), dialect, cache)
+            comp._totals(first, comp.facts.all(first))
+            body = dict(sample.body, messages=later)
+            second = index_body(dumps(body, sample.style).encode(), dialect, cache)
+            stats = comp.facts.all(second)
+            got = comp._totals(second, stats)
+        finally:
+            st_.close()
+    assert len(got) == len(stats)
+    for k, (tokens, outputs, top, long) in enumerate(got):
+        upto = stats[: k + 1]
+        assert tokens == sum(f.tokens for f in upto)
+        assert outputs == sum(sum(f.outputs) for f in upto)
+        assert top == max((max(f.outputs) for f in upto if f.outputs), default=0)
+        assert long == any(f.long_ttl for f in upto)
+    if second.shared:  # vacuity guard: the warm index inherited the first one's entries
+        assert second.memo["totals"][1][: second.shared] == first.memo["totals"][1][: second.shared]
+
+
 @pytest.mark.parametrize("keep_last", [0, 1, 3])
 def test_cache_control_moving_to_the_last_message_keeps_the_checkpoint(
     store: Store, keep_last: int
