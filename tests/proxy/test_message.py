@@ -12,9 +12,10 @@ from hypothesis import strategies as st
 from mitmproxy import http
 from mitmproxy.test import tutils
 
-from cg.proxy.addon import REDACTED, redact
+from cg.proxy.addon import REDACTED, redact, upstream_sni
 from cg.proxy.message import content, content_type
 from cg.state.session import header
+from cg.wire.upstream import sni_name
 
 NAMES = ["content-type", "Content-Type", "x-api-key", "X-Claude-Code-Session-Id", "session-id", "a"]
 names = st.sampled_from(NAMES)
@@ -108,3 +109,44 @@ def test_redact_replaces_every_credential_value_in_place_and_nothing_else() -> N
     before = quiet.fields
     redact(quiet)
     assert quiet.fields is before  # nothing to redact: untouched
+
+
+hosts = st.sampled_from(["127.0.0.1", "::1", "api.anthropic.com", "10.0.0.7", "[::1]"])
+authorities = st.sampled_from(["", "api.openai.com", "api.openai.com:443", "127.0.0.1:8080"])
+host_headers = st.one_of(st.none(), authorities, st.sampled_from(["Api.Anthropic.com.", "x y"]))
+
+
+@settings(max_examples=200)
+@given(
+    turns=st.lists(
+        st.tuples(hosts, st.sampled_from([b"HTTP/1.1", b"HTTP/2.0"]), authorities, host_headers),
+        min_size=1,
+        max_size=6,
+    )
+)
+def test_upstream_sni_remembered_is_what_pretty_host_gives(
+    turns: list[tuple[str, bytes, str, str | None]],
+) -> None:
+    """`upstream_sni` remembers its answer by what `pretty_host` reads: any sequence of
+    requests (the same ones again, or one field changed) gets what mitmproxy's own reading
+    gives each, not a remembered answer of another."""
+    for host, version, authority, host_header in turns:
+        req = tutils.treq(content=b"")
+        req.data.host, req.data.http_version = host, version
+        req.data.authority = authority.encode()
+        req.headers.pop("host", None)
+        if host_header is not None:
+            req.headers["Host"] = host_header
+        assert upstream_sni(req) == sni_name(req.host, req.pretty_host)
+        assert upstream_sni(req) == sni_name(req.host, req.pretty_host)  # remembered
+
+
+def test_upstream_sni_names_the_provider_behind_an_address() -> None:
+    """Vacuity guard for the property above: an address connected to, the provider's name
+    asked for, is an SNI (and a name connected to needs none)."""
+    req = tutils.treq(content=b"")
+    req.data.host = "10.0.0.7"
+    req.headers["Host"] = "api.anthropic.com"
+    assert upstream_sni(req) == "api.anthropic.com"
+    req.data.host = "api.anthropic.com"
+    assert upstream_sni(req) is None
