@@ -81,6 +81,12 @@ class Answer:
     def header(self, name: bytes) -> bytes | None:
         return next((v for k, v in self.headers if k.lower() == name), None)
 
+    @property
+    def length(self) -> int | None:
+        """The body's length when its head says it (content-length, or none at all)."""
+        kind, n = self._framing
+        return n if kind in ("length", "none") else None
+
     async def chunks(self) -> AsyncIterator[bytes]:
         conn = self._conn
         assert conn is not None, "the body was read already"

@@ -177,24 +177,35 @@ class Relay:
                     drop = _DECODED_DROP
             lines = [_status(ans.status, ans.reason)]
             lines += [k + b": " + v + b"\r\n" for k, v in ans.headers if k.lower() not in drop]
-            lines.append(b"transfer-encoding: chunked\r\n\r\n")
+            # An answer that is not gated and says its length passes on as it came, framed by
+            # it (mitmproxy reads a length for less than it reads chunks); a gated one is
+            # re-framed in chunks, since what it becomes is known only at its end.
+            length = None if gated else ans.length
+            if ans.status in (204, 304):
+                lines.append(b"\r\n")
+            elif length is not None:
+                lines.append(b"content-length: %d\r\n\r\n" % length)
+            else:
+                lines.append(b"transfer-encoding: chunked\r\n\r\n")
             # At once (with TCP_NODELAY): the answer's headers mark when it began.
             writer.write(b"".join(lines))
             gate = None
             if gated:
                 gate = ExpandGate(job.dialect)
                 job.gated = True
+            framed = length is None and ans.status not in (204, 304)
             async for chunk in ans.chunks():
                 data = decode(chunk) if decode is not None else chunk
                 out = gate.feed(data) if gate is not None else data
                 if out:
-                    writer.write(b"%x\r\n%s\r\n" % (len(out), out))
+                    writer.write(b"%x\r\n%s\r\n" % (len(out), out) if framed else out)
                     await writer.drain()
             if gate is not None:
                 out = gate.finish() if not gate.holding else await self._continue(job, gate, ctype)
                 if out:
                     writer.write(b"%x\r\n%s\r\n" % (len(out), out))
-            writer.write(b"0\r\n\r\n")
+            if framed:
+                writer.write(b"0\r\n\r\n")
             job.times.append(time.perf_counter())
         except (TimeoutError, OSError, EOFError, H1Error) as e:
             # The provider's answer broke off or could not be read after its head went out (or
