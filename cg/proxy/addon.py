@@ -107,6 +107,7 @@ def _request_text(raw: bytes, encoding: str | None) -> str:
     return body.decode("utf-8")  # a rewritten body: valid UTF-8
 
 
+_NAME = TOOL_NAME.encode()
 # What the relay hop's request replaces (a relay token the agent sent, too: only ours goes).
 _HOP_FRAMING = frozenset({b"transfer-encoding", b"content-length", RELAY_HEADER.encode()})
 
@@ -951,11 +952,14 @@ class ContextGuru:
         Returns every round's reply (for the ledger), or None when nothing was continued."""
         assert flow.response is not None
         dialect = record["dialect"]
-        ctype = flow.response.headers.get("content-type", "")
+        ctype = content_type(flow.response)
+        body = content(flow.response, strict=False) or b""
+        if _NAME not in body and b"\\u" not in body:
+            # A call to our tool spells its name, literally unless JSON-escaped: without it
+            # there is no call to find, and the answer need not be parsed on every turn.
+            return None
         try:
-            first = continuation.parse(
-                dialect, flow.response.get_content(strict=False) or b"", ctype
-            )
+            first = continuation.parse(dialect, body, ctype)
         except ResponseParseError as e:
             record["expand"]["error"] = f"unreadable response: {e}"
             return None

@@ -35,6 +35,7 @@ from typing import Any, Literal, Protocol, runtime_checkable
 
 from cg.pipeline.contract import RequestContext, Step
 from cg.state.facts import FactsCache, MessageFacts, canonical_digest
+from cg.state.session import header
 from cg.state.store import Checkpoint, Store, StoreError, owner, stash_key
 from cg.state.tokens import TokenCounter
 from cg.summarize.config import SummarizeConfig
@@ -346,7 +347,7 @@ class Summarize:
             max_output_tokens=top,
             window=resolve_window(
                 index.members["model"].value if "model" in index.members else None,
-                req.headers.get("anthropic-beta", ""),
+                header(req.headers, "anthropic-beta") or "",
                 self.model_windows,
                 self.table,
             ),

@@ -305,6 +305,33 @@ def test_the_model_expands_and_the_client_gets_the_final_answer_only(
     assert (booked["input_tokens"], booked["output_tokens"]) == (1000 + 2000, 7 + 11)
 
 
+@pytest.mark.parametrize("dialect", ["anthropic", "openai"])
+def test_a_call_spelling_our_tools_name_with_escapes_is_still_answered(xproxy, provider, dialect):
+    """The response hook skips parsing an answer that cannot call our tool (its name is not
+    in it); a JSON answer may spell the name with `\\u` escapes, and is still read."""
+    m = Model(dialect)
+    escaped = b"context\\u005fguru_expand"
+
+    def respond(rec: Recorded) -> Reply | None:
+        reply = m(rec)
+        if reply is not None and reply.body is not None and TOOL_NAME.encode() in reply.body:
+            reply.body = reply.body.replace(TOOL_NAME.encode(), escaped)
+        return reply
+
+    provider.responder = respond
+    try:
+        with Agent(xproxy, provider, dialect) as agent:
+            agent.prime()
+            t2 = agent.send(FIRST_LEN[dialect] + 2)
+    finally:
+        provider.responder = None
+    first, _ = provider.wait_for(2, where=by_id(t2.eid))  # the call, then the continuation
+    assert TOOL_NAME.encode() in first.body  # offered as always
+    assert m.calls == 1  # vacuity guard: the model called the tool, in the escaped spelling
+    assert t2.text == FINAL
+    assert xproxy.records.cg(t2.eid)["expand"]["rounds"] == 1
+
+
 @pytest.mark.parametrize(("dialect", "stream"), [DIALECT_STREAM[1], DIALECT_STREAM[2]])
 def test_the_loop_stops_after_three_continuations(xproxy, provider, model, dialect, stream):
     m = model(dialect, always=True)
@@ -532,6 +559,41 @@ def test_sse_of_an_injected_turn_streams(xproxy, provider, dialect):
     assert line["url"] == provider.url + PATHS[dialect]
     assert not line["relay_header"]
     assert line["request_sha256"] == hashlib.sha256(received(provider, eid).body).hexdigest()
+
+
+@pytest.mark.parametrize("status", [200, 429])
+def test_a_relayed_answer_that_says_its_length_passes_framed_by_it(xproxy, provider, status):
+    """A streamed turn offered the tool, answered not in SSE but with a JSON body of a known
+    length (an error, or a provider that did not stream): it goes through the relay and
+    reaches the agent byte for byte with its own content-length, not re-framed in chunks."""
+    with Agent(xproxy, provider, "anthropic") as agent:
+        agent.prime()
+        session = agent.session
+    sent = (
+        b'{"type":"error","error":{"type":"rate_limit_error","message":"slow down"}}'
+        if status != 200
+        else json.dumps(provider_message("anthropic", 5, "Plain JSON.", [], (10, 2))).encode()
+    )
+    provider.script(Reply(status=status, body=sent, headers={"content-type": "application/json"}))
+    body = {
+        "model": "claude-test",
+        "max_tokens": 64,
+        "stream": True,
+        "messages": messages("anthropic", session, FIRST_LEN["anthropic"] + 2),
+        "tools": ANTHROPIC_TOOLS,
+    }
+    eid = new_id()
+    with xproxy.client() as c:
+        r = c.post(
+            PATHS["anthropic"],
+            json=body,
+            headers={"x-e2e-id": eid, "x-context-guru-session": session},
+        )
+    assert r.status_code == status and r.content == sent
+    assert r.headers.get("content-length") == str(len(sent))
+    assert "transfer-encoding" not in r.headers
+    cg = xproxy.records.cg(eid)
+    assert cg["expand"]["injected"] is True and cg["expand"]["relayed"] is True  # vacuity
 
 
 @pytest.mark.parametrize("dialect", ["anthropic", "openai"])
