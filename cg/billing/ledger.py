@@ -25,6 +25,7 @@ Nothing here holds a header or a credential: headers are read for the session id
 
 from __future__ import annotations
 
+import functools
 import json
 from collections import OrderedDict, deque
 from collections.abc import Mapping
@@ -153,7 +154,8 @@ class Ledger:
                 else 0,
                 estimate_skipped=0 if est is not None else 1,
             )
-        state = _dump(cache, turn.at) if cache is not None else None
+        # Written when committed (the newest of a batch is all that is kept), not every answer.
+        state = functools.partial(_dump, cache, turn.at) if cache is not None else None
         self.store.record_usage(session, rows, counters, state)
         self._remember(session, turn, rows)
         return session

@@ -12,12 +12,16 @@ between two commits.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from cg.wire.usage import Usage
 
 UsageKey = tuple[str, str, str, str]  # session, kind, model, tier
+# A session's prompt-cache state as JSON, or what writes it: only the newest of a batch is
+# committed, so the ledger hands over a callable and the JSON is made once per commit, not
+# once per answer.
+CacheState = str | Callable[[], str]
 
 
 class HeldWrites:
@@ -48,7 +52,7 @@ class HeldWrites:
         session: str,
         rows: Sequence[tuple[str, str, str, Usage]],
         counts: tuple[int, int, int, int],
-        cache_state: str | None,
+        cache_state: CacheState | None,
         t: float,
     ) -> None:
         for kind, model, tier, u in rows:
@@ -69,7 +73,11 @@ class HeldWrites:
         self.usage[key] = (had[0] + u if had is not None else u, t)
 
     def _add_counts(
-        self, session: str, counts: tuple[int, int, int, int], state: str | None, t: float
+        self,
+        session: str,
+        counts: tuple[int, int, int, int],
+        state: CacheState | None,
+        t: float,
     ) -> None:
         row = self.ledger.get(session)
         if row is None:
@@ -84,13 +92,18 @@ class HeldWrites:
     def cache_state(self, session: str) -> str | None:
         """The newest cache state held for `session`, or None (then the stored one stands)."""
         row = self.ledger.get(session)
-        return row[4] if row is not None else None
+        if row is None:
+            return None
+        if callable(row[4]):
+            row[4] = row[4]()
+        state: str | None = row[4]
+        return state
 
     def usage_params(self) -> list[tuple[Any, ...]]:
         return [(*key, *_counts(u), t) for key, (u, t) in self.usage.items()]
 
     def ledger_params(self) -> list[tuple[Any, ...]]:
-        return [(s, *row) for s, row in self.ledger.items()]
+        return [(s, *row[:4], self.cache_state(s), row[5]) for s, row in self.ledger.items()]
 
     def clock_params(self) -> list[tuple[Any, ...]]:
         return [(s, t, ttl) for s, (t, ttl) in self.clocks.items()]

@@ -52,6 +52,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 from urllib.parse import unquote, urlsplit, urlunsplit
 
+from cg.state.pending import CacheState
 from cg.state.store import (
     _CP_COLS,
     _STASH_COLS,
@@ -1123,12 +1124,13 @@ class PgStore(Store):
         session: str,
         rows: Sequence[tuple[str, str, str, Usage]],
         turns: LedgerTurns | None = None,
-        cache_state: str | None = None,
+        cache_state: CacheState | None = None,
     ) -> None:
         _check_kinds(rows)
         t = self.now()
         rows = list(rows)
         d = turns or LedgerTurns()
+        state = cache_state() if callable(cache_state) else cache_state  # as of this answer
 
         def run(conn: Any) -> None:
             for kind, model, tier, u in rows:
@@ -1161,7 +1163,7 @@ class PgStore(Store):
                 "last_seen = excluded.last_seen",
                 (
                     session, d.turns, d.rewritten, d.tokens_not_sent, d.estimate_skipped,
-                    cache_state, t,
+                    state, t,
                 ),
             )  # fmt: skip
 

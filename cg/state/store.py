@@ -66,7 +66,7 @@ from pathlib import Path
 from typing import Any
 
 from cg.settings import StoreConfig
-from cg.state.pending import HeldWrites
+from cg.state.pending import CacheState, HeldWrites
 from cg.wire.jsonspan import JsonSpanError, walk_array
 from cg.wire.usage import Usage
 
@@ -1095,10 +1095,11 @@ class Store:
         session: str,
         rows: Sequence[tuple[str, str, str, Usage]],
         turns: LedgerTurns | None = None,
-        cache_state: str | None = None,
+        cache_state: CacheState | None = None,
     ) -> None:
         """Add `(kind, model, tier, usage)` rows to `session`'s ledger, and `turns` to its
-        counters (`cache_state`, when given, replaces the stored one), all in one transaction.
+        counters (`cache_state`, when given, replaces the stored one: JSON, or a callable that
+        writes it when committed), all in one transaction.
 
         With `batch_delay` > 0 the rows are held (`cg.state.pending`) and committed with every
         other turn booked within that many seconds, by the first call after it has passed or by

@@ -6,7 +6,7 @@ lost by a read, an eviction, a close, or a commit that failed."""
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -109,6 +109,36 @@ def test_every_read_of_the_ledger_sees_what_is_held(tmp_path: Path) -> None:
     store.record_usage("u", AGENT, LedgerTurns(turns=1))
     assert "u" in {info.session for info in store.sessions()}
     store.close()
+
+
+def test_a_cache_state_held_as_a_callable_is_written_once_when_committed(tmp_path: Path) -> None:
+    """The ledger hands over what writes its state: only the newest of a batch is written,
+    once, when committed (or read), never each answer's."""
+    path = tmp_path / "cg.sqlite3"
+    store, clock = held_store(path, delay=0.25)
+    made: list[str] = []
+
+    def state(n: int) -> Callable[[], str]:
+        def write() -> str:
+            made.append(f"v{n}")
+            return f'{{"v":{n}}}'
+
+        return write
+
+    for n in range(3):
+        store.record_usage("s", AGENT, LedgerTurns(turns=1), state(n))
+    assert made == []  # held: nothing written yet
+    assert store.cache_state("s") == '{"v":2}' and made == ["v2"]  # a read writes the newest
+    store.record_usage("s", AGENT, LedgerTurns(turns=1), state(3))
+    clock.t = 0.25
+    store.record_usage("t", AGENT, LedgerTurns(turns=1))  # past the window: committed
+    assert made == ["v2", "v3"]
+    assert committed(path)[1] == [("s", 4, 0, 0, 0, '{"v":3}'), ("t", 1, 0, 0, 0, None)]
+    store.close()
+    unbatched = Store(tmp_path / "once.sqlite3")  # no window: written with its booking
+    unbatched.record_usage("s", AGENT, LedgerTurns(turns=1), state(9))
+    assert made[-1] == "v9" and unbatched.cache_state("s") == '{"v":9}'
+    unbatched.close()
 
 
 def test_close_commits_what_is_held(tmp_path: Path) -> None:
