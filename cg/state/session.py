@@ -78,20 +78,25 @@ def header(headers: Mapping[str, str], name: str) -> str | None:
     return v
 
 
-# The last two header field tuples read, each with its values by lowered name: a flow's request
-# and response alternate. `Headers.fields` is an immutable tuple, replaced on any change, and the
-# memo holds it, so `is` can never match a newer version (nor a new tuple at a reused address).
-_LOWERED: list[tuple[tuple[Any, ...], dict[bytes, list[bytes]]]] = []
+# The header field tuples read lately, each with its values by lowered name, by `id`: with
+# many flows in flight their requests' and answers' reads interleave (two entries were
+# rebuilt on most reads at 16 flows). `Headers.fields` is an immutable tuple, replaced on any
+# change, and the memo holds it, so its id cannot be reused while it is here, and `is` never
+# matches a newer version.
+LOWERED_MAX = 256
+_LOWERED: dict[int, tuple[tuple[Any, ...], dict[bytes, list[bytes]]]] = {}
 
 
 def _lowered(fields: tuple[Any, ...]) -> dict[bytes, list[bytes]]:
-    for known, by_name in _LOWERED:
-        if known is fields:
-            return by_name
-    by_name = {}
+    known = _LOWERED.get(id(fields))
+    if known is not None and known[0] is fields:
+        return known[1]
+    by_name: dict[bytes, list[bytes]] = {}
     for k, v in fields:
         by_name.setdefault(k.lower(), []).append(v)
-    _LOWERED[:] = [(fields, by_name), *_LOWERED[:1]]
+    if len(_LOWERED) >= LOWERED_MAX:
+        del _LOWERED[next(iter(_LOWERED))]  # the oldest
+    _LOWERED[id(fields)] = (fields, by_name)
     return by_name
 
 

@@ -45,6 +45,17 @@ def test_header_agrees_with_mitmproxy_before_and_after_every_change(
             assert header(other, n) == other.get(n)
 
 
+def test_header_reads_many_messages_in_flight_each_as_its_own() -> None:
+    """With many flows in flight, each message's fields are read as their own however the
+    reads interleave (the memo holds many field tuples, and a changed one is read afresh)."""
+    many = [headers_of([("X-Claude-Code-Session-Id", f"s{i}"), ("a", str(i))]) for i in range(300)]
+    for _ in range(2):
+        for i, h in enumerate(many):
+            assert header(h, "x-claude-code-session-id") == f"s{i}" and header(h, "a") == str(i)
+    many[5]["a"] = "changed"
+    assert header(many[5], "a") == "changed"
+
+
 def test_header_reads_a_plain_dict_case_insensitively() -> None:
     assert header({"X-Claude-Code-Session-Id": "s"}, "x-claude-code-session-id") == "s"
     assert header({"a": "1"}, "b") is None
