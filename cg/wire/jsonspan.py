@@ -197,13 +197,10 @@ def walk_document(
     return members
 
 
-def rebuild_array(text: str | Chars, arr: ArraySpan, pieces: list[str]) -> str:
-    """The array `arr` with `pieces` as its elements, in the original's own punctuation.
-
-    The whitespace after `[`, between the first two elements and before `]` is reused, so a
-    pretty-printed array stays pretty and a compact one compact. `text` is the whole text, or
-    its `Chars` (read in the few places needed, never joined).
-    """
+def punctuation(text: str | Chars, arr: ArraySpan) -> tuple[str, str, str]:
+    """The array's own whitespace after `[`, between its first two elements (with the comma)
+    and before `]`: what a rebuilt array reuses, so a pretty-printed array stays pretty and a
+    compact one compact. JSON whitespace and commas: a character here is a byte."""
 
     def cut(a: int, b: int) -> str:
         return text.slice(a, b) if isinstance(text, Chars) else text[a:b]
@@ -215,6 +212,13 @@ def rebuild_array(text: str | Chars, arr: ArraySpan, pieces: list[str]) -> str:
     else:
         lead = trail = ""
     sep = cut(els[0].end, els[1].start) if len(els) >= 2 else ","
+    return lead, sep, trail
+
+
+def rebuild_array(text: str | Chars, arr: ArraySpan, pieces: list[str]) -> str:
+    """The array `arr` with `pieces` as its elements, in the original's own punctuation.
+    `text` is the whole text, or its `Chars` (read in the few places needed, never joined)."""
     if not pieces:
         return "[]"
+    lead, sep, trail = punctuation(text, arr)
     return "[" + lead + sep.join(pieces) + trail + "]"

@@ -20,7 +20,7 @@ from typing import Any
 
 from cg.wire.body import BodyIndex
 from cg.wire.dialects import Dialect, MessageView
-from cg.wire.jsonspan import rebuild_array
+from cg.wire.jsonspan import punctuation
 from cg.wire.reply import dumps
 
 
@@ -111,48 +111,24 @@ def splice(index: BodyIndex, plan: Sequence[Piece]) -> bytes:
     return apply_edits(index.raw, [(start, end, (array,))])
 
 
-def splice_text(index: BodyIndex, plan: Sequence[Piece]) -> str:
-    """The new body as text (the caller encodes once, after any further edits)."""
-    pieces: list[str] = []
-    for p in plan:
-        if isinstance(p, Keep):
-            pieces.append(index.source(p.index))
-        elif isinstance(p, Cut):
-            pieces.append(cut_source(index, p.index, p.drop))
-        else:
-            pieces.append(p.json)
-    arr = index.array
-    chars = index.chars
-    return (
-        chars.slice(0, arr.start)
-        + rebuild_array(chars, arr, pieces)
-        + chars.slice(arr.end, len(chars))
-    )
-
-
 Bytes = bytes | memoryview
 
 
 def splice_array_bytes(index: BodyIndex, plan: Sequence[Piece]) -> tuple[int, int, bytes]:
-    """The rebuilt array as `splice_text` writes it, encoded, and the span `[start, end)` of
-    `raw` it replaces: a kept message is its own bytes, sliced where they lie in `raw`.
+    """The rebuilt array in the original's punctuation (`rebuild_array`), as bytes, and the
+    span `[start, end)` of `raw` it replaces: a kept message is its own bytes, sliced where
+    they lie in `raw` (its end is known, and the punctuation before it is ASCII).
 
-    The text path built the new body as one string and encoded it: a copy of every kept byte
-    per step, ~4 bytes a character once one emoji was in the body. Here each kept message is
-    copied once, into the array; what is outside the array is the caller's to join."""
+    Built as text and encoded, the new body was a copy of every kept byte per step, ~4 bytes a
+    character once one emoji was in the body. Here each kept message is copied once, into the
+    array; what is outside the array is the caller's to join (`apply_edits`)."""
     arr = index.array
     msgs = index.messages
     ends = index.byte_ends()
     start = index.byte_offset(arr.start)
     if not plan:
         return start, ends[-1], b"[]"
-    chars = index.chars
-    els = arr.elements
-    # The punctuation between elements is ASCII (whitespace and commas): a character count
-    # there is a byte count.
-    lead = chars.slice(arr.start + 1, els[0].start).encode() if els else b""
-    trail = chars.slice(els[-1].end, arr.end - 1).encode() if els else b""
-    sep = chars.slice(els[0].end, els[1].start).encode() if len(els) >= 2 else b","
+    lead, sep, trail = (p.encode() for p in punctuation(index.chars, arr))
     raw = memoryview(index.raw)
     parts: list[Bytes] = [b"[", lead]
     for n, p in enumerate(plan):

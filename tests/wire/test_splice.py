@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 
 from cg.wire.body import BodyIndex, MessageCache, index_body
 from cg.wire.dialects import ANTHROPIC, DIALECTS, OPENAI
+from cg.wire.jsonspan import rebuild_array
 from cg.wire.splice import (
     Cut,
     Insert,
@@ -25,7 +26,6 @@ from cg.wire.splice import (
     plan_views,
     splice,
     splice_array_bytes,
-    splice_text,
 )
 from tests.strategies import SETTINGS, Sample, Style, bodies, dumps, text
 
@@ -329,6 +329,25 @@ def test_plan_sources_name_inputs_and_new_messages() -> None:
 
 
 # -- the byte path equals the text path ------------------------------------------------------
+
+
+def splice_text(index: BodyIndex, plan: list[Piece]) -> str:
+    """The splice done on text, the way it was before `splice_array_bytes` (the oracle): each
+    output message's source text, the array rebuilt in its punctuation, the text around it."""
+    pieces: list[str] = []
+    for p in plan:
+        if isinstance(p, Keep):
+            pieces.append(index.source(p.index))
+        elif isinstance(p, Cut):
+            pieces.append(cut_source(index, p.index, p.drop))
+        else:
+            pieces.append(p.json)
+    arr, chars = index.array, index.chars
+    return (
+        chars.slice(0, arr.start)
+        + rebuild_array(chars, arr, pieces)
+        + chars.slice(arr.end, len(chars))
+    )
 
 
 def _random_plan(idx: BodyIndex, dialect: str, data: Any) -> list[Piece]:
