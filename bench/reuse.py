@@ -78,7 +78,13 @@ from cg.summarize.span import Span, select_span
 from cg.summarize.triggers import RequestFacts, evaluate, resolve_window
 from cg.wire.body import BodyIndex, MessageCache, index_body
 from cg.wire.dialects import ANTHROPIC, OPENAI, Dialect
-from cg.wire.shape import check_wire_roles, check_wire_roles_at, introduced, validate_shape
+from cg.wire.shape import (
+    check_wire_roles,
+    check_wire_roles_at,
+    introduced,
+    validate_index,
+    validate_shape,
+)
 from cg.wire.splice import apply_edits, plan_sources, plan_views, splice_array_bytes
 
 BUDGET_MS = 10.0
@@ -360,11 +366,12 @@ def part_lines(sc: Scenario) -> list[Line]:
     ttl = comp._outside_ttl(ix)
 
     def facts() -> RequestFacts:
+        tokens, outputs, top, _ = comp._totals(ix, stats)[-1]
         return RequestFacts(
             messages=n,
-            request_tokens=sum(s.tokens for s in stats) + comp.facts.prelude(ix).tokens,
-            output_tokens=sum(sum(s.outputs) for s in stats),
-            max_output_tokens=max((max(s.outputs, default=0) for s in stats), default=0),
+            request_tokens=tokens + comp.facts.prelude(ix).tokens,
+            output_tokens=outputs,
+            max_output_tokens=top,
             window=resolve_window(
                 model, sc.headers.get("anthropic-beta", ""), comp.model_windows, comp.table
             ),
@@ -384,7 +391,10 @@ def part_lines(sc: Scenario) -> list[Line]:
         return store.get_checkpoint(conv)
 
     steps: list[tuple[str, Callable[[], object]]] = [
-        ("input validate_shape", lambda: validate_shape(views, d)),
+        (
+            "input validate_shape, all 400 (a cold body's; a warm one re-checks its tail)",
+            lambda: validate_shape(views, d),
+        ),
         ("session_of (header)", lambda: session_of(sc.headers, ix)),
         (
             "apply · store.touch_session (the store)",
@@ -405,7 +415,7 @@ def part_lines(sc: Scenario) -> list[Line]:
             "apply · _splice: summary view, plan, repair_orphans",
             lambda: comp._splice(ix, cp, ce, {}),
         ),
-        ("apply · middle tokens, request facts (sums, system+tools, window)", facts),
+        ("apply · request facts (running totals memoised on the index, window)", facts),
         (
             "apply · summary message and token count (memoised per checkpoint)",
             lambda: comp._insert(d, cp.message),
@@ -447,7 +457,20 @@ def part_lines(sc: Scenario) -> list[Line]:
         views.mark(tflow.tflow(), rec)
         return rec
 
+    def warm_validate() -> Callable[[], object]:
+        warm = warm_index()()
+        assert isinstance(warm, BodyIndex)
+        return lambda: validate_index(warm)
+
     lines = [Line(sc.name, "part", "index_body, warm (primed cache)", warm_index)]
+    lines.append(
+        Line(
+            sc.name,
+            "part",
+            "input validate_index on the warm index (the tail re-checked)",
+            warm_validate,
+        )
+    )
     lines += [Line(sc.name, "part", name, fixed(fn)) for name, fn in steps]
     lines.append(Line(sc.name, "part", "addon · flow.backup() (mitmweb's Revert)", backup))
     lines.append(Line(sc.name, "part", "addon · view record + mark", fixed(view_record)))
