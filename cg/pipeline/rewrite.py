@@ -142,6 +142,8 @@ def rewrite_body(
                 record["violations"] = [v.to_json() for v in bad]
                 return done("failed_open", f"rewrite introduced {bad[0].rule}: {bad[0].message}")
         if expand is not None:
+            # The body about to go, in parts (the array edit applied where there is one): its
+            # markers are searched where they lie, nothing joined for it.
             view = memoryview(index.raw)
             sent = (view[: edits[0][0]], array, view[edits[0][1] :]) if edits else (index.raw,)
             tool = _inject(index, sent, expand, sid.id, record)
