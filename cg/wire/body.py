@@ -251,7 +251,9 @@ def _extend(prev: BodyIndex, k: int, raw: bytes, dialect: Dialect) -> BodyIndex 
     after = False
     for name, m in prev.members.items():
         if name == key:
-            by_key[name] = Member(name, m.start, arr.end, [e.value for e in arr.elements], arr)
+            # The first k values are prev's own objects (its elements are shared): a C copy.
+            values = m.value[:k] + [e.value for e in arr.elements[k:]]
+            by_key[name] = Member(name, m.start, arr.end, values, arr)
             after = True
         elif after:
             by_key[name] = Member(name, m.start + shift, m.end + shift, m.value, m.array)

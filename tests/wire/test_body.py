@@ -196,6 +196,9 @@ def _same_index(a: BodyIndex, b: BodyIndex) -> None:
     assert a.views is a.views  # built once, shared by every reader
     assert (a.array.start, a.array.end) == (b.array.start, b.array.end)
     assert list(a.members) == list(b.members)
+    for name, m in a.members.items():  # every member's span and value, the array's too
+        n = b.members[name]
+        assert (m.start, m.end, m.value) == (n.start, n.end, n.value), name
 
 
 @SETTINGS
