@@ -108,8 +108,6 @@ def _request_text(raw: bytes, encoding: str | None) -> str:
 
 
 _NAME = TOOL_NAME.encode()
-# What the relay hop's request replaces (a relay token the agent sent, too: only ours goes).
-_HOP_FRAMING = frozenset({b"transfer-encoding", b"content-length", RELAY_HEADER.encode()})
 
 
 def upstream_sni(req: http.Request) -> str | None:
@@ -654,10 +652,12 @@ class ContextGuru:
         )
         job.times.append(time.perf_counter())
         job.token = self.relay.add(job)
-        # The hop carries no body (the job holds it): mitmproxy sends a head, not ~1 MB. One
-        # edit of the raw fields (each `Headers` edit converted every field to `str`).
+        # The hop carries neither the body nor the agent's headers (the job holds both, and
+        # the relay sends them upstream): mitmproxy writes, and the relay reads, a head of
+        # three fields, not ~1 MB and ~20 headers. The flow's own are restored when the
+        # answer's headers arrive (`_unrelay`).
         req.headers.fields = (
-            *(f for f in job.headers if f[0].lower() not in _HOP_FRAMING),
+            (b"host", b"127.0.0.1:%d" % self.relay.port),
             (b"content-length", b"0"),
             (RELAY_HEADER.encode(), job.token.encode()),
         )
