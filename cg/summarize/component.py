@@ -257,10 +257,10 @@ class Summarize:
 
     def _totals(self, index: BodyIndex, stats: Sequence[MessageFacts]) -> list[_Totals]:
         """Running totals over the messages (tokens, output tokens, the largest output, any
-        breakpoint asking a 1 h TTL), one
-        entry per message, memoised on the index as a list: a next turn inherits the entries
-        of the messages it repeats byte for byte and adds only its new ones (three passes over
-        ~400 facts every turn were ~0.15 ms at 16 turns in flight)."""
+        breakpoint asking a 1 h TTL), one entry per message, memoised on the index as a list:
+        a next turn inherits the entries of the messages it repeats byte for byte and adds
+        only its new ones (three passes over ~400 facts every turn were ~0.15 ms at 16 turns in
+        flight)."""
         owner, known = index.memo.get("totals", (None, None))
         cum: list[_Totals] = known if owner is self.facts and isinstance(known, list) else []
         if len(cum) > len(stats):
