@@ -36,7 +36,7 @@ from cg.proxy import control, dashboard, malloc
 from cg.proxy import view as views
 from cg.proxy.agents import CLAUDE_CODE, CODEX, claude_code, codex, codex_compaction
 from cg.proxy.calls import call_flow
-from cg.proxy.message import content, content_type
+from cg.proxy.message import content, content_type, set_content
 from cg.proxy.meter import Meter
 from cg.proxy.relay import HEADER as RELAY_HEADER
 from cg.proxy.relay import Relay, RelayJob
@@ -576,7 +576,7 @@ class ContextGuru:
                 if self.keep_backup:  # mitmweb's Revert: the request as it came (by reference)
                     flow.backup()  # type: ignore[no-untyped-call]
                 try:
-                    req.content = result.body
+                    set_content(req, result.body)
                     self.originals[flow.id] = original
                 except Exception as e:  # noqa: BLE001 - an encoder error must fail open
                     req.content = raw

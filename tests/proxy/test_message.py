@@ -13,7 +13,7 @@ from mitmproxy import http
 from mitmproxy.test import tutils
 
 from cg.proxy.addon import REDACTED, redact, upstream_sni
-from cg.proxy.message import content, content_type
+from cg.proxy.message import content, content_type, set_content
 from cg.state.session import header
 from cg.wire.upstream import sni_name
 
@@ -161,3 +161,37 @@ def test_upstream_sni_names_the_provider_behind_an_address() -> None:
     assert upstream_sni(req) == "api.anthropic.com"
     req.data.host = "api.anthropic.com"
     assert upstream_sni(req) is None
+
+
+framing_names = st.sampled_from(
+    ["content-length", "Content-Length", "content-encoding", "transfer-encoding", "x-a"]
+)
+framing_values = st.sampled_from(["", "gzip", "identity", "chunked", "12", "nonsense-enc"])
+
+
+@settings(max_examples=300)
+@given(
+    pairs=st.lists(st.tuples(framing_names, framing_values), max_size=6),
+    body=st.binary(max_size=64),
+)
+def test_set_content_agrees_with_mitmproxy(pairs: list[tuple[str, str]], body: bytes) -> None:
+    """`set_content` leaves a message as `message.content = body` does: the same raw bytes
+    and the same header fields in the same order and spelling, whatever framing headers it
+    had (none, repeated, empty, an encoding mitmproxy cannot apply)."""
+    ours, theirs = tutils.treq(content=b"old"), tutils.treq(content=b"old")
+    ours.headers = headers_of(pairs)
+    theirs.headers = headers_of(pairs)
+    set_content(ours, body)
+    theirs.content = body
+    assert ours.raw_content == theirs.raw_content
+    assert ours.headers.fields == theirs.headers.fields
+
+
+def test_set_content_writes_one_content_length_in_place() -> None:
+    """Vacuity guard for the property above: the fast path (no encoding) really ran and
+    rewrote the length where it was."""
+    req = tutils.treq(content=b"")
+    req.headers = headers_of([("x-a", "1"), ("Content-Length", "3"), ("content-length", "3")])
+    set_content(req, b"hello")
+    assert req.headers.fields == ((b"x-a", b"1"), (b"Content-Length", b"5"))
+    assert req.raw_content == b"hello"
