@@ -79,6 +79,8 @@ CACHE_STATE_CLEARED = 256
 USAGE_KINDS = ("agent", "summarizer", "estimate")
 TOUCH_INTERVAL = 60.0  # seconds between `last_used` updates of a live checkpoint's stash
 TOUCHED_MAX = 20_000  # stashes whose last refresh a process remembers (then it forgets all)
+READS_MAX = 4096  # checkpoints and stash presences remembered between writes (then all go)
+_UNREAD = object()
 # A checkpoint is keyed by conversation, `session#first-message`; its owner is the session.
 _OWNER_SQL = (
     "(CASE WHEN instr(session, '#') > 0 THEN substr(session, 1, instr(session, '#') - 1) "
@@ -522,6 +524,11 @@ class Store:
         self._stash_budget = _stash_limits(self.max_bytes)[0]
         # (stash key, owner) -> when this process last refreshed its `last_used`
         self._touched: dict[tuple[str, str], float] = {}
+        # What a reuse turn reads every time (its checkpoint, whether its stash is there), as
+        # last read: valid while no other connection has committed (`PRAGMA data_version`)
+        # and this store has not written a checkpoint or a stash since (`_forget_reads`).
+        self._reads: dict[tuple[str | None, ...], Any] = {}
+        self._reads_version: int | None = None
         self._lock = threading.Lock()
         self.batch_delay = batch_delay
         self._batch = HeldWrites()  # bookings and clocks not yet committed (`batch_delay`)
@@ -734,6 +741,7 @@ class Store:
                 self.error_at = time.monotonic()
                 raise StoreError(self.error) from None
             old, self._conn = self._conn, conn
+            self._forget_reads()  # another connection: its data_version starts afresh
             old.close()
             self._inode = self._stat()
             self.error = None
@@ -844,6 +852,7 @@ class Store:
             raise ValueError(f"put_stash: malformed key {key!r}")
         span = span_bytes(span_sources)
         t = self.now()
+        self._forget_reads()
         with self._tx("put_stash") as conn:
             conn.execute(
                 f"INSERT INTO stashes ({_STASH_COLS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?) "
@@ -887,15 +896,34 @@ class Store:
         if not valid_key(key):
             return False
         with self._op("has_stash") as conn:
-            if session is None:
-                row = conn.execute("SELECT 1 FROM stashes WHERE key = ?", (key,)).fetchone()
-            else:
-                row = conn.execute(
-                    "SELECT 1 FROM stashes WHERE key = ? AND session = ?", (key, session)
-                ).fetchone()
-        return row is not None
+            reads = self._current_reads(conn)
+            known = reads.get(("stash", key, session))
+            if known is None:
+                if session is None:
+                    row = conn.execute("SELECT 1 FROM stashes WHERE key = ?", (key,)).fetchone()
+                else:
+                    row = conn.execute(
+                        "SELECT 1 FROM stashes WHERE key = ? AND session = ?", (key, session)
+                    ).fetchone()
+                known = reads[("stash", key, session)] = row is not None
+        return bool(known)
+
+    def _current_reads(self, conn: sqlite3.Connection) -> dict[tuple[str | None, ...], Any]:
+        """The remembered reads, emptied first if another connection committed since (or
+        there are too many). One `PRAGMA data_version` against a query and a row decoded."""
+        version = conn.execute("PRAGMA data_version").fetchone()[0]
+        if version != self._reads_version or len(self._reads) >= READS_MAX:
+            self._reads.clear()
+            self._reads_version = version
+        return self._reads
+
+    def _forget_reads(self) -> None:
+        """This store wrote a checkpoint or a stash (its own commits leave `data_version` as
+        it was): what it remembered reading may be stale."""
+        self._reads.clear()
 
     def delete_stash(self, key: str, session: str | None = None) -> int:
+        self._forget_reads()
         with self._tx("delete_stash") as conn:
             if session is None:
                 cur = conn.execute("DELETE FROM stashes WHERE key = ?", (key,))
@@ -957,6 +985,7 @@ class Store:
         """
         t = self.now()
         meta = _meta_json(cp)
+        self._forget_reads()
         with self._tx("put_checkpoint") as conn:
             row = conn.execute(
                 "SELECT created FROM checkpoints WHERE session = ?", (cp.session,)
@@ -978,26 +1007,31 @@ class Store:
         marker keeps resolving while older stashes are evicted first."""
         t = self.now()
         with self._op("get_checkpoint") as conn:
-            row = conn.execute(
-                f"SELECT {_CP_COLS} FROM checkpoints WHERE session = ?", (session,)
-            ).fetchone()
-        if row is None:
+            reads = self._current_reads(conn)
+            known = reads.get(("checkpoint", session), _UNREAD)
+            if known is _UNREAD:
+                row = conn.execute(
+                    f"SELECT {_CP_COLS} FROM checkpoints WHERE session = ?", (session,)
+                ).fetchone()
+                known = reads[("checkpoint", session)] = None if row is None else _checkpoint(row)
+        if known is None:
             return None
-        cp = _checkpoint(row)
+        cp: Checkpoint = known
         k = (cp.key or "", owner(session))
         # At most once a minute (the row holds the blob, and SQLite rewrites it whole), and only
         # then a write transaction: a reuse turn within the minute reads without the write lock.
+        # Asked once a minute whether or not it was due: a stash written less than a minute
+        # ago was asked again on every turn until it was (a write transaction each).
         if cp.key is not None and t - self._touched.get(k, float("-inf")) >= TOUCH_INTERVAL:
             with self._tx("get_checkpoint") as conn:
-                cur = conn.execute(
+                conn.execute(
                     "UPDATE stashes SET last_used = ? WHERE key = ? AND session = ? "
                     "AND last_used < ?",
                     (t, cp.key, k[1], t - TOUCH_INTERVAL),
                 )
-            if cur.rowcount:  # it was due: nothing to ask for another minute
-                if len(self._touched) > TOUCHED_MAX:
-                    self._touched.clear()
-                self._touched[k] = t
+            if len(self._touched) > TOUCHED_MAX:
+                self._touched.clear()
+            self._touched[k] = t
         return cp
 
     def checkpoints_of(self, session: str) -> list[Checkpoint]:
@@ -1010,6 +1044,7 @@ class Store:
         return [_checkpoint(r) for r in rows]
 
     def delete_checkpoint(self, session: str) -> bool:
+        self._forget_reads()
         with self._tx("delete_checkpoint") as conn:
             cur = conn.execute("DELETE FROM checkpoints WHERE session = ?", (session,))
         return cur.rowcount > 0
@@ -1225,6 +1260,7 @@ class Store:
         transaction for all of it, on top of the WAL the writes before had left, took the files
         12% over `max_mb` in a day-long soak."""
         self._flushed()  # a session's held clock keeps its checkpoint
+        self._forget_reads()
         t = self.now()
         cutoff = t - self.ttl
         with self._tx("evict") as conn:
@@ -1307,6 +1343,7 @@ class Store:
         if lru or expired or cps or sess:
             self._checkpoint()
         self._db_at_evict = self._db_bytes()
+        self._forget_reads()  # and after: nothing read between the runs outlives them
         result = EvictResult(expired, lru, cps, sess)
         self.evicted += result.expired_stashes + result.lru_stashes
         return result

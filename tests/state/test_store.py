@@ -17,6 +17,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as hs
 
 from cg.billing.ledger import _load
 from cg.settings import StoreConfig
@@ -320,6 +322,32 @@ def test_a_reuse_turn_within_the_minute_reads_its_checkpoint_without_the_write_l
             other.rollback()
             other.close()
         assert st.get_checkpoint("s") is not None  # the lock gone: marked
+
+
+def test_a_fresh_stash_is_asked_about_once_a_minute_not_every_turn(tmp_path: Path, clock: Clock):
+    """A checkpoint whose stash was written less than TOUCH_INTERVAL ago is not due for a mark:
+    the first reuse turn asks, the rest of that minute take no write transaction; a minute
+    later the stash is marked used."""
+    path = tmp_path / "cg.sqlite3"
+    live = stash_key(["2"])
+    with Store(path, now=clock) as st:
+        st.put_stash(live, "s", ["2" * 100], "anthropic")
+        st.put_checkpoint(checkpoint("s", key=live))
+        queries: list[str] = []
+        assert st._conn is not None
+        st._conn.set_trace_callback(queries.append)
+        for _ in range(5):
+            clock.t += 1
+            assert st.get_checkpoint("s") is not None
+        assert sum(q.startswith("BEGIN") for q in queries) == 1
+        clock.t += TOUCH_INTERVAL + 1
+        assert st.get_checkpoint("s") is not None
+        assert sum(q.startswith("BEGIN") for q in queries) == 2
+        st._conn.set_trace_callback(None)
+    conn = sqlite3.connect(path)
+    (used,) = conn.execute("SELECT last_used FROM stashes").fetchone()
+    conn.close()
+    assert used == clock.t  # marked by the second ask
 
 
 # -- sessions --------------------------------------------------------------------------------
@@ -831,3 +859,102 @@ def test_a_prompt_cache_state_is_cleared_once_every_entry_in_it_has_expired(
         assert st.ledger_turns("old0")["old0"].turns == 1 and st.usage_rows("old0") != []
         assert _load(st.cache_state("old0")).entries == {}  # what it loads as: cold, as before
         assert not [e for e in _load(state).entries.values() if e[0] > clock.t]  # all expired
+
+
+# -- the reads a reuse turn repeats, remembered ---------------------------------------------
+
+READ_KEYS = [stash_key([f'{{"k":{i}}}']) for i in range(3)]
+READ_SESSIONS = ["s1", "s2"]
+
+
+def _file_says(path: Path) -> tuple[set[tuple[str, str]], dict[str, str]]:
+    """Stashes and checkpoints as a connection of its own reads them now."""
+    conn = sqlite3.connect(path)
+    try:
+        stashes = {(k, s) for k, s in conn.execute("SELECT key, session FROM stashes")}
+        cps = dict(conn.execute("SELECT session, summary FROM checkpoints").fetchall())
+    finally:
+        conn.close()
+    return stashes, cps
+
+
+def _reads_of(store: Store) -> tuple[set[tuple[str, str]], dict[str, str]]:
+    stashes = {(k, s) for k in READ_KEYS for s in READ_SESSIONS if store.has_stash(k, s)}
+    for k in READ_KEYS:  # without a session: any owner's
+        assert store.has_stash(k) == any((k, s) in stashes for s in READ_SESSIONS)
+    cps = {}
+    for s in READ_SESSIONS:
+        cp = store.get_checkpoint(s)
+        if cp is not None:
+            cps[s] = cp.summary
+    return stashes, cps
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    ops=hs.lists(
+        hs.tuples(
+            hs.sampled_from(["put_stash", "delete_stash", "put_cp", "delete_cp", "evict"]),
+            hs.sampled_from(["ours", "other"]),
+            hs.integers(0, len(READ_KEYS) - 1),
+            hs.integers(0, len(READ_SESSIONS) - 1),
+            hs.integers(0, 9),
+        ),
+        max_size=14,
+    )
+)
+def test_remembered_reads_answer_as_the_file_does(
+    tmp_path_factory: pytest.TempPathFactory, ops: list[tuple[str, str, int, int, int]]
+) -> None:
+    """`get_checkpoint` and `has_stash` remember what they read until the store writes a
+    checkpoint or a stash, or another connection commits: whatever either of two stores on
+    one file does, in any order, the first one's answers are what the file holds."""
+    path = tmp_path_factory.mktemp("reads") / "cg.sqlite3"
+    ours, other = Store(path), Store(path)
+    remembered = 0
+    try:
+        for op, who, k, si, n in ops:
+            store = ours if who == "ours" else other
+            key, session = READ_KEYS[k], READ_SESSIONS[si]
+            if op == "put_stash":
+                store.put_stash(key, session, [f'{{"k":{k}}}'], "anthropic")
+            elif op == "delete_stash":
+                store.delete_stash(key, session)
+            elif op == "put_cp":
+                store.put_checkpoint(checkpoint(session, key, n + 1))
+            elif op == "delete_cp":
+                store.delete_checkpoint(session)
+            else:
+                store.evict()
+            assert _reads_of(ours) == _file_says(path)
+            remembered += len(ours._reads)
+            assert _reads_of(ours) == _file_says(path)  # asked again: from memory, the same
+    finally:
+        ours.close()
+        other.close()
+    if ops:
+        assert remembered  # vacuity guard: the reads were remembered between the writes
+
+
+def test_a_stash_another_process_deletes_stops_resolving_at_once(tmp_path: Path) -> None:
+    """Vacuity guard for the memo: the second read is answered from memory (no query), and a
+    delete committed by another connection is seen by the next read all the same."""
+    path = tmp_path / "cg.sqlite3"
+    store = Store(path)
+    key = READ_KEYS[0]
+    store.put_stash(key, "s1", ['{"k":0}'], "anthropic")
+    store.put_checkpoint(checkpoint("s1", key))
+    assert store.has_stash(key, "s1") and store.get_checkpoint("s1") is not None
+    queries: list[str] = []
+    assert store._conn is not None
+    store._conn.set_trace_callback(queries.append)
+    assert store.has_stash(key, "s1") and store.get_checkpoint("s1") is not None
+    assert all(q.startswith("PRAGMA data_version") for q in queries), queries
+    conn = sqlite3.connect(path)
+    with conn:
+        conn.execute("DELETE FROM stashes")
+        conn.execute("DELETE FROM checkpoints")
+    conn.close()
+    assert not store.has_stash(key, "s1") and store.get_checkpoint("s1") is None
+    store._conn.set_trace_callback(None)
+    store.close()
