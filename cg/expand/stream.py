@@ -21,11 +21,10 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from cg.expand.tool import TOOL_NAME
+from cg.expand.tool import TOOL_NAME, names_tool
 from cg.wire.answers import render_sse
 from cg.wire.reply import Reply, clone, dumps, sse_events, utf8
 
-_NAME = TOOL_NAME.encode()
 _ENDS = (b"\n\n", b"\r\n\r\n", b"\r\r")
 
 
@@ -64,7 +63,7 @@ def call_begins(dialect: str, event: bytes) -> tuple[int, int | None] | None:
     event starts a call to our tool: an Anthropic `content_block_start` of a `tool_use` (its
     block index), an OpenAI chunk opening a tool call (its `tool_calls` index), a Responses
     `response.output_item.added` of a `function_call` (its output index); else None."""
-    if _NAME not in event:
+    if not names_tool(event):
         return None
     obj = _data(event)
     if not isinstance(obj, dict):
@@ -160,7 +159,7 @@ class ExpandGate:
             return b""
         region = self.whole[self.scanned : end]
         responses = self.dialect == "responses"
-        if _NAME not in region and not (
+        if not names_tool(region) and not (
             responses and (self._reasoning is not None or b"reasoning" in region)
         ):
             self.scanned = end

@@ -20,6 +20,7 @@ from cg.state.store import KEY_PATTERN, Stash, Store
 from cg.wire.body import BodyIndex
 
 TOOL_NAME = "context_guru_expand"
+_NAME = TOOL_NAME.encode()
 InjectMode = Literal["auto", "always", "never"]
 MAX_EXPANSION_CHARS = 200_000
 
@@ -73,6 +74,27 @@ _CLOSE = re.compile(r"(?:>|\\u003[eE]){2}")
 # The same, on the body's bytes (a marker is ASCII): a pass-through turn is searched as it came,
 # never decoded (a warm turn's text is not built whole: `cg.wire.chars`).
 _BYTES = tuple(re.compile(p.pattern.encode()) for p in (_KEY_AT, _OPEN, _CLOSE))
+
+
+# The tool's name as a JSON string may spell it: each character as itself or as a `\u00XX`
+# escape in either case (an encoder may escape any character; markers are matched the same way).
+def _spelled(name: str) -> re.Pattern[bytes]:
+    def one(c: str) -> str:
+        hexed = "".join(f"[{h.lower()}{h.upper()}]" if h.isalpha() else h for h in f"{ord(c):02x}")
+        return f"(?:{re.escape(c)}|\\\\u00{hexed})"
+
+    return re.compile("".join(map(one, name)).encode())
+
+
+_NAME_SPELLED = _spelled(TOOL_NAME)
+
+
+def names_tool(data: bytes | bytearray) -> bool:
+    """Whether `data` (an answer, or part of one) may name our tool: its name, or the name in
+    JSON escapes. What cannot name it cannot call it, and need not be parsed to find out."""
+    if _NAME in data:
+        return True
+    return b"\\u00" in data and _NAME_SPELLED.search(data) is not None
 
 
 def markers(raw: bytes | memoryview | str) -> Iterator[str]:

@@ -29,7 +29,7 @@ from cg.billing.savings import sessions_report
 from cg.components import COMPONENTS, Services, build_pipeline
 from cg.expand import continuation
 from cg.expand import tool as expand_mod
-from cg.expand.tool import TOOL_NAME
+from cg.expand.tool import TOOL_NAME, names_tool
 from cg.pipeline.contract import Commissioner, Component
 from cg.pipeline.rewrite import ExpandPolicy, rewrite_body
 from cg.proxy import control, dashboard, malloc
@@ -105,9 +105,6 @@ def _request_text(raw: bytes, encoding: str | None) -> str:
             if isinstance(decoded, bytes):
                 body = decoded
     return body.decode("utf-8")  # a rewritten body: valid UTF-8
-
-
-_NAME = TOOL_NAME.encode()
 
 
 def upstream_sni(req: http.Request) -> str | None:
@@ -954,9 +951,7 @@ class ContextGuru:
         dialect = record["dialect"]
         ctype = content_type(flow.response)
         body = content(flow.response, strict=False) or b""
-        if _NAME not in body and b"\\u" not in body:
-            # A call to our tool spells its name, literally unless JSON-escaped: without it
-            # there is no call to find, and the answer need not be parsed on every turn.
+        if not names_tool(body):  # no call to find: not parsed on every turn
             return None
         try:
             first = continuation.parse(dialect, body, ctype)

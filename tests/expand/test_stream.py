@@ -108,6 +108,20 @@ def test_an_answer_is_held_from_our_call_on(dialect, cuts):
         assert whole.message["id"] == "chatcmpl-1"
 
 
+@settings(max_examples=30, deadline=None)
+@given(st.sampled_from(["anthropic", "openai"]), st.lists(st.integers(0, 10_000), max_size=8))
+def test_a_call_spelling_our_name_with_escapes_is_held_too(dialect, cuts):
+    """The gate finds our call however JSON spells the name (`names_tool`, as the buffered
+    path does): an escaped name must not reach the client either."""
+    make = anthropic if dialect == "anthropic" else openai
+    body = render_sse(make("Looking closer.", [("c1", TOOL_NAME)]))
+    escaped = body.replace(TOOL_NAME.encode(), rb"context\u005Fguru_expand")
+    assert escaped != body and TOOL_NAME.encode() not in escaped  # vacuity guard
+    gate = ExpandGate(dialect)
+    sent = feed(gate, escaped, cuts)
+    assert gate.holding and b"u005F" not in sent and b"Looking closer." in sent
+
+
 def test_mixed_calls_keep_the_clients_own_call():
     for dialect, make in (("anthropic", anthropic), ("openai", openai)):
         first = make("Both.", [("c1", TOOL_NAME), ("c2", "Bash")])

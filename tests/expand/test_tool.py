@@ -24,6 +24,7 @@ from cg.expand.tool import (
     forces_tool_choice,
     inject_reason,
     markers,
+    names_tool,
     render_stash,
     resolve,
     tool_insertion,
@@ -488,3 +489,19 @@ def test_render_stash_caps_the_expansion(store: Store) -> None:
     )
     assert len(capped.rsplit("\n\n[…", 1)[0]) <= 3500
     assert MAX_EXPANSION_CHARS == 200_000
+
+
+@pytest.mark.parametrize(
+    ("data", "named"),
+    [
+        (b'{"name":"context_guru_expand"}', True),
+        (rb'{"name":"context\u005fguru_expand"}', True),
+        (rb'{"name":"\u0063ontext\u005Fguru\u005fexpand"}', True),
+        (b'{"name":"context_guru_expan"}', False),
+        (rb'{"text":"caf\u00e9","name":"Bash"}', False),  # an escape, but not of our name
+        (b"", False),
+    ],
+)
+def test_names_tool_finds_the_name_however_json_spells_it(data: bytes, named: bool) -> None:
+    assert names_tool(data) is named
+    assert names_tool(bytearray(data)) is named  # the gate reads a bytearray
