@@ -655,6 +655,32 @@ def bodies(
     return Sample(d, body, dumps(body, s), s)
 
 
+@dataclass(frozen=True)
+class NextTurn:
+    """A body, and the body its next turn sends: its messages again (`same`), more after them
+    (`append`), or those up to a cut and others after (`replace`); both in the first's style."""
+
+    sample: Sample
+    how: str
+    first: bytes
+    second: bytes
+
+
+@st.composite
+def next_turns(draw: st.DrawFn) -> NextTurn:
+    sample = draw(bodies(min_turns=1, max_turns=4))
+    assert sample.dialect != "responses"
+    msgs = sample.body["messages"]
+    cut = draw(st.integers(0, len(msgs)))
+    nxt = draw(messages(sample.dialect, 0, 2))
+    how = draw(st.sampled_from(["append", "replace", "same"]))
+    later = {"append": msgs + nxt, "replace": msgs[:cut] + nxt, "same": msgs}[how]
+    first = dumps(sample.body, sample.style).encode()
+    return NextTurn(
+        sample, how, first, dumps({**sample.body, "messages": later}, sample.style).encode()
+    )
+
+
 # --------------------------------------------------------------------------------------------
 # The Responses API: `input` items
 # --------------------------------------------------------------------------------------------

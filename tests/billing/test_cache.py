@@ -7,7 +7,6 @@ import json
 from pathlib import Path
 
 from hypothesis import given
-from hypothesis import strategies as st
 
 import cg.billing.cache as cache_mod
 from cg.billing.cache import (
@@ -25,7 +24,7 @@ from cg.state.tokens import TokenCounter
 from cg.wire.body import MessageCache, index_body
 from cg.wire.dialects import ANTHROPIC, DIALECTS
 from cg.wire.usage import Usage
-from tests.strategies import SETTINGS, bodies, dumps, messages
+from tests.strategies import SETTINGS, NextTurn, next_turns
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 
@@ -130,28 +129,17 @@ def test_a_claude_code_request_has_one_unit_per_message_and_its_breakpoints() ->
 
 
 @SETTINGS
-@given(st.data())
-def test_the_chain_memoised_on_a_warm_index_equals_one_built_from_scratch(
-    data: st.DataObject,
-) -> None:
+@given(next_turns())
+def test_the_chain_memoised_on_a_warm_index_equals_one_built_from_scratch(turn: NextTurn) -> None:
     """`prompt_of` hashes only the messages a warm index did not inherit: whatever the next turn
     keeps, appends or changes, its prompt equals the one `build` makes from every message."""
-    sample = data.draw(bodies(min_turns=1, max_turns=4))
-    msgs = sample.body["messages"]
-    cut = data.draw(st.integers(0, len(msgs)))
-    assert sample.dialect != "responses"
-    nxt = data.draw(messages(sample.dialect, 0, 2))
-    tail = data.draw(st.sampled_from(["append", "replace", "same"]))
-    later = {"append": msgs + nxt, "replace": msgs[:cut] + nxt, "same": msgs}[tail]
-    dialect = DIALECTS[sample.dialect]
+    dialect = DIALECTS[turn.sample.dialect]
     facts = FactsCache(TokenCounter())
     cache = MessageCache()
-    body = dict(sample.body)
-    first = index_body(dumps(body, sample.style).encode(), dialect, cache)
+    first = index_body(turn.first, dialect, cache)
     p1 = prompt_of(first, facts)
     assert p1 == build(facts.prelude(first), facts.all(first), dialect.name != "anthropic")
-    body["messages"] = later
-    second = index_body(dumps(body, sample.style).encode(), dialect, cache)
+    second = index_body(turn.second, dialect, cache)
     p2 = prompt_of(second, facts)
     fresh = index_body(second.raw, dialect)
     assert p2 == build(facts.prelude(fresh), facts.all(fresh), dialect.name != "anthropic")
@@ -159,8 +147,8 @@ def test_the_chain_memoised_on_a_warm_index_equals_one_built_from_scratch(
     if second.shared:
         assert second.memo["chain"][1][: second.shared] == first.memo["chain"][1][: second.shared]
     # The whole body again: the memoised prompt itself, not one rebuilt.
-    if tail == "same" and msgs:
-        assert second.shared == len(msgs) and p2 is p1
+    if turn.how == "same" and turn.sample.messages:
+        assert second.shared == len(turn.sample.messages) and p2 is p1
 
 
 def test_a_claude_code_next_turn_hashes_only_its_new_messages() -> None:
