@@ -359,7 +359,6 @@ def part_lines(sc: Scenario) -> list[Line]:
     assert tool is not None
     at, part = tool
     edits = [(start, end, (array,)), (at, at, (part,))]
-    edits.sort(key=lambda e: e[0])
     new = apply_edits(ix.raw, edits)
     assert new == sc.expected
     model = ix.members["model"].value if "model" in ix.members else None

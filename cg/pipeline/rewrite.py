@@ -149,7 +149,7 @@ def rewrite_body(
             tool = _inject(index, sent, expand, sid.id, record)
             if tool is not None:
                 at, part = tool
-                edits.insert(0 if edits and at < edits[0][0] else len(edits), (at, at, (part,)))
+                edits.append((at, at, (part,)))
         if not edits:  # neither spliced nor given the tool: the body as it came
             return done("passed_through", "no component acted")
         new = apply_edits(index.raw, edits)

@@ -116,18 +116,15 @@ def upstream_sni(req: http.Request) -> str | None:
     `pretty_host` parses the authority afresh (~0.05 ms)."""
     data = req.data
     key = (data.host, data.http_version, data.authority, header(req.headers, "host"))
-    known = _SNI.get(key, _UNKNOWN)
-    if known is _UNKNOWN:
-        known = sni_name(data.host, req.pretty_host)
+    if key not in _SNI:
         if len(_SNI) >= SNI_MEMO_MAX:
             _SNI.clear()
-        _SNI[key] = known
-    return known if isinstance(known, str) else None
+        _SNI[key] = sni_name(data.host, req.pretty_host)
+    return _SNI[key]
 
 
 SNI_MEMO_MAX = 256
-_UNKNOWN = object()
-_SNI: dict[tuple[str, bytes, bytes, str | None], object] = {}
+_SNI: dict[tuple[str, bytes, bytes, str | None], str | None] = {}
 
 
 class ContextGuru:

@@ -181,19 +181,20 @@ class Relay:
             # it (mitmproxy reads a length for less than it reads chunks); a gated one is
             # re-framed in chunks, since what it becomes is known only at its end.
             length = None if gated else ans.length
+            framed = False  # in chunks: only an answer whose length is not known up front
             if ans.status in (204, 304):
                 lines.append(b"\r\n")
             elif length is not None:
                 lines.append(b"content-length: %d\r\n\r\n" % length)
             else:
                 lines.append(b"transfer-encoding: chunked\r\n\r\n")
+                framed = True
             # At once (with TCP_NODELAY): the answer's headers mark when it began.
             writer.write(b"".join(lines))
             gate = None
             if gated:
                 gate = ExpandGate(job.dialect)
                 job.gated = True
-            framed = length is None and ans.status not in (204, 304)
             async for chunk in ans.chunks():
                 data = decode(chunk) if decode is not None else chunk
                 out = gate.feed(data) if gate is not None else data

@@ -263,9 +263,7 @@ class Summarize:
         flight)."""
         owner, known = index.memo.get("totals", (None, None))
         cum: list[_Totals] = known if owner is self.facts and isinstance(known, list) else []
-        if len(cum) > len(stats):
-            cum = cum[: len(stats)]
-        if len(cum) < len(stats):
+        if len(cum) < len(stats):  # an inherited list is as long as the messages shared
             cum = list(cum)
             tokens, outputs, top, long = cum[-1] if cum else (0, 0, 0, False)
             for f in stats[len(cum) :]:

@@ -148,12 +148,12 @@ def splice_array_bytes(index: BodyIndex, plan: Sequence[Piece]) -> tuple[int, in
 
 
 def apply_edits(raw: bytes, edits: Sequence[tuple[int, int, Sequence[Bytes]]]) -> bytes:
-    """`raw` with each `[start, end)` replaced by its parts (edits in order, not overlapping):
+    """`raw` with each `[start, end)` replaced by its parts (in any order, not overlapping):
     one copy of the body, the untouched stretches read where they lie."""
     view = memoryview(raw)
     out: list[Bytes] = []
     at = 0
-    for start, end, parts in edits:
+    for start, end, parts in sorted(edits, key=operator.itemgetter(0)):
         if start < at or end < start:
             raise ValueError(f"edit [{start}, {end}) overlaps or precedes byte {at}")
         out.append(view[at:start])
