@@ -79,8 +79,8 @@ from cg.summarize.triggers import RequestFacts, evaluate, resolve_window
 from cg.wire.body import BodyIndex, MessageCache, index_body
 from cg.wire.dialects import ANTHROPIC, OPENAI, Dialect
 from cg.wire.shape import (
+    check_wire_array,
     check_wire_roles,
-    check_wire_roles_at,
     introduced,
     validate_index,
     validate_shape,
@@ -210,6 +210,15 @@ def setup(name: str, raw: bytes, dialect: Dialect, db: Path | str) -> Scenario:
     sc.conv = job.conversation
     sc.checkpoint = store.get_checkpoint(sc.conv)
     assert sc.checkpoint is not None
+    # In a session's steady state the previous turn reused the checkpoint too, and its index
+    # carries what that turn learned (the kept messages' role check, `memo["wire_ok"]`): the
+    # previous body once more, now a reuse turn, is the warm line's previous turn.
+    again = rewrite_body(
+        prev_raw, dialect, [sc.comp], headers=sc.headers, now=sc.tick(), cache=MessageCache(),
+        expand=sc.expand,
+    )  # fmt: skip
+    assert again.outcome == "rewritten" and again.index is not None, again.record
+    sc.prev = again.index
     sc.first_turn = {
         "messages": len(prev.messages),
         "bytes": len(prev_raw),
@@ -354,11 +363,11 @@ def part_lines(sc: Scenario) -> list[Line]:
     before = validate_shape(views, d)
     start, end, array = splice_array_bytes(ix, plan)
     raw = memoryview(ix.raw)
-    sent = (raw[:start], array, raw[end:])
+    sent = (raw[:start], *array, raw[end:])
     tool = _inject(ix, sent, sc.expand, sid, {})
     assert tool is not None
     at, part = tool
-    edits = [(start, end, (array,)), (at, at, (part,))]
+    edits = [(start, end, array), (at, at, (part,))]
     new = apply_edits(ix.raw, edits)
     assert new == sc.expected
     model = ix.members["model"].value if "model" in ix.members else None
@@ -427,8 +436,12 @@ def part_lines(sc: Scenario) -> list[Line]:
             lambda: _inject(ix, sent, sc.expand, sid, {}),
         ),
         (
-            "check_wire_roles_at on the rebuilt array (decode + json)",
-            lambda: check_wire_roles_at(array.decode(), 0, len(array.decode()), d),
+            "check_wire_array, every message read (a first reuse turn)",
+            lambda: (ix.memo.pop("wire_ok", None), check_wire_array(ix, plan, array)),
+        ),
+        (
+            "check_wire_array, kept messages read last turn (the steady state)",
+            lambda: check_wire_array(ix, plan, array),
         ),
         ("apply_edits: the new body, one join", lambda: apply_edits(ix.raw, edits)),
     ]

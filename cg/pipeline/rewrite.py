@@ -19,13 +19,14 @@ from cg.state.store import Store
 from cg.wire.body import BodyIndex, BodyRejected, MessageCache, index_body
 from cg.wire.dialects import Dialect
 from cg.wire.shape import (
-    check_wire_roles_at,
+    check_wire_array,
     introduced,
     separated,
     validate_index,
     validate_shape,
 )
 from cg.wire.splice import (
+    Bytes,
     apply_edits,
     is_identity,
     plan_sources,
@@ -120,12 +121,12 @@ def rewrite_body(
         t = lap("pipeline", t)
         # The new body as edits of the client's bytes: the rebuilt array (if spliced) and the
         # expand tool (if it goes in), joined once at the end; every other byte is the client's.
-        edits: list[tuple[int, int, Sequence[bytes]]] = []
-        array = b""
+        edits: list[tuple[int, int, Sequence[Bytes]]] = []
+        array: list[Bytes] = []
         spliced = not is_identity(result.plan, len(index.messages))
         if spliced:
             start, end, array = splice_array_bytes(index, result.plan)
-            edits.append((start, end, (array,)))
+            edits.append((start, end, array))
             t = lap("splice", t)
             record["messages_out"] = len(result.plan)
             sources = plan_sources(result.plan)
@@ -135,8 +136,7 @@ def rewrite_body(
             if not bad:
                 # index_body admits only wire-legal roles, so any role violation in the rebuilt
                 # array is the rewrite's; the rest of the body is the client's own bytes.
-                text = array.decode("utf-8")
-                bad = check_wire_roles_at(text, 0, len(text), dialect)
+                bad = check_wire_array(index, result.plan, array)
             if bad:
                 lap("validate", t)
                 record["violations"] = [v.to_json() for v in bad]
@@ -145,7 +145,7 @@ def rewrite_body(
             # The body about to go, in parts (the array edit applied where there is one): its
             # markers are searched where they lie, nothing joined for it.
             view = memoryview(index.raw)
-            sent = (view[: edits[0][0]], array, view[edits[0][1] :]) if edits else (index.raw,)
+            sent = (view[: edits[0][0]], *array, view[edits[0][1] :]) if edits else (index.raw,)
             tool = _inject(index, sent, expand, sid.id, record)
             if tool is not None:
                 at, part = tool
@@ -169,7 +169,7 @@ class ExpandPolicy:
 
 def _inject(
     index: BodyIndex,
-    sent: Sequence[bytes | memoryview],
+    sent: Sequence[Bytes],
     policy: ExpandPolicy,
     session: str,
     record: dict[str, Any],

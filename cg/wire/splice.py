@@ -107,27 +107,29 @@ def cut_value(index: BodyIndex, i: int, drop: frozenset[int]) -> dict[str, Any]:
 def splice(index: BodyIndex, plan: Sequence[Piece]) -> bytes:
     if is_identity(plan, len(index.messages)):
         return index.raw
-    start, end, array = splice_array_bytes(index, plan)
-    return apply_edits(index.raw, [(start, end, (array,))])
+    start, end, parts = splice_array_bytes(index, plan)
+    return apply_edits(index.raw, [(start, end, parts)])
 
 
 Bytes = bytes | memoryview
 
 
-def splice_array_bytes(index: BodyIndex, plan: Sequence[Piece]) -> tuple[int, int, bytes]:
-    """The rebuilt array in the original's punctuation (`rebuild_array`), as bytes, and the
+def splice_array_bytes(index: BodyIndex, plan: Sequence[Piece]) -> tuple[int, int, list[Bytes]]:
+    """The rebuilt array in the original's punctuation (`rebuild_array`), in parts, and the
     span `[start, end)` of `raw` it replaces: a kept message is its own bytes, sliced where
     they lie in `raw` (its end is known, and the punctuation before it is ASCII).
 
-    Built as text and encoded, the new body was a copy of every kept byte per step, ~4 bytes a
-    character once one emoji was in the body. Here each kept message is copied once, into the
-    array; what is outside the array is the caller's to join (`apply_edits`)."""
+    The parts are `[`, lead, message, sep, message, ..., trail, `]` (`b"[]"` alone for no
+    messages): `array_messages` reads the messages back out of them, so the role check reads
+    each message where it lies, and the body is joined once (`apply_edits`), not the array
+    first. Built as text and encoded, the new body was a copy of every kept byte per step,
+    ~4 bytes a character once one emoji was in the body."""
     arr = index.array
     msgs = index.messages
     ends = index.byte_ends()
     start = index.byte_offset(arr.start)
     if not plan:
-        return start, ends[-1], b"[]"
+        return start, ends[-1], [b"[]"]
     lead, sep, trail = (p.encode() for p in punctuation(index.chars, arr))
     raw = memoryview(index.raw)
     parts: list[Bytes] = [b"[", lead]
@@ -144,7 +146,19 @@ def splice_array_bytes(index: BodyIndex, plan: Sequence[Piece]) -> tuple[int, in
         else:
             parts.append(p.json.encode("utf-8"))
     parts += (trail, b"]")
-    return start, ends[-1], b"".join(parts)
+    return start, ends[-1], parts
+
+
+def array_messages(parts: Sequence[Bytes]) -> Sequence[Bytes]:
+    """The messages of a `splice_array_bytes` array, in order (every other part)."""
+    return parts[2:-2:2]
+
+
+def array_punctuation(parts: Sequence[Bytes]) -> list[Bytes]:
+    """What lies around and between its messages: `[`, lead, the separators, trail, `]`."""
+    if len(parts) < 3:
+        return list(parts)
+    return [parts[0], parts[1], *parts[3:-2:2], parts[-2], parts[-1]]
 
 
 def apply_edits(raw: bytes, edits: Sequence[tuple[int, int, Sequence[Bytes]]]) -> bytes:

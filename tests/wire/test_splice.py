@@ -9,15 +9,18 @@ import pytest
 from hypothesis import assume, given
 from hypothesis import strategies as st
 
+from cg.wire import shape
 from cg.wire.body import BodyIndex, MessageCache, index_body
 from cg.wire.dialects import ANTHROPIC, DIALECTS, OPENAI
 from cg.wire.jsonspan import rebuild_array
+from cg.wire.shape import Violation, check_wire_array, check_wire_roles
 from cg.wire.splice import (
     Cut,
     Insert,
     Keep,
     Piece,
     apply_edits,
+    array_messages,
     cut_source,
     cut_value,
     identity,
@@ -387,8 +390,9 @@ def test_the_byte_splice_is_the_text_splice_encoded(s: Sample, data: Any) -> Non
     idx = index_body(s.raw, dialect, cache)
     plan = _random_plan(idx, s.dialect, data)
     expected = splice_text(idx, plan).encode("utf-8")
-    start, end, array = splice_array_bytes(idx, plan)
-    assert idx.raw[:start] + array + idx.raw[end:] == expected
+    start, end, parts = splice_array_bytes(idx, plan)
+    assert idx.raw[:start] + b"".join(parts) + idx.raw[end:] == expected
+    assert len(array_messages(parts)) == len(plan)
     if not is_identity(plan, len(idx.messages)):
         assert splice(idx, plan) == expected
 
@@ -421,6 +425,97 @@ def test_the_byte_splice_reads_offsets_past_non_ascii_text() -> None:
         assert msgs == [body["messages"][0], json.loads(summary.json), body["messages"][2]]
         assert json.loads(out)["tools"] == body["tools"]
     assert idx.shared == 2 and idx.chars.segments > 1  # the warm one: segments, shared bytes
+
+
+def _roles_oracle(idx: BodyIndex, parts: list[Any]) -> list[Violation]:
+    """`check_wire_roles` on the rebuilt array joined and read whole, the way it was checked
+    before `check_wire_array` read it message by message."""
+    key = idx.dialect.array_key.encode()
+    return check_wire_roles(b'{"' + key + b'":' + b"".join(parts) + b"}", idx.dialect)
+
+
+def _stranger(idx: BodyIndex) -> Insert:
+    """A new message with a role no provider accepts: what a rewrite bug would send."""
+    return Insert.message({"role": "narrator", "content": "x"}, idx.dialect)
+
+
+@SETTINGS
+@given(bodies(), st.data())
+def test_the_array_role_check_is_the_whole_array_read(s: Sample, data: Any) -> None:
+    """`check_wire_array` reads each message alone and skips a kept message a turn before it
+    read clean (`memo["wire_ok"]`, inherited over the shared prefix); over two turns, cold and
+    warm, with inserts of a refused role, it reports what reading the joined array reports."""
+    dialect = DIALECTS[s.dialect]
+    cache = MessageCache()
+    body = dict(s.body)
+    k = data.draw(st.integers(1, max(1, len(s.messages))))
+    body["messages"] = s.messages[:k]
+    turns = [dumps(body, s.style).encode(), s.raw]
+    for raw in turns:
+        idx = index_body(raw, dialect, cache)
+        plan = _random_plan(idx, s.dialect, data)
+        if data.draw(st.booleans()):
+            plan.insert(data.draw(st.integers(0, len(plan))), _stranger(idx))
+        _, _, parts = splice_array_bytes(idx, plan)
+        assert check_wire_array(idx, plan, parts) == _roles_oracle(idx, parts)
+        # And again on the same index, every kept message it read clean now remembered.
+        assert check_wire_array(idx, plan, parts) == _roles_oracle(idx, parts)
+
+
+def test_the_array_role_check_reads_a_kept_message_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Vacuity guard for the property above: on a warm turn, a kept message an earlier turn
+    read clean is not read again, and one the rewrite made is read every time."""
+    msgs = [
+        {"role": "system", "content": "s" * 500},
+        {"role": "user", "content": "a"},
+        {"role": "assistant", "content": "b"},
+        {"role": "user", "content": "c"},
+    ]
+    cache = MessageCache()
+    first = index_body(json.dumps({"model": "m", "messages": msgs}).encode(), OPENAI, cache)
+    summary = Insert.message({"role": "user", "content": "summary"}, OPENAI)
+    plan: list[Piece] = [Keep(0), summary, Keep(3)]
+    _, _, parts = splice_array_bytes(first, plan)
+    assert check_wire_array(first, plan, parts) == []
+    assert first.memo["wire_ok"][1] == [True, False, False, True]
+    more = [*msgs, {"role": "assistant", "content": "d"}, {"role": "user", "content": "e"}]
+    warm = index_body(json.dumps({"model": "m", "messages": more}).encode(), OPENAI, cache)
+    assert warm.shared == 4 and warm.memo["wire_ok"][1] == [True, False, False, True]
+    plan = [Keep(0), summary, Keep(3), Keep(4), Keep(5)]
+    _, _, parts = splice_array_bytes(warm, plan)
+    read: list[str] = []
+    real = shape._DECODER.raw_decode
+
+    def counted(text: str, idx: int = 0) -> tuple[Any, int]:
+        read.append(text)
+        return real(text, idx)
+
+    monkeypatch.setattr(shape._DECODER, "raw_decode", counted)
+    assert check_wire_array(warm, plan, parts) == []
+    assert [json.loads(t) for t in read] == [json.loads(summary.json), more[4], more[5]]
+    assert warm.memo["wire_ok"][1] == [True, False, False, True, True, True]
+
+
+def test_the_array_role_check_refuses_a_slice_off_by_a_byte() -> None:
+    """The check is on the bytes: a kept message sliced one byte off, or punctuation that is
+    not JSON's, is a `wire-json` violation, and a refused role a `wire-role` one at its place."""
+    msgs = [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}]
+    idx = index_body(json.dumps({"model": "m", "messages": msgs}).encode(), ANTHROPIC)
+    plan: list[Piece] = [Keep(0), Keep(1)]
+    _, _, parts = splice_array_bytes(idx, plan)
+    assert check_wire_array(idx, plan, parts) == []
+    shifted = list(parts)
+    shifted[2] = idx.raw[idx.raw.index(b'{"role"') + 1 : idx.raw.index(b"}, ") + 2]
+    (v,) = check_wire_array(index_body(idx.raw, ANTHROPIC), plan, shifted)
+    assert v.rule == "wire-json"
+    semi = list(parts)
+    semi[3] = b";"
+    (v,) = check_wire_array(index_body(idx.raw, ANTHROPIC), plan, semi)
+    assert v.rule == "wire-json"
+    odd: list[Piece] = [Keep(0), _stranger(idx), Keep(1)]
+    _, _, parts = splice_array_bytes(idx, odd)
+    (v,) = check_wire_array(idx, odd, parts)
+    assert (v.rule, v.index, v.ids) == ("wire-role", 1, ("narrator",))
 
 
 def test_apply_edits_refuses_overlapping_edits() -> None:
