@@ -4,9 +4,11 @@ real Claude Code request."""
 from __future__ import annotations
 
 import json
+from collections.abc import ItemsView
 from pathlib import Path
 
 from hypothesis import given
+from hypothesis import strategies as st
 
 import cg.billing.cache as cache_mod
 from cg.billing.cache import (
@@ -176,3 +178,71 @@ def test_a_claude_code_next_turn_hashes_only_its_new_messages() -> None:
     assert len(hashed) == 1 + 2  # the prelude's key, then the two messages not inherited
     fresh = index_body(second.raw, ANTHROPIC)
     assert p == build(facts.prelude(fresh), facts.all(fresh), auto=False)
+
+
+class _Eager(PromptCache):
+    """The cache as it was: every expired entry dropped at every request."""
+
+    def _expire(self, now: float) -> None:
+        for k in [k for k, (exp, _) in self.entries.items() if exp <= now]:
+            del self.entries[k]
+
+
+def _live(cache: PromptCache, now: float) -> dict[bytes, tuple[float, float]]:
+    return {k: e for k, e in cache.entries.items() if e[0] > now}
+
+
+@SETTINGS
+@given(
+    st.lists(
+        st.tuples(
+            st.integers(0, 3),  # which of four related prompts
+            st.integers(1, 6),  # its length in units
+            st.booleans(),  # OpenAI's automatic caching
+            st.sampled_from([TTL_5M, TTL_1H]),
+            st.sampled_from([0.0, 1.0, 120.0, 299.0, 301.0, 3599.0, 4000.0]),  # time passing
+        ),
+        max_size=25,
+    )
+)
+def test_expiry_walked_only_when_due_bills_as_walking_every_request(
+    steps: list[tuple[int, int, bool, float, float]],
+) -> None:
+    """`PromptCache` drops expired entries only once one may have expired (`next_expiry`);
+    over any run of requests it bills, and holds live, exactly what a cache walking all its
+    entries every request does (prompts sharing prefixes, both providers' rules, both TTLs)."""
+    lazy, eager = PromptCache(), _Eager()
+    now = 0.0
+    for shape, n, auto, ttl, dt in steps:
+        now += dt
+        sizes = [700, 400, 300, 900, 200, 500][:n]
+        p = prompt(sizes, bps=(n - 1,) if shape % 2 else (0, n - 1), tag=b"%d" % (shape // 2),
+                   auto=auto, ttl=ttl)  # fmt: skip
+        assert lazy.bill(p, now) == eager.bill(p, now)
+        assert _live(lazy, now) == _live(eager, now)
+        assert all(e[0] >= lazy.next_expiry for e in lazy.entries.values())
+
+
+class _Counted(dict[bytes, tuple[float, float]]):
+    """Entries that count the walks over them."""
+
+    walks = 0
+
+    def items(self) -> ItemsView[bytes, tuple[float, float]]:  # type: ignore[override]
+        self.walks += 1
+        return super().items()
+
+
+def test_expiry_is_not_walked_before_an_entry_can_have_expired() -> None:
+    """Vacuity guard for the property above: a session's next turns within the TTL do not walk
+    its ~400 entries, and one after the TTL does, dropping what expired."""
+    cache = PromptCache()
+    cache.entries = entries = _Counted()
+    cache.bill(prompt([2000] * 400, auto=True), now=0)
+    assert len(entries) == 400 and cache.next_expiry == TTL_5M and entries.walks == 1
+    for t in (10.0, 20.0, 30.0):
+        cache.bill(prompt([2000] * 401, auto=True), now=t)
+    assert entries.walks == 1 and len(entries) == 401
+    other = prompt([2000] * 3, tag=b"other", auto=True)
+    cache.bill(other, now=30 + TTL_5M + 1)
+    assert entries.walks == 2 and entries.keys() == set(other.keys)
