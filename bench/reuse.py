@@ -75,7 +75,7 @@ from cg.summarize.component import Commission, Summarize, conversation_key, pref
 from cg.summarize.config import SummarizeConfig, parse_summarize
 from cg.summarize.prompt import HEADER
 from cg.summarize.span import Span, select_span
-from cg.summarize.triggers import RequestFacts, evaluate, resolve_window
+from cg.summarize.triggers import RequestFacts, evaluate
 from cg.wire.body import BodyIndex, MessageCache, index_body
 from cg.wire.dialects import ANTHROPIC, OPENAI, Dialect
 from cg.wire.shape import (
@@ -380,9 +380,7 @@ def part_lines(sc: Scenario) -> list[Line]:
             request_tokens=tokens + comp.facts.prelude(ix).tokens,
             output_tokens=outputs,
             max_output_tokens=top,
-            window=resolve_window(
-                model, sc.headers.get("anthropic-beta", ""), comp.model_windows, comp.table
-            ),
+            window=comp.window(model, sc.headers.get("anthropic-beta", "")),
             last_request=sc.now - 1.0,
             now=sc.now,
             ttl=ttl,
@@ -423,7 +421,7 @@ def part_lines(sc: Scenario) -> list[Line]:
             "apply · _splice: summary view, plan, repair_orphans",
             lambda: comp._splice(ix, cp, ce, {}),
         ),
-        ("apply · request facts (running totals memoised on the index, window)", facts),
+        ("apply · request facts (running totals memoised on the index, window remembered)", facts),
         (
             "apply · summary message and token count (memoised per checkpoint)",
             lambda: comp._insert(d, cp.message),

@@ -197,6 +197,9 @@ def prefix_hash(digests: Sequence[bytes]) -> str:
     return h.hexdigest()
 
 
+WINDOWS_MAX = 256  # models whose window a component remembers
+
+
 class Summarize:
     name = "summarize"
 
@@ -225,6 +228,22 @@ class Summarize:
         # A checkpoint's summary message, read (its view) and counted once: a reuse turn
         # re-sent the same message and parsed and tokenised it twice (~0.1 ms a turn).
         self._inserts: dict[str, tuple[Insert, int]] = {}
+        # The window of each model seen, with and without the 1M beta: looked up every turn,
+        # it walked the whole table for the longest prefix (~13 us a turn under load).
+        self._windows: dict[tuple[str, bool], int | None] = {}
+
+    def window(self, model: object, beta_header: str) -> int | None:
+        """`resolve_window` of the model named, under this component's tables, remembered."""
+        if not isinstance(model, str):
+            return None
+        key = (model, "context-1m" in beta_header)
+        if key in self._windows:
+            return self._windows[key]
+        found = resolve_window(model, beta_header, self.model_windows, self.table)
+        if len(self._windows) >= WINDOWS_MAX:
+            self._windows.clear()  # a model name per request from a misbehaving client
+        self._windows[key] = found
+        return found
 
     @property
     def marker_mode(self) -> str:
@@ -343,11 +362,9 @@ class Summarize:
             request_tokens=tokens + self.facts.prelude(index).tokens,
             output_tokens=outputs,
             max_output_tokens=top,
-            window=resolve_window(
+            window=self.window(
                 index.members["model"].value if "model" in index.members else None,
                 header(req.headers, "anthropic-beta") or "",
-                self.model_windows,
-                self.table,
             ),
             last_request=last,
             now=req.now,

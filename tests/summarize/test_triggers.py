@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from cg.state.store import Store
+from cg.state.tokens import TokenCounter
 from cg.summarize import component
 from cg.summarize.triggers import (
     CACHE_TTL_1H,
@@ -228,6 +229,26 @@ def test_a_custom_table() -> None:
     assert resolve_window("model", "", {}, t) == 20
     assert resolve_window("model", "context-1m", {}, t) == ONE_MILLION
     assert resolve_window("mx", "context-1m", {}, t) == 10
+
+
+def test_the_component_remembers_each_models_window_as_resolve_window_gives_it(
+    tmp_path: Path,
+) -> None:
+    """`Summarize.window` is `resolve_window` under the component's tables, asked once per
+    model and 1M beta: the same answers in any order, again and again, and past its bound."""
+    user = {"claude-sonnet-4-5": 50_000, "my-local": 32_768}
+    comp = component.Summarize(config(), Store(tmp_path / "w.db"), TokenCounter(), user, TABLE)
+    betas = ["", "context-1m-2025-08-07", "claude-code-20250219,context-1m-2025-08-07"]
+    models: list[Any] = ["claude-sonnet-4-5", "claude-opus-4-8", "my-local-model-v2", "m/x", "",
+                         None, 42, ["gpt-4o"], "gpt-4.1-nano"]  # fmt: skip
+    for _ in range(2):
+        for m in models:
+            for b in betas:
+                assert comp.window(m, b) == resolve_window(m, b, user, TABLE), (m, b)
+    assert ("claude-sonnet-4-5", True) in comp._windows  # remembered: the vacuity guard
+    for i in range(component.WINDOWS_MAX + 5):
+        assert comp.window(f"gpt-4o-{i}", "") == resolve_window(f"gpt-4o-{i}", "", user, TABLE)
+    assert len(comp._windows) <= component.WINDOWS_MAX
 
 
 # --------------------------------------------------------------------------------------------
