@@ -27,6 +27,7 @@ from cg.wire.shape import (
 )
 from cg.wire.splice import (
     Bytes,
+    SentShape,
     apply_edits,
     is_identity,
     plan_sources,
@@ -46,6 +47,7 @@ class Rewrite:
     record: dict[str, Any]
     commissions: list[tuple[Component, Any]] = field(default_factory=list)
     index: BodyIndex | None = None
+    shape: SentShape | None = None  # what `body` is made of, when there is one
 
     @property
     def outcome(self) -> Outcome:
@@ -82,11 +84,14 @@ def rewrite_body(
     result: PipelineResult | None = None
     index: BodyIndex | None = None
 
-    def done(outcome: Outcome, reason: str, body: bytes | None = None) -> Rewrite:
+    def done(
+        outcome: Outcome, reason: str, body: bytes | None = None, shape: SentShape | None = None
+    ) -> Rewrite:
         record["outcome"] = outcome
         record["reason"] = reason
         timings["total"] = round((time.perf_counter() - t0) * 1000, 3)
-        return Rewrite(body, record, result.commissions if result is not None else [], index)
+        commissions = result.commissions if result is not None else []
+        return Rewrite(body, record, commissions, index, shape)
 
     try:
         try:
@@ -141,6 +146,7 @@ def rewrite_body(
                 lap("validate", t)
                 record["violations"] = [v.to_json() for v in bad]
                 return done("failed_open", f"rewrite introduced {bad[0].rule}: {bad[0].message}")
+        tool = None
         if expand is not None:
             # The body about to go, in parts (the array edit applied where there is one): its
             # markers are searched where they lie, nothing joined for it.
@@ -154,7 +160,8 @@ def rewrite_body(
             return done("passed_through", "no component acted")
         new = apply_edits(index.raw, edits)
         lap("validate", t)
-        return done("rewritten", "rewritten" if spliced else "expand tool injected", new)
+        why = "rewritten" if spliced else "expand tool injected"
+        return done("rewritten", why, new, SentShape(result.plan, tool))
     except Exception as e:  # noqa: BLE001 - fail open on anything at all
         return done("failed_open", f"internal error: {type(e).__name__}: {e}")
 

@@ -51,6 +51,7 @@ from cg.summarize.client import HttpPool, Origin, SummarizerClient, timeout_from
 from cg.wire.answers import Reply, ResponseParseError, tool_calls
 from cg.wire.body import BodyIndex, MessageCache
 from cg.wire.dialects import route
+from cg.wire.splice import SentShape
 from cg.wire.upstream import Exchange, provider_message, sni_name, upstream_verify
 
 log = logging.getLogger("context_guru")
@@ -535,6 +536,7 @@ class ContextGuru:
         raw: bytes | None = None
         summary_flow: str | None = None
         index: BodyIndex | None = None
+        shape: SentShape | None = None
         try:
             down = self._store_down() if any(self.pipelines.values()) else None
         except Exception as e:  # noqa: BLE001 - a hook never raises: pass through, say why
@@ -562,6 +564,7 @@ class ContextGuru:
             )
             record = result.record
             index = result.index
+            shape = result.shape
             record["preset"] = preset
             record["preset_reason"] = why
             self._count_components(record)
@@ -592,7 +595,7 @@ class ContextGuru:
         self.stats.count(record["outcome"])
         record.setdefault("timings_ms", {})["hook"] = round((time.perf_counter() - t0) * 1000, 3)
         flow.metadata[META] = record
-        self.meter.note(flow, record, index, self.max_body)
+        self.meter.note(flow, record, index, self.max_body, shape)
         self.meter.arm()  # the session's clock, if the pipeline held one
         views.mark(
             flow,

@@ -29,6 +29,7 @@ from cg.proxy.stats import UsageCounts
 from cg.wire.answers import Reply
 from cg.wire.body import BodyIndex, BodyRejected, index_body
 from cg.wire.dialects import DIALECTS
+from cg.wire.splice import SentShape
 from cg.wire.usage import Usage, UsageError, from_provider
 
 log = logging.getLogger("context_guru")
@@ -52,17 +53,25 @@ class Meter:
     # -- hooks ------------------------------------------------------------------------------
 
     def note(
-        self, flow: http.HTTPFlow, record: dict[str, Any], index: BodyIndex | None, max_body: int
+        self,
+        flow: http.HTTPFlow,
+        record: dict[str, Any],
+        index: BodyIndex | None,
+        max_body: int,
+        shape: SentShape | None = None,
     ) -> None:
-        """The request hook's part: O(1), everything costly waits for the answer."""
+        """The request hook's part: O(1), everything costly waits for the answer. `shape`:
+        what a rewritten body is made of (the ledger counts its tokens from it)."""
         raw = flow.request.raw_content
+        rewritten = record.get("outcome") == "rewritten"
         self.turns[flow.id] = Turn(
             str(record.get("dialect")),
             record.get("session") if isinstance(record.get("session"), str) else None,
             index,
-            record.get("outcome") == "rewritten",
+            rewritten,
             flow.request.timestamp_start,
             feed="components" in record,
+            shape=shape if rewritten else None,
         )
         if index is None and raw is not None and len(raw) <= max_body:
             self.readable.add(flow.id)

@@ -224,9 +224,23 @@ class FactsCache:
             return facts
         return self._compute(index, i, raw)
 
+    def written(self, source: str, view: MessageView) -> MessageFacts:
+        """The facts of a message this proxy wrote (the summary), from its exact JSON `source`
+        and its view: what `all` finds for it in a body that carries it (the same key, the
+        same count), without indexing that body."""
+        facts = self._seen(view)
+        if facts is None:
+            raw = hashlib.blake2b(source.encode("utf-8"), digest_size=16).digest()
+            facts = self._by_raw.get(raw)
+            if facts is None:
+                facts = self._computed(json.loads(source), view, raw)
+            self._remember(view, facts)
+        return facts
+
     def _compute(self, index: BodyIndex, i: int, raw: bytes) -> MessageFacts:
-        value = index.messages[i].value
-        view = index.messages[i].view
+        return self._computed(index.messages[i].value, index.messages[i].view, raw)
+
+    def _computed(self, value: Any, view: MessageView, raw: bytes) -> MessageFacts:
         total = self.tokens.count(view.text)
         if view.role == "tool":
             outputs: tuple[int, ...] = (total,)

@@ -51,6 +51,17 @@ Piece = Keep | Cut | Insert
 Plan = list[Piece]
 
 
+@dataclass(frozen=True, slots=True)
+class SentShape:
+    """What a rewritten body is made of, for a reader after the hot path that would otherwise
+    index the body again (the ledger's token count of what went upstream): the plan over the
+    client's messages, and the expand tool put in (where, as a byte offset in the client's
+    body, and its bytes), if it was."""
+
+    plan: Plan
+    tool: tuple[int, bytes] | None = None
+
+
 # Shared `Keep`s (frozen): an identity plan is a slice of these, and recognised by identity.
 _KEEPS: list[Piece] = []
 

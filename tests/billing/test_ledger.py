@@ -7,26 +7,40 @@ from __future__ import annotations
 import json
 import sqlite3
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from cg.billing.cache import prompt_of
 from cg.billing.ledger import UNIDENTIFIED, Ledger, Round, Turn
 from cg.billing.prices import PriceTable
 from cg.billing.savings import sessions_report
+from cg.expand.tool import tool_insertion
 from cg.settings import parse_prices
 from cg.state.facts import FactsCache
 from cg.state.store import _SCHEMA, LEDGER_TTL_DAYS, SCHEMA_VERSION, Checkpoint, LedgerTurns, Store
 from cg.state.tokens import TokenCounter
-from cg.wire.body import index_body
-from cg.wire.dialects import ANTHROPIC, OPENAI
+from cg.wire.body import BodyIndex, index_body
+from cg.wire.dialects import ANTHROPIC, DIALECTS, OPENAI
+from cg.wire.splice import (
+    Insert,
+    Keep,
+    Piece,
+    SentShape,
+    apply_edits,
+    is_identity,
+    splice_array_bytes,
+)
 from cg.wire.usage import Usage
+from tests.strategies import SETTINGS, Sample, bodies
 
 M = 1_000_000
 # Round prices, USD per million tokens, so every expected figure below is arithmetic by hand.
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 PRICES = PriceTable(
     parse_prices(
         {
@@ -420,3 +434,64 @@ def test_a_price_found_by_prefix_is_remembered_and_the_same() -> None:
     assert table.lookup("nobody") is None and table.lookup("nobody") is None
     assert table._matched == {"claude-test-20991231": PRICES.prices["claude-test"], "nobody": None}
     assert table == PriceTable(dict(PRICES.prices))  # the memo is not part of the table
+
+
+def _sent(
+    idx: BodyIndex, plan: list[Piece], with_tool: bool
+) -> tuple[bytes, tuple[int, bytes] | None]:
+    """The body `rewrite_body` sends for `plan` (and the expand tool, when put in)."""
+    edits: list[tuple[int, int, Sequence[bytes | memoryview]]] = []
+    if not is_identity(plan, len(idx.messages)):
+        start, end, parts = splice_array_bytes(idx, plan)
+        edits.append((start, end, parts))
+    tool = tool_insertion(idx) if with_tool else None
+    if tool is not None:
+        edits.append((tool[0], tool[0], (tool[1],)))
+    return apply_edits(idx.raw, edits), tool
+
+
+@SETTINGS
+@given(bodies(), st.data())
+def test_the_sent_bodys_tokens_are_counted_from_its_shape_as_from_its_bytes(
+    s: Sample, data: st.DataObject
+) -> None:
+    """`Ledger._sent_tokens` counts the body that went upstream from the client's index and
+    the rewrite's plan and tool (`SentShape`), not by indexing it: for any body, any plan of
+    kept messages and summaries, with the tool put in or not (into `tools`, into an empty one,
+    or as a new member), it is `_tokens` of the bytes sent."""
+    with Store.memory() as store:
+        ledger = Ledger(store, PRICES, FactsCache(TokenCounter()))
+        dialect = DIALECTS[s.dialect]
+        idx = index_body(s.raw, dialect)
+        n = len(idx.messages)
+        plan: list[Piece] = (
+            [Keep(i) for i in sorted(data.draw(st.sets(st.integers(0, n - 1))))] if n else []
+        )
+        for _ in range(data.draw(st.integers(0, 2))):
+            words = data.draw(st.text(max_size=40))
+            summary = Insert.message(dialect.user_message("summary: " + words), dialect)
+            plan.insert(data.draw(st.integers(0, len(plan))), summary)
+        sent, tool = _sent(idx, plan, data.draw(st.booleans()))
+        turn = Turn(s.dialect, None, idx, True, 0.0, shape=SentShape(plan, tool))
+        assert ledger._sent_tokens(turn, sent) == ledger._tokens(s.dialect, sent)
+
+
+def test_a_claude_code_reuse_turn_is_counted_without_indexing_what_was_sent() -> None:
+    """Vacuity guard for the property above, on a real Claude Code body (its ~30 KB of tools):
+    head + summary + tail with the expand tool, counted from the shape as from the bytes, and
+    the ledger's cache of sent bodies never asked; a turn with no shape still is."""
+    with Store.memory() as store:
+        ledger = Ledger(store, PRICES, FactsCache(TokenCounter()))
+        raw = (FIXTURES / "claude_code_2.1.197_turn16.json").read_bytes()
+        idx = index_body(raw, ANTHROPIC)
+        n = len(idx.messages)
+        summary = Insert.message(ANTHROPIC.user_message("=== History Summary ===\nwork"), ANTHROPIC)
+        plan: list[Piece] = [Keep(0), summary, *(Keep(i) for i in range(n - 4, n))]
+        sent, tool = _sent(idx, plan, True)
+        assert tool is not None and b"context_guru_expand" in sent
+        turn = Turn("anthropic", None, idx, True, 0.0, shape=SentShape(plan, tool))
+        got = ledger._sent_tokens(turn, sent)
+        assert ledger._sent.prefix_hits == 0 and not ledger._sent._lists  # never indexed
+        assert got == ledger._tokens("anthropic", sent) > ledger.facts.prelude(idx).tokens
+        bare = Turn("anthropic", None, idx, True, 0.0)
+        assert ledger._sent_tokens(bare, sent) == got and ledger._sent._lists  # indexed

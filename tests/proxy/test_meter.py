@@ -21,11 +21,14 @@ with warnings.catch_warnings():
     from mitmproxy.test import taddons
 
 from cg import components as components_mod
+from cg.billing.cache import prompt_of
 from cg.billing.tap import UsageTap
 from cg.proxy.addon import META, ContextGuru
 from cg.summarize.client import HttpPool, Origin, SummarizerClient
 from cg.summarize.component import Commission
 from cg.summarize.config import ModelConfig
+from cg.wire.body import index_body
+from cg.wire.dialects import ANTHROPIC
 from cg.wire.usage import Usage
 from tests.proxy.test_addon import Toy, make_flow
 
@@ -226,6 +229,12 @@ async def test_a_rewritten_turn_books_its_estimate_and_tokens_not_sent(
         await cg.response(f)
         s = cg.stats_json()["savings"]
         assert s["rewritten_turns"] == 1 and s["tokens_not_sent"] > 0
+        # What was sent is counted from the rewrite's shape, never indexed again, and is
+        # what indexing the bytes sent counts.
+        ledger = cg.meter.ledger
+        assert ledger is not None and not ledger._sent._lists
+        original = prompt_of(index_body(content.encode(), ANTHROPIC), ledger.facts).tokens
+        assert s["tokens_not_sent"] == original - ledger._tokens("anthropic", f.request.content)
         assert s["without_rewrite_usd"] > s["billed_agent_usd"] > 0
         assert s["saved_usd"] == pytest.approx(s["without_rewrite_usd"] - s["billed_usd"])
 
