@@ -26,6 +26,7 @@ Nothing here holds a header or a credential: headers are read for the session id
 from __future__ import annotations
 
 import functools
+import heapq
 import json
 from collections import OrderedDict, deque
 from collections.abc import Mapping
@@ -306,9 +307,13 @@ def _dump(cache: PromptCache, now: float) -> str:
     """The cache's newest live entries as JSON: the latest expiry first, and among equals the
     latest written (the longest prefixes of the last request)."""
     live = [(k, e) for k, e in cache.entries.items() if e[0] > now]
-    order = sorted(range(len(live)), key=lambda i: (live[i][1][0], i), reverse=True)
-    kept = [live[i] for i in sorted(order[:STATE_ENTRIES])]
-    return json.dumps({"v": 1, "entries": [[k.hex(), exp, ttl] for k, (exp, ttl) in kept]})
+    if len(live) > STATE_ENTRIES:
+        # The newest by (expiry, place), compared as tuples in C: an OpenAI session holds an
+        # entry per message, and a sort keyed by a Python lambda was ~30 us a commit.
+        exps = [e[0] for _, e in live]
+        top = heapq.nlargest(STATE_ENTRIES, zip(exps, range(len(live)), strict=True))
+        live = [live[i] for i in sorted(i for _, i in top)]
+    return json.dumps({"v": 1, "entries": [[k.hex(), exp, ttl] for k, (exp, ttl) in live]})
 
 
 def _load(state: str | None) -> PromptCache:

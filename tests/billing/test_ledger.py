@@ -15,8 +15,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from cg.billing.cache import prompt_of
-from cg.billing.ledger import UNIDENTIFIED, Ledger, Round, Turn
+from cg.billing.cache import PromptCache, chain, prompt_of
+from cg.billing.ledger import STATE_ENTRIES, UNIDENTIFIED, Ledger, Round, Turn, _dump, _load
 from cg.billing.prices import PriceTable
 from cg.billing.savings import sessions_report
 from cg.expand.tool import tool_insertion
@@ -495,3 +495,24 @@ def test_a_claude_code_reuse_turn_is_counted_without_indexing_what_was_sent() ->
         assert got == ledger._tokens("anthropic", sent) > ledger.facts.prelude(idx).tokens
         bare = Turn("anthropic", None, idx, True, 0.0)
         assert ledger._sent_tokens(bare, sent) == got and ledger._sent._lists  # indexed
+
+
+@SETTINGS
+@given(
+    st.lists(st.tuples(st.sampled_from([10.0, 50.0, 300.0, 301.0, 3600.0]), st.booleans()),
+             max_size=STATE_ENTRIES * 3),
+    st.sampled_from([0.0, 100.0, 300.5]),
+)  # fmt: skip
+def test_the_stored_cache_state_keeps_the_newest_entries_in_their_order(
+    entries: list[tuple[float, bool]], now: float
+) -> None:
+    """`_dump` keeps the `STATE_ENTRIES` live entries of latest expiry (among equals, the
+    latest written), in the cache's order: what the sort it replaced kept, and `_load` reads
+    them back (ties of expiry across the cut, long and short TTLs, expired ones)."""
+    cache = PromptCache()
+    for n, (exp, long) in enumerate(entries):
+        cache.entries[chain(b"", b"%d" % n)] = (exp, 3600.0 if long else 300.0)
+    live = [(k, e) for k, e in cache.entries.items() if e[0] > now]
+    order = sorted(range(len(live)), key=lambda i: (live[i][1][0], i), reverse=True)
+    expected = [live[i] for i in sorted(order[:STATE_ENTRIES])]
+    assert list(_load(_dump(cache, now)).entries.items()) == expected
