@@ -80,6 +80,10 @@ USAGE_KINDS = ("agent", "summarizer", "estimate")
 TOUCH_INTERVAL = 60.0  # seconds between `last_used` updates of a live checkpoint's stash
 TOUCHED_MAX = 20_000  # stashes whose last refresh a process remembers (then it forgets all)
 READS_MAX = 4096  # checkpoints and stash presences remembered between writes (then all go)
+# How long a `PRAGMA data_version` answer stands: a reuse turn reads its checkpoint and its
+# stash's presence (twice) within a millisecond, and each asked it again (~17 us each under
+# load). Another process's commit is then seen at most this late, as if it came that much later.
+READS_FRESH_S = 0.002
 _UNREAD = object()
 # A checkpoint is keyed by conversation, `session#first-message`; its owner is the session.
 _OWNER_SQL = (
@@ -529,6 +533,9 @@ class Store:
         # and this store has not written a checkpoint or a stash since (`_forget_reads`).
         self._reads: dict[tuple[str | None, ...], Any] = {}
         self._reads_version: int | None = None
+        self.reads_fresh_s = READS_FRESH_S
+        self._reads_asked = float("-inf")  # `_reads_clock()` when data_version was last read
+        self._reads_clock: Callable[[], float] = time.monotonic
         self._lock = threading.Lock()
         self.batch_delay = batch_delay
         self._batch = HeldWrites()  # bookings and clocks not yet committed (`batch_delay`)
@@ -741,7 +748,9 @@ class Store:
                 self.error_at = time.monotonic()
                 raise StoreError(self.error) from None
             old, self._conn = self._conn, conn
-            self._forget_reads()  # another connection: its data_version starts afresh
+            # Another connection: its data_version starts afresh, asked before the next read.
+            self._forget_reads()
+            self._reads_version, self._reads_asked = None, float("-inf")
             old.close()
             self._inode = self._stat()
             self.error = None
@@ -910,11 +919,17 @@ class Store:
 
     def _current_reads(self, conn: sqlite3.Connection) -> dict[tuple[str | None, ...], Any]:
         """The remembered reads, emptied first if another connection committed since (or
-        there are too many). One `PRAGMA data_version` against a query and a row decoded."""
-        version = conn.execute("PRAGMA data_version").fetchone()[0]
-        if version != self._reads_version or len(self._reads) >= READS_MAX:
+        there are too many). One `PRAGMA data_version` against a query and a row decoded, and
+        that asked at most once every `reads_fresh_s` (the reads of one turn ask it once)."""
+        t = self._reads_clock()
+        if t - self._reads_asked >= self.reads_fresh_s:
+            version = conn.execute("PRAGMA data_version").fetchone()[0]
+            self._reads_asked = t
+            if version != self._reads_version:
+                self._reads.clear()
+                self._reads_version = version
+        if len(self._reads) >= READS_MAX:
             self._reads.clear()
-            self._reads_version = version
         return self._reads
 
     def _forget_reads(self) -> None:

@@ -911,6 +911,7 @@ def test_remembered_reads_answer_as_the_file_does(
     one file does, in any order, the first one's answers are what the file holds."""
     path = tmp_path_factory.mktemp("reads") / "cg.sqlite3"
     ours, other = Store(path), Store(path)
+    ours.reads_fresh_s = 0.0  # data_version asked at every read (its window: the test below)
     remembered = 0
     try:
         for op, who, k, si, n in ops:
@@ -936,11 +937,46 @@ def test_remembered_reads_answer_as_the_file_does(
         assert remembered  # vacuity guard: the reads were remembered between the writes
 
 
+def test_one_turns_reads_ask_data_version_once_and_a_commit_is_seen_after_the_window(
+    tmp_path: Path,
+) -> None:
+    """`PRAGMA data_version` stands for `reads_fresh_s`: a turn's checkpoint and stash reads
+    ask it once, not each; another process's delete is seen once the window has passed (its
+    clock is the test's), and not a read later."""
+    path = tmp_path / "cg.sqlite3"
+    store = Store(path)
+    clock = [100.0]
+    store._reads_clock = lambda: clock[0]
+    key = READ_KEYS[0]
+    store.put_stash(key, "s1", ['{"k":0}'], "anthropic")
+    store.put_checkpoint(checkpoint("s1", key))
+    assert store.has_stash(key, "s1") and store.get_checkpoint("s1") is not None
+    assert store.has_stash(key)
+    queries: list[str] = []
+    assert store._conn is not None
+    store._conn.set_trace_callback(queries.append)
+    clock[0] += 1.0  # a new turn
+    assert store.get_checkpoint("s1") is not None and store.has_stash(key, "s1")
+    assert store.has_stash(key, "s1") and store.has_stash(key)
+    assert queries == ["PRAGMA data_version"], queries
+    conn = sqlite3.connect(path)
+    with conn:
+        conn.execute("DELETE FROM stashes")
+    conn.close()
+    clock[0] += store.reads_fresh_s / 2
+    assert store.has_stash(key, "s1")  # within the window: as it was
+    clock[0] += store.reads_fresh_s
+    assert not store.has_stash(key, "s1")
+    store._conn.set_trace_callback(None)
+    store.close()
+
+
 def test_a_stash_another_process_deletes_stops_resolving_at_once(tmp_path: Path) -> None:
     """Vacuity guard for the memo: the second read is answered from memory (no query), and a
     delete committed by another connection is seen by the next read all the same."""
     path = tmp_path / "cg.sqlite3"
     store = Store(path)
+    store.reads_fresh_s = 0.0
     key = READ_KEYS[0]
     store.put_stash(key, "s1", ['{"k":0}'], "anthropic")
     store.put_checkpoint(checkpoint("s1", key))
