@@ -1,13 +1,16 @@
 """`bench.proxy_latency.cpu_seconds`: the CPU a process has used, the figure the throughput
-phase divides by its requests. It must move with work done and say None when it cannot tell."""
+phase divides by its requests. It must move with work done and say None when it cannot tell.
+And `bench.trees`' verdict on a change, which rests on that figure round by round."""
 
 from __future__ import annotations
 
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 from bench.proxy_latency import cpu_seconds
+from bench.trees import Variant, report
 
 
 def test_cpu_seconds_counts_a_process_s_work_and_only_its_own() -> None:
@@ -28,3 +31,16 @@ def test_cpu_seconds_counts_a_process_s_work_and_only_its_own() -> None:
             child.wait()
     assert cpu_seconds(None) is None
     assert cpu_seconds(child.pid) is None  # reaped: no such process
+
+
+def test_bench_trees_judges_a_change_by_its_per_round_cpu_difference() -> None:
+    """`bench.trees` reports each tree against plain mitmdump (medians) and each pair of trees
+    by the median of their per-round CPU differences, with the rounds each won: a tree lower
+    in most rounds is reported so even when one round's noise would swing a median of medians."""
+    plain = Variant("plain", None, rps=[300.0, 280.0, 320.0], cpu_us=[2000.0, 2100.0, 1900.0])
+    a = Variant("a", Path("a"), rps=[200.0, 210.0, 190.0], cpu_us=[3000.0, 2600.0, 3400.0])
+    b = Variant("b", Path("b"), rps=[240.0, 250.0, 230.0], cpu_us=[2800.0, 2900.0, 3100.0])
+    out = report([plain, a, b], "openai", 3, 1_000_000, 20)
+    assert "| a | 200.0 | 0.667x | 3,000 us | +1,000 us | 0.667x |" in out
+    assert "| b | 240.0 | 0.800x | 2,900 us | +900 us | 0.690x |" in out
+    assert "b against a: CPU per request -200 us" in out and "lower in 2 of 3 rounds" in out
