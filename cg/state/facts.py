@@ -15,7 +15,7 @@ from __future__ import annotations
 import hashlib
 import json
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -119,6 +119,11 @@ def _facts(row: FactRow) -> MessageFacts:
     return MessageFacts(digest, tokens, outputs, bool(flags & 1), bool(flags & 2))
 
 
+def _source_key(source: str) -> bytes:
+    """The key of a message's facts: a digest of its exact source."""
+    return hashlib.blake2b(source.encode("utf-8"), digest_size=16).digest()
+
+
 class FactsCache:
     """Memoised `MessageFacts` per message; one per addon, shared by every reader."""
 
@@ -209,7 +214,7 @@ class FactsCache:
 
     @staticmethod
     def _raw_key(index: BodyIndex, i: int) -> bytes:
-        return hashlib.blake2b(index.source(i).encode("utf-8"), digest_size=16).digest()
+        return _source_key(index.source(i))
 
     def _memo_raw(self, raw: bytes, facts: MessageFacts) -> None:
         self._by_raw[raw] = facts
@@ -217,23 +222,25 @@ class FactsCache:
             self._by_raw.popitem(last=False)
 
     def _raw(self, index: BodyIndex, i: int) -> MessageFacts:
-        raw = self._raw_key(index, i)
+        m = index.messages[i]
+        return self._keyed(self._raw_key(index, i), m.view, lambda: m.value)
+
+    def _keyed(self, raw: bytes, view: MessageView, value: Callable[[], Any]) -> MessageFacts:
+        """A message's facts by its source's key: the memo's, else counted (`value` read only
+        then)."""
         facts = self._by_raw.get(raw)
         if facts is not None:
             self._by_raw.move_to_end(raw)
             return facts
-        return self._compute(index, i, raw)
+        return self._computed(value(), view, raw)
 
     def written(self, source: str, view: MessageView) -> MessageFacts:
         """The facts of a message this proxy wrote (the summary), from its exact JSON `source`
         and its view: what `all` finds for it in a body that carries it (the same key, the
-        same count), without indexing that body."""
+        same count), without indexing that body. As `of`, keyed by the source given."""
         facts = self._seen(view)
         if facts is None:
-            raw = hashlib.blake2b(source.encode("utf-8"), digest_size=16).digest()
-            facts = self._by_raw.get(raw)
-            if facts is None:
-                facts = self._computed(json.loads(source), view, raw)
+            facts = self._keyed(_source_key(source), view, lambda: json.loads(source))
             self._remember(view, facts)
         return facts
 
