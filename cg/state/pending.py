@@ -24,6 +24,11 @@ UsageKey = tuple[str, str, str, str]  # session, kind, model, tier
 CacheState = str | Callable[[], str]
 
 
+def cache_state_json(state: CacheState | None) -> str | None:
+    """The state as JSON: made now when it was handed over as what makes it."""
+    return state() if callable(state) else state
+
+
 class HeldWrites:
     """Sums of `(kind, model, tier, usage)` rows per session and of each session's turn
     counters, with the newest cache state and the time each key was last written; and each
@@ -92,21 +97,23 @@ class HeldWrites:
     def cache_state(self, session: str) -> str | None:
         """The newest cache state held for `session`, or None (then the stored one stands)."""
         row = self.ledger.get(session)
-        if row is None:
-            return None
-        if callable(row[4]):
-            row[4] = row[4]()
-        state: str | None = row[4]
-        return state
+        return _state_of(row) if row is not None else None
 
     def usage_params(self) -> list[tuple[Any, ...]]:
         return [(*key, *_counts(u), t) for key, (u, t) in self.usage.items()]
 
     def ledger_params(self) -> list[tuple[Any, ...]]:
-        return [(s, *row[:4], self.cache_state(s), row[5]) for s, row in self.ledger.items()]
+        return [(s, *row[:4], _state_of(row), row[5]) for s, row in self.ledger.items()]
 
     def clock_params(self) -> list[tuple[Any, ...]]:
         return [(s, t, ttl) for s, (t, ttl) in self.clocks.items()]
+
+
+def _state_of(row: list[Any]) -> str | None:
+    """A held ledger row's cache state as JSON, made once (kept in the row)."""
+    row[4] = cache_state_json(row[4])
+    state: str | None = row[4]
+    return state
 
 
 def _counts(u: Usage) -> tuple[int, ...]:

@@ -52,7 +52,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 from urllib.parse import unquote, urlsplit, urlunsplit
 
-from cg.state.pending import CacheState
+from cg.state.pending import CacheState, cache_state_json
 from cg.state.store import (
     _CP_COLS,
     _STASH_COLS,
@@ -1130,7 +1130,7 @@ class PgStore(Store):
         t = self.now()
         rows = list(rows)
         d = turns or LedgerTurns()
-        state = cache_state() if callable(cache_state) else cache_state  # as of this answer
+        state = cache_state_json(cache_state)  # as of this answer
 
         def run(conn: Any) -> None:
             for kind, model, tier, u in rows:
