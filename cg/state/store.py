@@ -906,8 +906,8 @@ class Store:
             return False
         with self._op("has_stash") as conn:
             reads = self._current_reads(conn)
-            known = reads.get(("stash", key, session))
-            if known is None:
+            known = reads.get(("stash", key, session), _UNREAD)
+            if known is _UNREAD:
                 if session is None:
                     row = conn.execute("SELECT 1 FROM stashes WHERE key = ?", (key,)).fetchone()
                 else:
