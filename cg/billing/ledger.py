@@ -237,20 +237,26 @@ class Ledger:
         body again to count it was ~3% of the addon's CPU on a reuse turn under load. Without
         a shape, or with a message cut (rare: counted on the message as cut), it is indexed."""
         shape, index = turn.shape, turn.index
-        if shape is None or index is None:
-            return self._tokens(turn.dialect, sent)
-        try:
-            facts = self.facts.all(index)
-            total = self.facts.prelude(index).tokens + self._tool_tokens(index, shape.tool)
-            for p in shape.plan:
-                if isinstance(p, Keep):
-                    total += facts[p.index].tokens
-                elif isinstance(p, Insert):
-                    total += self.facts.written(p.json, p.view).tokens
-                else:
-                    return self._tokens(turn.dialect, sent)
-        except Exception:  # noqa: BLE001 - a shape not as expected: count the bytes sent
-            return self._tokens(turn.dialect, sent)
+        if shape is not None and index is not None:
+            try:
+                counted = self._shape_tokens(index, shape)
+            except Exception:  # noqa: BLE001 - a shape not as expected: count the bytes sent
+                counted = None
+            if counted is not None:
+                return counted
+        return self._tokens(turn.dialect, sent)
+
+    def _shape_tokens(self, index: BodyIndex, shape: SentShape) -> int | None:
+        """`_sent_tokens` from the shape, or None when a message was cut."""
+        facts = self.facts.all(index)
+        total = self.facts.prelude(index).tokens + self._tool_tokens(index, shape.tool)
+        for p in shape.plan:
+            if isinstance(p, Keep):
+                total += facts[p.index].tokens
+            elif isinstance(p, Insert):
+                total += self.facts.written(p.json, p.view).tokens
+            else:
+                return None
         return total
 
     def _tool_tokens(self, index: BodyIndex, tool: tuple[int, bytes] | None) -> int:
