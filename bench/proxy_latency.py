@@ -269,6 +269,26 @@ def wait_for_http(proc: Proc, url: str) -> None:
     raise TimeoutError(f"{proc.name} not ready at {url} within {READY_TIMEOUT_S:g} s: {last}")
 
 
+def wait_for_addon(proc: Proc, base: str) -> None:
+    """`wait_for_http` on the addon's `/_cg/health`, then proof that the addon answered it: a
+    reverse proxy whose script did not load forwards the path to the fake upstream, which
+    answers any GET with 200 too. (mitmdump runs on without a script whose options fail to
+    apply, as with one option given twice: every figure would then be plain mitmdump's.)"""
+    url = f"{base}/_cg/health"
+    wait_for_http(proc, url)
+    with httpx.Client(trust_env=False, timeout=2.0) as c:
+        got = c.get(url)
+    try:
+        answer = got.json()
+    except ValueError:
+        answer = None
+    if not (isinstance(answer, dict) and "version" in answer and "preset" in answer):
+        raise RuntimeError(
+            f"{proc.name}: the addon did not load (its /_cg/health went upstream: "
+            f"{got.text[:80]!r}); see {proc.log}"
+        )
+
+
 def mitmdump() -> str:
     local = Path(sys.executable).parent / "mitmdump"
     found = str(local) if local.exists() else shutil.which("mitmdump")
@@ -508,7 +528,7 @@ def run(
         procs.append(addon)
         wait_for_http(upstream, f"http://{HOST}:{up}/")
         wait_for_http(plain, f"http://{HOST}:{plain_port}{PROBE_PATH}")
-        wait_for_http(addon, f"http://{HOST}:{addon_port}/_cg/health")
+        wait_for_addon(addon, f"http://{HOST}:{addon_port}")
         wait_for_http(addon, f"http://{HOST}:{addon_port}{PROBE_PATH}")
 
         targets = [

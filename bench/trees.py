@@ -12,11 +12,11 @@ many rounds it won.
 
 A TREE is a directory holding a checkout of the project (`git archive REV | tar -x -C DIR`):
 its mitmdump loads `DIR/cg_addon.py` with `PYTHONPATH=DIR`, `cg_preset=summarize`, its own
-SQLite file, and each `--set`. The traffic is `bench.proxy_latency`'s `same` body (the 1 MB,
-400-message reuse turn by default; `--size` picks another corpus turn), sent by 16 clients in
-parallel, 20 requests each per round (125 each for a body under 100 KB); the first request
-commissions the summary (the 1 MB turn does), which is awaited before any round, so every
-timed turn reuses it.
+SQLite file, and each `--set` (which replaces either); its `/_cg/health` must be the addon's.
+The traffic is `bench.proxy_latency`'s `same` body (the 1 MB, 400-message reuse turn by
+default; `--size` picks another corpus turn), sent by 16 clients in parallel, 20 requests each
+per round (125 each for a body under 100 KB); the first request commissions the summary (the
+1 MB turn does), which is awaited before any round, so every timed turn reuses it.
 Loopback only; every process started is stopped.
 """
 
@@ -56,9 +56,8 @@ def start(v: Variant, up: int, tmp: Path, sets: list[str], procs: list[pl.Proc])
     ]  # fmt: skip
     env = dict(os.environ)
     if v.tree is not None:
-        argv += ["-s", str(v.tree / "cg_addon.py"), "--set", "cg_preset=summarize"]
-        argv += ["--set", f"cg_db={tmp / v.name}.sqlite3"]
-        for kv in sets:
+        argv += ["-s", str(v.tree / "cg_addon.py")]
+        for kv in addon_options(sets, tmp / f"{v.name}.sqlite3"):
             argv += ["--set", kv]
         env["PYTHONPATH"] = str(v.tree)
     log = tmp / f"{v.name}.log"
@@ -70,7 +69,21 @@ def start(v: Variant, up: int, tmp: Path, sets: list[str], procs: list[pl.Proc])
     v.pid = popen.pid
     procs.append(pl.Proc(v.name, popen, log))
     if v.tree is not None:
-        pl.wait_for_http(procs[-1], f"http://{pl.HOST}:{v.port}/_cg/health")
+        pl.wait_for_addon(procs[-1], f"http://{pl.HOST}:{v.port}")
+
+
+def addon_options(sets: list[str], db: Path) -> list[str]:
+    """Each addon's `--set`s: `cg_preset=summarize` and its own `cg_db`, replaced by a `--set`
+    of the same key, never repeated. mitmproxy refuses an option given twice, and a script
+    whose deferred options fail to apply is dropped without a word: the run measured plain
+    mitmdump as every tree."""
+    options = {"cg_preset": "summarize", "cg_db": str(db)}
+    for kv in sets:
+        key, sep, value = kv.partition("=")
+        if not sep:
+            raise SystemExit(f"bench.trees: --set {kv!r} is not KEY=VALUE")
+        options[key] = value
+    return [f"{k}={v}" for k, v in options.items()]
 
 
 def run(trees: list[Path], dialect: str, rounds: int, size: int, sets: list[str]) -> str:

@@ -9,8 +9,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-from bench.proxy_latency import cpu_seconds
-from bench.trees import Variant, report
+import pytest
+
+from bench.proxy_latency import HOST, Proc, cpu_seconds, start_upstream, wait_for_addon
+from bench.trees import Variant, addon_options, report
 
 
 def test_cpu_seconds_counts_a_process_s_work_and_only_its_own() -> None:
@@ -44,3 +46,31 @@ def test_bench_trees_judges_a_change_by_its_per_round_cpu_difference() -> None:
     assert "| a | 200.0 | 0.667x | 3,000 us | +1,000 us | 0.667x |" in out
     assert "| b | 240.0 | 0.800x | 2,900 us | +900 us | 0.690x |" in out
     assert "b against a: CPU per request -200 us" in out and "lower in 2 of 3 rounds" in out
+
+
+def test_bench_trees_gives_each_option_once_a_set_replacing_the_default(tmp_path: Path) -> None:
+    """mitmproxy drops a script silently when one of its options is given twice, so a tree run
+    with `--set cg_preset=off` measured plain mitmdump as the addon: each key goes once, the
+    last `--set` of it winning over the default."""
+    db = tmp_path / "t.sqlite3"
+    assert addon_options([], db) == ["cg_preset=summarize", f"cg_db={db}"]
+    got = addon_options(["cg_preset=off", "cg_max_body_mb=4", "cg_preset=codex"], db)
+    assert got == ["cg_preset=codex", f"cg_db={db}", "cg_max_body_mb=4"]
+    keys = [kv.split("=", 1)[0] for kv in got]
+    assert len(keys) == len(set(keys))
+    with pytest.raises(SystemExit, match="not KEY=VALUE"):
+        addon_options(["cg_preset"], db)
+
+
+def test_a_health_answered_upstream_is_refused_as_no_addon(tmp_path: Path) -> None:
+    """The fake upstream answers any GET with 200, so a proxy whose script did not load still
+    passes a plain readiness check on `/_cg/health`; `wait_for_addon` requires the addon's own
+    answer (its version and preset), and names the log to read."""
+    procs: list[Proc] = []
+    try:
+        upstream, port = start_upstream(tmp_path, procs)
+        with pytest.raises(RuntimeError, match="the addon did not load"):
+            wait_for_addon(upstream, f"http://{HOST}:{port}")
+    finally:
+        for p in procs:
+            p.stop()
