@@ -263,8 +263,8 @@ class Meter:
             return
         self.arm()
         self.counts.read += len(rounds)
-        total = Usage()
-        for r in rounds:
+        total = rounds[0].usage  # (one round but for an expand continuation)
+        for r in rounds[1:]:
             total = total + r.usage
         record["ledger"] = {"session": session, "rounds": len(rounds), "usage": total.to_json()}
 

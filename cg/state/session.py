@@ -63,15 +63,13 @@ def valid_session_id(s: object) -> bool:
 
 def header(headers: Mapping[str, str], name: str) -> str | None:
     """Header `name` (given in lower case), case-insensitively; repeated, its values joined
-    with ", " as `Headers.get` does. mitmproxy's `Headers` is read from its raw fields, lowered
-    once per version of them (`_lowered`): its own lookup converts every field to `str` first
-    (~2–3 µs), and a flow is asked for about nine names over its life."""
+    with ", " as `Headers.get` does. mitmproxy's `Headers` is read from its raw fields, made
+    into values by lowered name once per version of them (`_lowered`): its own lookup converts
+    every field to `str` first (~2–3 µs), and a flow is asked for about nine names over its
+    life."""
     fields = getattr(headers, "fields", None)
     if type(fields) is tuple:
-        found = _lowered(fields).get(name.encode())
-        if found is None:
-            return None
-        return ", ".join(v.decode("utf-8", "surrogateescape") for v in found)  # as `Headers`
+        return _lowered(fields).get(name)
     v = headers.get(name)
     if v is None and isinstance(headers, dict):  # a plain dict: case-insensitively
         v = next((val for k, val in headers.items() if k.lower() == name), None)
@@ -84,16 +82,21 @@ def header(headers: Mapping[str, str], name: str) -> str | None:
 # change, and the memo holds it, so its id cannot be reused while it is here, and `is` never
 # matches a newer version.
 LOWERED_MAX = 256
-_LOWERED: dict[int, tuple[tuple[Any, ...], dict[bytes, list[bytes]]]] = {}
+_LOWERED: dict[int, tuple[tuple[Any, ...], dict[str, str]]] = {}
 
 
-def _lowered(fields: tuple[Any, ...]) -> dict[bytes, list[bytes]]:
+def _lowered(fields: tuple[Any, ...]) -> dict[str, str]:
+    """Each name's value as `Headers.get` gives it (lowered `str` names; a repeated field's
+    values joined with ", "), made once for the tuple: a lookup is then one dict read."""
     known = _LOWERED.get(id(fields))
     if known is not None and known[0] is fields:
         return known[1]
-    by_name: dict[bytes, list[bytes]] = {}
+    by_name: dict[str, str] = {}
     for k, v in fields:
-        by_name.setdefault(k.lower(), []).append(v)
+        name = k.lower().decode("utf-8", "surrogateescape")
+        value = v.decode("utf-8", "surrogateescape")
+        had = by_name.get(name)
+        by_name[name] = value if had is None else f"{had}, {value}"
     if len(_LOWERED) >= LOWERED_MAX:
         del _LOWERED[next(iter(_LOWERED))]  # the oldest
     _LOWERED[id(fields)] = (fields, by_name)
