@@ -4,15 +4,28 @@ And `bench.trees`' verdict on a change, which rests on that figure round by roun
 
 from __future__ import annotations
 
+import asyncio
 import os
 import subprocess
 import sys
 from pathlib import Path
 
+import httpx
 import pytest
 
-from bench.proxy_latency import HOST, Proc, cpu_seconds, start_upstream, wait_for_addon
-from bench.trees import Variant, addon_options, report
+from bench.hooks import measure
+from bench.proxy_latency import (
+    HEADERS,
+    HOST,
+    PATHS,
+    ROOT,
+    Proc,
+    cpu_seconds,
+    same_traffic,
+    start_upstream,
+    wait_for_addon,
+)
+from bench.trees import Variant, addon_options, report, start
 
 
 def test_cpu_seconds_counts_a_process_s_work_and_only_its_own() -> None:
@@ -71,6 +84,40 @@ def test_a_health_answered_upstream_is_refused_as_no_addon(tmp_path: Path) -> No
         upstream, port = start_upstream(tmp_path, procs)
         with pytest.raises(RuntimeError, match="the addon did not load"):
             wait_for_addon(upstream, f"http://{HOST}:{port}")
+    finally:
+        for p in procs:
+            p.stop()
+
+
+def test_bench_hooks_times_each_hook_of_a_booked_small_flow() -> None:
+    """`bench.hooks` times the three hooks of small pass-through flows that were booked (its
+    guard refuses a run whose flows never reached the ledger), reading memory between them when
+    asked."""
+    out = asyncio.run(measure("off", 40, 2, 16))
+    assert out["outcome"] == "passed_through" and out["body_bytes"] == 515
+    assert set(out["us"]) == {"request", "responseheaders", "response"}
+    assert all(v > 0 for v in out["us"].values())
+    assert out["total_us"] == pytest.approx(sum(out["us"].values()), abs=0.2)
+
+
+def test_the_floor_script_is_taken_for_a_tree_and_passes_requests_through(
+    tmp_path: Path,
+) -> None:
+    """`bench/floor` (the three hooks doing nothing) starts as `bench.trees` starts a tree, with
+    its options, answers the health check as the addon would, and forwards a provider request."""
+    procs: list[Proc] = []
+    try:
+        _, up = start_upstream(tmp_path, procs)
+        v = Variant("floor", ROOT / "bench" / "floor")
+        start(v, up, tmp_path, ["cg_preset=off"], procs)
+        body = same_traffic("anthropic", 1, 3000).body(0)
+        r = httpx.post(
+            f"http://{HOST}:{v.port}{PATHS['anthropic']}",
+            content=body,
+            headers={"content-type": "application/json", **HEADERS["anthropic"]},
+            trust_env=False,
+        )
+        assert r.status_code == 200 and r.json()["type"] == "message"  # the upstream's answer
     finally:
         for p in procs:
             p.stop()

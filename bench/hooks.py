@@ -1,0 +1,161 @@
+"""The addon's three hooks on one small pass-through flow, timed in process: `python -m
+bench.hooks [--preset off] [--flows 1500] [--rounds 7] [--evict-kb 0] [--json]`.
+
+Why: on `bench.proxy_latency`'s small turn the addon's whole cost is its own hooks (a script with
+the same hooks doing nothing costs plain mitmdump nothing measurable; docs/benchmarks.md, stop
+23), and the proxy's CPU per request moves by more from run to run than one change is worth.
+Here the hooks run alone: `request`, `responseheaders` and `response` of fresh flows (new body
+and header objects each, as mitmproxy makes them) through mitmproxy's `taddons`, with a real
+SQLite store, the 515-byte Anthropic body of `bench.proxy_latency --size 3000` and a JSON answer
+with usage. Each round times every flow's hooks (`perf_counter_ns`, the collector paused) and
+the fastest round is reported per hook.
+
+`--evict-kb N` reads N KB of unrelated objects before each hook, as mitmproxy's own work and the
+other threads do between a flow's hooks in a loaded proxy: the hooks then cost 2.5-3x more, about
+what `time.thread_time` measures around them inside the proxy at 16 clients. A change that
+touches less memory shows there, and not always in the quiet figure.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import gc
+import json
+import sys
+import tempfile
+import time
+import warnings
+from pathlib import Path
+from typing import Any
+
+from bench.proxy_latency import HEADERS, same_traffic
+
+ANSWER = json.dumps(
+    {
+        "id": "msg_bench",
+        "type": "message",
+        "role": "assistant",
+        "model": "claude-sonnet-4-5",
+        "content": [{"type": "text", "text": "hi"}],
+        "usage": {
+            "input_tokens": 100,
+            "output_tokens": 5,
+            "cache_read_input_tokens": 0,
+            "cache_creation_input_tokens": 0,
+        },
+    }
+).encode()
+HOOKS = ("request", "responseheaders", "response")
+
+
+def flows(n: int, body: bytes) -> list[Any]:
+    """`n` provider flows as mitmproxy hands them to the hooks, each with its own objects."""
+    from mitmproxy import http
+    from mitmproxy.test import tflow, tutils
+
+    out = []
+    for _ in range(n):
+        req = tutils.treq(
+            method=b"POST", path=b"/v1/messages", host="api.anthropic.com", content=bytes(body)
+        )
+        for k, v in {"content-type": "application/json", **HEADERS["anthropic"]}.items():
+            req.headers[k] = v
+        f = tflow.tflow(req=req)
+        f.client_conn.peername = ("127.0.0.1", 50000)
+        f.response = http.Response.make(
+            200, bytes(ANSWER), {"content-type": "application/json", "request-id": "req_bench"}
+        )
+        out.append(f)
+    return out
+
+
+async def _round(cg: Any, batch: list[Any], junk: list[dict[str, int]]) -> list[float]:
+    """Each hook's mean µs over `batch`; `junk` is read before each hook (outside the timing)."""
+    spent = [0, 0, 0]
+    gc.collect()
+    gc.disable()
+    try:
+        for f in batch:
+            s = 0
+            for d in junk:
+                s += d["a"]
+            t0 = time.perf_counter_ns()
+            cg.request(f)
+            t1 = time.perf_counter_ns()
+            for d in junk:
+                s += d["a"]
+            t2 = time.perf_counter_ns()
+            cg.responseheaders(f)
+            t3 = time.perf_counter_ns()
+            for d in junk:
+                s += d["a"]
+            t4 = time.perf_counter_ns()
+            await cg.response(f)
+            t5 = time.perf_counter_ns()
+            spent[0] += t1 - t0
+            spent[1] += t3 - t2
+            spent[2] += t5 - t4
+    finally:
+        gc.enable()
+    return [x / len(batch) / 1000 for x in spent]
+
+
+async def measure(preset: str, n: int, rounds: int, evict_kb: int) -> dict[str, Any]:
+    from mitmproxy.test import taddons
+
+    from cg.proxy.addon import META, ContextGuru
+
+    body = same_traffic("anthropic", 1, 3000).body(0)
+    # ~100 bytes a small dict: the objects read between hooks
+    junk = [{"a": i} for i in range(evict_kb * 10)]
+    cg = ContextGuru()
+    with tempfile.TemporaryDirectory(prefix="cg-bench-hooks-") as d, taddons.context(cg) as tctx:
+        tctx.configure(cg, cg_preset=preset, cg_db=str(Path(d) / "cg.sqlite3"))
+        warm = flows(min(n, 500), body)
+        await _round(cg, warm, junk)
+        record = warm[-1].metadata.get(META)
+        if not isinstance(record, dict) or "ledger" not in record:
+            raise RuntimeError(f"the flow was not booked: {record!r}")  # the path under test
+        results = [await _round(cg, flows(n, body), junk) for _ in range(rounds)]
+        cg.done()
+    best = [min(r[i] for r in results) for i in range(3)]
+    return {
+        "preset": preset,
+        "body_bytes": len(body),
+        "flows": n,
+        "rounds": rounds,
+        "evict_kb": evict_kb,
+        "outcome": record.get("outcome"),
+        "us": {h: round(v, 1) for h, v in zip(HOOKS, best, strict=True)},
+        "total_us": round(sum(best), 1),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description="The addon's hooks on a small flow, in process.")
+    ap.add_argument("--preset", default="off", help="cg_preset (default off, as the bench)")
+    ap.add_argument("--flows", type=int, default=1500, help="flows per round (default 1500)")
+    ap.add_argument("--rounds", type=int, default=7, help="rounds; the fastest is kept")
+    ap.add_argument("--evict-kb", type=int, default=0, help="KB of objects read between hooks")
+    ap.add_argument("--json", action="store_true", help="print JSON")
+    args = ap.parse_args(argv)
+    if args.flows < 1 or args.rounds < 1 or args.evict_kb < 0:
+        ap.error("--flows and --rounds must be >= 1, --evict-kb >= 0")
+    warnings.simplefilter("ignore")
+    out = asyncio.run(measure(args.preset, args.flows, args.rounds, args.evict_kb))
+    if args.json:
+        print(json.dumps(out))
+    else:
+        us = out["us"]
+        print(
+            f"{out['body_bytes']}-byte {out['outcome']} flow, cg_preset={out['preset']}, "
+            f"{out['evict_kb']} KB read between hooks: request {us['request']} us, "
+            f"responseheaders {us['responseheaders']} us, response {us['response']} us; "
+            f"total {out['total_us']} us (fastest of {out['rounds']} rounds of {out['flows']})"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
