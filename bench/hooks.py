@@ -11,9 +11,9 @@ with usage. Each round times every flow's hooks (`perf_counter_ns`, the collecto
 the fastest round is reported per hook.
 
 `--evict-kb N` reads N KB of unrelated objects before each hook, as mitmproxy's own work and the
-other threads do between a flow's hooks in a loaded proxy: the hooks then cost 2.5-3x more, about
-what `time.thread_time` measures around them inside the proxy at 16 clients. A change that
-touches less memory shows there, and not always in the quiet figure.
+other threads do between a flow's hooks in a loaded proxy: the hooks then cost 1.5-2.2x more,
+towards the 2.4x that `time.thread_time` measures around them inside the proxy at 16 clients.
+That figure moves by +-25% from run to run: read it for the factor, not to compare trees.
 """
 
 from __future__ import annotations
