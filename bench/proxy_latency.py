@@ -87,24 +87,27 @@ HEADERS = {
 # -- the upstream (runs in its own process) ----------------------------------------------------
 
 
+# A summary in every answer: under `--preset summarize` the addon's summarizer call (the
+# shared-cache request, to this same upstream) gets one, and its checkpoint is reused.
+ANTHROPIC_REPLY = json.dumps(
+    {
+        "id": "msg_bench",
+        "type": "message",
+        "role": "assistant",
+        "model": "claude-bench",
+        "content": [{"type": "text", "text": "<summary>The bench summary.</summary>"}],
+        "stop_reason": "end_turn",
+        "stop_sequence": None,
+        "usage": {"input_tokens": 1, "output_tokens": 1},
+    }
+).encode()
+
+
 class _Upstream(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     # One write per response, sent at once: no Nagle / delayed-ACK stall of ~40 ms per request.
     disable_nagle_algorithm = True
-    # A summary in every answer: under `--preset summarize` the addon's summarizer call (the
-    # shared-cache request, to this same upstream) gets one, and its checkpoint is reused.
-    _REPLY = json.dumps(
-        {
-            "id": "msg_bench",
-            "type": "message",
-            "role": "assistant",
-            "model": "claude-bench",
-            "content": [{"type": "text", "text": "<summary>The bench summary.</summary>"}],
-            "stop_reason": "end_turn",
-            "stop_sequence": None,
-            "usage": {"input_tokens": 1, "output_tokens": 1},
-        }
-    ).encode()
+    _REPLY = ANTHROPIC_REPLY
     _OPENAI_REPLY = json.dumps(
         {
             "id": "chatcmpl-bench",
@@ -252,7 +255,7 @@ def start_upstream(tmp: Path, procs: list[Proc]) -> tuple[Proc, int]:
     return upstream, int(wait_for_file(upstream, port_file))
 
 
-def wait_for_http(proc: Proc, url: str) -> None:
+def wait_for_http(proc: Proc, url: str) -> httpx.Response:
     deadline = time.monotonic() + READY_TIMEOUT_S
     last: Exception | str = "no attempt"
     with httpx.Client(trust_env=False, timeout=2.0) as c:
@@ -261,7 +264,7 @@ def wait_for_http(proc: Proc, url: str) -> None:
             try:
                 r = c.get(url)
                 if r.status_code == 200:
-                    return
+                    return r
                 last = f"HTTP {r.status_code}"
             except httpx.HTTPError as e:
                 last = e
@@ -274,10 +277,7 @@ def wait_for_addon(proc: Proc, base: str) -> None:
     reverse proxy whose script did not load forwards the path to the fake upstream, which
     answers any GET with 200 too. (mitmdump runs on without a script whose options fail to
     apply, as with one option given twice: every figure would then be plain mitmdump's.)"""
-    url = f"{base}/_cg/health"
-    wait_for_http(proc, url)
-    with httpx.Client(trust_env=False, timeout=2.0) as c:
-        got = c.get(url)
+    got = wait_for_http(proc, f"{base}/_cg/health")
     try:
         answer = got.json()
     except ValueError:
