@@ -5,6 +5,7 @@ And `bench.trees`' verdict on a change, which rests on that figure round by roun
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import subprocess
 import sys
@@ -15,6 +16,7 @@ import pytest
 
 from bench.hooks import measure
 from bench.proxy_latency import (
+    ANTHROPIC_REPLY,
     HEADERS,
     HOST,
     PATHS,
@@ -118,6 +120,33 @@ def test_the_floor_script_is_taken_for_a_tree_and_passes_requests_through(
             trust_env=False,
         )
         assert r.status_code == 200 and r.json()["type"] == "message"  # the upstream's answer
+    finally:
+        for p in procs:
+            p.stop()
+
+
+def test_the_lean_script_meters_every_flow_it_is_measured_on(tmp_path: Path) -> None:
+    """`bench/lean` (the least a metering script does) is only a budget if it meters: started
+    as `bench.trees` starts a tree, it forwards the provider's answer unchanged and has booked
+    each answer's usage under the request's session by the time the client has it."""
+    procs: list[Proc] = []
+    try:
+        _, up = start_upstream(tmp_path, procs)
+        v = Variant("lean", ROOT / "bench" / "lean")
+        start(v, up, tmp_path, ["cg_preset=off"], procs)
+        body = same_traffic("anthropic", 1, 3000).body(0)
+        base = f"http://{HOST}:{v.port}"
+        headers = {"content-type": "application/json", **HEADERS["anthropic"]}
+        for _ in range(3):
+            r = httpx.post(
+                base + PATHS["anthropic"], content=body, headers=headers, trust_env=False
+            )
+            assert r.content == ANTHROPIC_REPLY  # the upstream's answer, as it sent it
+        sums = httpx.get(base + "/_cg/health", trust_env=False).json()["sums"]
+        usage = json.loads(ANTHROPIC_REPLY)["usage"]
+        assert list(sums.values()) == [
+            [3 * usage["input_tokens"], 0, 0, 3 * usage["output_tokens"], 3]
+        ]
     finally:
         for p in procs:
             p.stop()
