@@ -1,5 +1,5 @@
 """The addon's three hooks on one small pass-through flow, timed in process: `python -m
-bench.hooks [--preset off] [--flows 1500] [--rounds 7] [--evict-kb 0] [--json]`.
+bench.hooks [--preset off] [--flows 1500] [--rounds 7] [--evict-kb 0] [--lean] [--json]`.
 
 Why: on `bench.proxy_latency`'s small turn the addon's whole cost is its own hooks (a script with
 the same hooks doing nothing costs plain mitmdump nothing measurable; docs/benchmarks.md, stop
@@ -14,6 +14,9 @@ the fastest round is reported per hook.
 other threads do between a flow's hooks in a loaded proxy: the hooks then cost 1.5-2.2x more,
 towards the 2.4x that `time.thread_time` measures around them inside the proxy at 16 clients.
 That figure moves by +-25% from run to run: read it for the factor, not to compare trees.
+
+`--lean` times `bench/lean`'s script instead (the least a script that meters every flow does),
+the same flows, guarded by its sums: the budget beside the addon's figure (stop 24).
 """
 
 from __future__ import annotations
@@ -21,17 +24,20 @@ from __future__ import annotations
 import argparse
 import asyncio
 import gc
+import importlib.util
 import json
 import sys
 import tempfile
 import time
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from bench.proxy_latency import ANTHROPIC_REPLY, HEADERS, same_traffic
+from bench.proxy_latency import ANTHROPIC_REPLY, HEADERS, PATHS, ROOT, same_traffic
 
 HOOKS = ("request", "responseheaders", "response")
+LEAN = ROOT / "bench" / "lean" / "cg_addon.py"
 
 
 def flows(n: int, body: bytes) -> list[Any]:
@@ -42,7 +48,10 @@ def flows(n: int, body: bytes) -> list[Any]:
     out = []
     for _ in range(n):
         req = tutils.treq(
-            method=b"POST", path=b"/v1/messages", host="api.anthropic.com", content=bytes(body)
+            method=b"POST",
+            path=PATHS["anthropic"].encode(),
+            host="api.anthropic.com",
+            content=bytes(body),
         )
         for k, v in {"content-type": "application/json", **HEADERS["anthropic"]}.items():
             req.headers[k] = v
@@ -84,35 +93,66 @@ def _read(junk: list[dict[str, int]]) -> int:
     return s
 
 
-async def measure(preset: str, n: int, rounds: int, evict_kb: int) -> dict[str, Any]:
+async def measure(
+    preset: str, n: int, rounds: int, evict_kb: int, lean: bool = False
+) -> dict[str, Any]:
+    """The fastest round's µs per hook. `lean`: `bench/lean`'s script instead of the addon
+    (the least a metering script does), guarded the same way: its warm-up flows were booked."""
     from mitmproxy.test import taddons
-
-    from cg.proxy.addon import META, ContextGuru
 
     body = same_traffic("anthropic", 1, 3000).body(0)
     # ~100 bytes a small dict: the objects read between hooks
     junk = [{"a": i} for i in range(evict_kb * 10)]
-    cg = ContextGuru()
-    with tempfile.TemporaryDirectory(prefix="cg-bench-hooks-") as d, taddons.context(cg) as tctx:
-        tctx.configure(cg, cg_preset=preset, cg_db=str(Path(d) / "cg.sqlite3"))
+    addon, booked = _lean() if lean else _addon()
+    with tempfile.TemporaryDirectory(prefix="cg-bench-hooks-") as d, taddons.context(addon) as tctx:
+        tctx.configure(addon, cg_preset=preset, cg_db=str(Path(d) / "cg.sqlite3"))
+        if lean:
+            addon.running()
         warm = flows(min(n, 500), body)
-        await _round(cg, warm, junk)
-        record = warm[-1].metadata.get(META)
-        if not isinstance(record, dict) or "ledger" not in record:
-            raise RuntimeError(f"the flow was not booked: {record!r}")  # the path under test
-        results = [await _round(cg, flows(n, body), junk) for _ in range(rounds)]
-        cg.done()
+        await _round(addon, warm, junk)
+        outcome = booked(warm)  # raises unless the path under test ran
+        results = [await _round(addon, flows(n, body), junk) for _ in range(rounds)]
+        addon.done()
     best = [min(r[i] for r in results) for i in range(3)]
     return {
+        "script": "bench/lean" if lean else "cg_addon.py",
         "preset": preset,
         "body_bytes": len(body),
         "flows": n,
         "rounds": rounds,
         "evict_kb": evict_kb,
-        "outcome": record.get("outcome"),
+        "outcome": outcome,
         "us": {h: round(v, 1) for h, v in zip(HOOKS, best, strict=True)},
         "total_us": round(sum(best), 1),
     }
+
+
+def _addon() -> tuple[Any, Callable[[list[Any]], str]]:
+    from cg.proxy.addon import META, ContextGuru
+
+    def booked(warm: list[Any]) -> str:
+        record = warm[-1].metadata.get(META)
+        if not isinstance(record, dict) or "ledger" not in record:
+            raise RuntimeError(f"the flow was not booked: {record!r}")
+        return str(record.get("outcome"))
+
+    return ContextGuru(), booked
+
+
+def _lean() -> tuple[Any, Callable[[list[Any]], str]]:
+    spec = importlib.util.spec_from_file_location("cg_bench_lean", LEAN)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    lean = module.Lean()
+
+    def booked(warm: list[Any]) -> str:
+        answers = sum(sums[-1] for sums in lean.sums.values())
+        if answers != len(warm):
+            raise RuntimeError(f"{answers} of {len(warm)} answers booked by bench/lean")
+        return "metered"
+
+    return lean, booked
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -121,18 +161,20 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--flows", type=int, default=1500, help="flows per round (default 1500)")
     ap.add_argument("--rounds", type=int, default=7, help="rounds; the fastest is kept")
     ap.add_argument("--evict-kb", type=int, default=0, help="KB of objects read between hooks")
+    ap.add_argument("--lean", action="store_true", help="bench/lean's script, not the addon")
     ap.add_argument("--json", action="store_true", help="print JSON")
     args = ap.parse_args(argv)
     if args.flows < 1 or args.rounds < 1 or args.evict_kb < 0:
         ap.error("--flows and --rounds must be >= 1, --evict-kb >= 0")
     warnings.simplefilter("ignore")
-    out = asyncio.run(measure(args.preset, args.flows, args.rounds, args.evict_kb))
+    out = asyncio.run(measure(args.preset, args.flows, args.rounds, args.evict_kb, args.lean))
     if args.json:
         print(json.dumps(out))
     else:
         us = out["us"]
         print(
-            f"{out['body_bytes']}-byte {out['outcome']} flow, cg_preset={out['preset']}, "
+            f"{out['script']}: {out['body_bytes']}-byte {out['outcome']} flow, "
+            f"cg_preset={out['preset']}, "
             f"{out['evict_kb']} KB read between hooks: request {us['request']} us, "
             f"responseheaders {us['responseheaders']} us, response {us['response']} us; "
             f"total {out['total_us']} us (fastest of {out['rounds']} rounds of {out['flows']})"

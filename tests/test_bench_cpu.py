@@ -102,6 +102,15 @@ def test_bench_hooks_times_each_hook_of_a_booked_small_flow() -> None:
     assert out["total_us"] == pytest.approx(sum(out["us"].values()), abs=0.2)
 
 
+def test_bench_hooks_lean_times_bench_lean_on_the_same_flows_and_checks_it_booked() -> None:
+    """`bench.hooks --lean` times `bench/lean`'s hooks on the same flows, and refuses a run in
+    which its sums did not count every warm-up answer (as when its route missed the bench's
+    `?beta=true` path)."""
+    out = asyncio.run(measure("off", 40, 2, 0, lean=True))
+    assert out["script"] == "bench/lean" and out["outcome"] == "metered"
+    assert out["us"]["request"] > 0 and out["us"]["response"] > 0
+
+
 def test_the_floor_script_is_taken_for_a_tree_and_passes_requests_through(
     tmp_path: Path,
 ) -> None:
