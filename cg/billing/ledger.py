@@ -50,6 +50,9 @@ HISTORY_TURNS = 200  # per session, for the dashboard's chart (memory only)
 _Point = tuple[float, bool, list[tuple[str, str, str, Usage]], float | None]
 UNKNOWN_MODEL = "unknown"
 UNIDENTIFIED = "unidentified"  # a flow whose body could not be read to find its session
+# Made once, not per answer booked (both are frozen).
+_ONE_TURN, _NO_TURN = LedgerTurns(turns=1), LedgerTurns()
+_NO_USAGE = Usage()
 STATE_ENTRIES = 64  # cache entries stored per session: the newest prefixes are what the next
 # request can hit
 
@@ -127,11 +130,11 @@ class Ledger:
         rows: list[tuple[str, str, str, Usage]] = [
             ("agent", model, self._tier(model, r.usage), r.usage) for r in rounds
         ]
-        counters = LedgerTurns(turns=1 if rounds else 0)
+        counters = _ONE_TURN if rounds else _NO_TURN
         modelled_turn = turn.index is not None and (turn.rewritten or turn.feed)
         cache = self._cache(session) if modelled_turn else None
         original: Prompt | None = None
-        modelled = Usage()
+        modelled = _NO_USAGE
         if cache is not None and turn.index is not None:
             original = prompt_of(turn.index, self.facts)
             modelled = cache.bill(original, turn.at)

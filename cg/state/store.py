@@ -468,6 +468,9 @@ def _stamped(cp: Checkpoint, created: float, updated: float) -> Checkpoint:
     return replace(cp, created=created, updated=updated, meta=dict(cp.meta))
 
 
+_NO_TURNS = LedgerTurns()
+
+
 def _check_kinds(rows: Sequence[tuple[str, str, str, Usage]]) -> None:
     """`record_usage` refuses a row of a kind the ledger does not know (before writing any)."""
     for kind, *_ in rows:
@@ -1082,7 +1085,7 @@ class Store:
                 conn.execute(_CLOCK_UPSERT, (session, t, cache_ttl))
             return SessionRecord(session, row[0], row[1]) if row else None
         prev = self.get_session(session)
-        self._hold(lambda held: held.clock(session, t, cache_ttl))
+        self._hold(HeldWrites.clock, session, t, cache_ttl)
         return prev
 
     def get_session(self, session: str) -> SessionRecord | None:
@@ -1157,18 +1160,18 @@ class Store:
         that window of bookings; a failed commit keeps them held for the next (StoreError is
         raised all the same, for the caller to count)."""
         _check_kinds(rows)
-        d = turns or LedgerTurns()
+        d = turns or _NO_TURNS
         counts = (d.turns, d.rewritten, d.tokens_not_sent, d.estimate_skipped)
-        t = self.now()
-        self._hold(lambda held: held.add(session, rows, counts, cache_state, t))
+        self._hold(HeldWrites.add, session, rows, counts, cache_state, self.now())
 
-    def _hold(self, write: Callable[[HeldWrites], None]) -> None:
-        """Add a write to the held batch; commit the batch once its window has passed (at once
+    def _hold(self, write: Callable[..., None], *args: Any) -> None:
+        """Add a write (`write(batch, *args)`, a `HeldWrites` method: no closure made per
+        booking) to the held batch; commit the batch once its window has passed (at once
         without a `batch_delay`)."""
         with self._lock:
             if not self._batch:
                 self._batch_since = self._clock()
-            write(self._batch)
+            write(self._batch, *args)
             due = self._clock() - self._batch_since >= self.batch_delay
         if due:
             self._commit_held()

@@ -225,6 +225,10 @@ class MessageCache:
             if index is not None:
                 self.hits += k
                 self.prefix_hits += 1
+                # Remembered under the key it was found by: its first message is prev's, byte
+                # for byte, so `remember` would slice that message out again and hash the copy
+                # (the key's string keeps its hash; ~6 KB of a Codex or OpenAI first message).
+                self._lists[key] = index
             return index
         return None
 
@@ -282,8 +286,7 @@ def index_body(raw: bytes, dialect: Dialect, cache: MessageCache | None = None) 
     if cache is not None and _OBJECT_START.match(raw):
         warm = cache.extend(raw, dialect)
         if warm is not None:
-            cache.remember(warm)
-            return warm
+            return warm  # (remembered by `extend`, in its predecessor's place)
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as e:
