@@ -38,7 +38,7 @@ from cg.billing.prices import PriceTable
 from cg.billing.savings import report, rows_cost
 from cg.state.facts import FactsCache
 from cg.state.session import session_of, valid_session_id
-from cg.state.store import LedgerTurns, Store, UsageRow
+from cg.state.store import NO_TURNS, LedgerTurns, Store, UsageRow
 from cg.wire.body import BodyIndex, BodyRejected, MessageCache, index_body
 from cg.wire.dialects import DIALECTS
 from cg.wire.splice import Insert, Keep, SentShape
@@ -51,7 +51,7 @@ _Point = tuple[float, bool, list[tuple[str, str, str, Usage]], float | None]
 UNKNOWN_MODEL = "unknown"
 UNIDENTIFIED = "unidentified"  # a flow whose body could not be read to find its session
 # Made once, not per answer booked (both are frozen).
-_ONE_TURN, _NO_TURN = LedgerTurns(turns=1), LedgerTurns()
+_ONE_TURN = LedgerTurns(turns=1)
 _NO_USAGE = Usage()
 STATE_ENTRIES = 64  # cache entries stored per session: the newest prefixes are what the next
 # request can hit
@@ -130,7 +130,7 @@ class Ledger:
         rows: list[tuple[str, str, str, Usage]] = [
             ("agent", model, self._tier(model, r.usage), r.usage) for r in rounds
         ]
-        counters = _ONE_TURN if rounds else _NO_TURN
+        counters = _ONE_TURN if rounds else NO_TURNS
         modelled_turn = turn.index is not None and (turn.rewritten or turn.feed)
         cache = self._cache(session) if modelled_turn else None
         original: Prompt | None = None

@@ -474,7 +474,7 @@ def _stamped(cp: Checkpoint, created: float, updated: float) -> Checkpoint:
     return replace(cp, created=created, updated=updated, meta=dict(cp.meta))
 
 
-_NO_TURNS = LedgerTurns()
+NO_TURNS = LedgerTurns()  # a call that records no turn (made once: `record_usage` is per answer)
 
 
 def _check_kinds(rows: Sequence[tuple[str, str, str, Usage]]) -> None:
@@ -1166,7 +1166,7 @@ class Store:
         that window of bookings; a failed commit keeps them held for the next (StoreError is
         raised all the same, for the caller to count)."""
         _check_kinds(rows)
-        d = turns or _NO_TURNS
+        d = turns or NO_TURNS
         counts = (d.turns, d.rewritten, d.tokens_not_sent, d.estimate_skipped)
         self._hold(HeldWrites.add, session, rows, counts, cache_state, self.now())
 
