@@ -464,7 +464,8 @@ def test_the_array_role_check_is_the_whole_array_read(s: Sample, data: Any) -> N
 
 def test_the_array_role_check_reads_a_kept_message_once(monkeypatch: pytest.MonkeyPatch) -> None:
     """Vacuity guard for the property above: on a warm turn, a kept message an earlier turn
-    read clean is not read again, and one the rewrite made is read every time."""
+    read clean is not read again, a new one is compared with the source its index read it from
+    (not decoded a second time), and one the rewrite made is read every time."""
     msgs = [
         {"role": "system", "content": "s" * 500},
         {"role": "user", "content": "a"},
@@ -492,7 +493,7 @@ def test_the_array_role_check_reads_a_kept_message_once(monkeypatch: pytest.Monk
 
     monkeypatch.setattr(shape._DECODER, "raw_decode", counted)
     assert check_wire_array(warm, plan, parts) == []
-    assert [json.loads(t) for t in read] == [json.loads(summary.json), more[4], more[5]]
+    assert [json.loads(t) for t in read] == [json.loads(summary.json)]
     assert warm.memo["wire_ok"][1] == [True, False, False, True, True, True]
 
 
