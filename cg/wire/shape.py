@@ -247,7 +247,7 @@ def check_wire_array(
 
     A kept message not yet read clean is compared, byte for byte, with the source its index
     read it from: equal, its parsed value is what reading it gives (the role is checked on it
-    all the same); not equal (a slice off by a byte), it is read, and refused as unreadable."""
+    all the same); not equal (a slice off by a byte, say), it is read as any other part is."""
     d = index.dialect
     key = d.array_key
     punct = array_punctuation(parts)
