@@ -102,17 +102,15 @@ def rewrite_body(
         record["messages_in"] = len(index.messages)
         stream = index.members.get("stream")
         record["stream"] = stream is not None and stream.value is True
+        before = validate_index(index)
+        if before:
+            record["input_violations"] = [v.to_json() for v in before]
 
         # Resolved here even with no pipeline: the usage ledger books the answer under it.
         sid = session_of(headers or {}, index)
         record["session"] = sid.id
         if not components and agent_compaction is None:
-            # Nothing will change it, so nothing is checked (`input_violations` says what a
-            # pipeline would have refused): ~3 µs of a small turn's ~65 under `off`.
             return done("passed_through", "no components in the pipeline")
-        before = validate_index(index)
-        if before:
-            record["input_violations"] = [v.to_json() for v in before]
         req = RequestContext(index, sid.id, headers or {}, time.time() if now is None else now)
         if agent_compaction is not None:
             forgot = [c.invalidate(req) for c in components if isinstance(c, Invalidates)]

@@ -183,10 +183,7 @@ def test_an_exception_in_the_splice_fails_open() -> None:
 
 def test_a_preexisting_violation_is_recorded_not_refused() -> None:
     msgs = [*CHAT[:2], {"role": "system", "content": "s"}, *CHAT[2:]]  # system before a user
-    # With no pipeline nothing can change the body, so nothing is checked (`off`'s hot path).
-    bare = rewrite_body(body(msgs), ANTHROPIC, [])
-    assert bare.outcome == "passed_through" and "input_violations" not in bare.record
-    noop = rewrite_body(body(msgs), ANTHROPIC, [Toy("noop", lambda i, p: None)])
+    noop = rewrite_body(body(msgs), ANTHROPIC, [])
     assert noop.outcome == "passed_through"
     expected = [
         {
