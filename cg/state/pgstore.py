@@ -61,6 +61,7 @@ from cg.state.store import (
     CACHE_STATE_LIFE,
     FACTS_BATCH,
     LEDGER_TTL_DAYS,
+    NO_TURNS,
     TOUCH_INTERVAL,
     Checkpoint,
     EvictResult,
@@ -1129,7 +1130,7 @@ class PgStore(Store):
         _check_kinds(rows)
         t = self.now()
         rows = list(rows)
-        d = turns or LedgerTurns()
+        d = turns or NO_TURNS
         state = cache_state_json(cache_state)  # as of this answer
 
         def run(conn: Any) -> None:
@@ -1281,7 +1282,10 @@ class PgStore(Store):
                 target,
             )
             with conn.cursor() as cur:
-                cur.executemany("DELETE FROM cg_stashes WHERE key = %s AND session = %s", victims)
+                cur.executemany(
+                    "DELETE FROM cg_stashes WHERE key = %s AND session = %s",
+                    [(k, s) for k, s, _ in victims],
+                )
             lru = len(victims)
         result = EvictResult(expired, lru, cps, sess)
         if result.total:

@@ -258,38 +258,34 @@ def _stash_limits(max_bytes: int) -> tuple[int, int]:
     return budget, int(budget * EVICT_TO)
 
 
+StashRow = tuple[str, str, int]  # key, session, size
+
+
 def _lru_victims(
-    rows: Iterable[tuple[str, str, Any]],
-    total: int,
-    target: int,
-    sizes: dict[tuple[str, str], int] | None = None,
-) -> tuple[list[tuple[str, str]], int]:
-    """The `(key, session)` of the stashes to drop, from `rows` (key, session, size) least
-    recently used first, until `total` bytes are within `target`; and the total left. `rows`
-    is read no further than that (a cursor stops there); each victim's size goes in `sizes`."""
-    victims: list[tuple[str, str]] = []
+    rows: Iterable[tuple[str, str, Any]], total: int, target: int
+) -> tuple[list[StashRow], int]:
+    """The stashes to drop, from `rows` (key, session, size) least recently used first, until
+    `total` bytes are within `target`; and the total left. `rows` is read no further than that
+    (a cursor stops there)."""
+    victims: list[StashRow] = []
     for key, session, size in rows:
         if total <= target:
             break
-        victims.append((key, session))
+        victims.append((key, session, int(size)))
         total -= int(size)
-        if sizes is not None:
-            sizes[key, session] = int(size)
     return victims, total
 
 
-def _chunks(
-    victims: list[tuple[str, str]], sizes: dict[tuple[str, str], int], limit: int
-) -> list[list[tuple[str, str]]]:
-    """`victims` in runs of at most `limit` bytes of stash each (one victim at least)."""
+def _chunks(victims: list[StashRow], limit: int) -> list[list[tuple[str, str]]]:
+    """The `(key, session)` of `victims` in runs of at most `limit` bytes of stash each (one
+    victim at least)."""
     out: list[list[tuple[str, str]]] = []
     acc = 0
-    for v in victims:
-        n = sizes.get(v, 0)
+    for key, session, n in victims:
         if not out or acc + n > limit:
             out.append([])
             acc = 0
-        out[-1].append(v)
+        out[-1].append((key, session))
         acc += n
     return out
 
@@ -1336,15 +1332,14 @@ class Store:
                 (cutoff,),
             ).fetchone()
             stashed, total = int(stashed), int(total)
-            sizes: dict[tuple[str, str], int] = {}
-            stale: list[tuple[str, str]] = []
-            for k, s, n in conn.execute(
-                "SELECT key, session, size FROM stashes WHERE last_used < ? "
-                "ORDER BY last_used, created",
-                (cutoff,),
-            ):
-                stale.append((k, s))
-                sizes[k, s] = int(n)
+            stale: list[StashRow] = [
+                (k, s, int(n))
+                for k, s, n in conn.execute(
+                    "SELECT key, session, size FROM stashes WHERE last_used < ? "
+                    "ORDER BY last_used, created",
+                    (cutoff,),
+                )
+            ]
             budget, target = _stash_limits(self.max_bytes)
             if self.persistent and self.max_bytes >= ROOM_MIN_BYTES:
                 # The rest of the file (ledger, checkpoints, facts, sessions) grows with the
@@ -1363,7 +1358,7 @@ class Store:
                 room = max(0, int(allowed * ROOM_SHARE) - rest)
                 budget = min(budget, room)
                 target = min(target, int(budget * EVICT_TO))
-            victims: list[tuple[str, str]] = []
+            victims: list[StashRow] = []
             if total > budget:
                 live = conn.execute(
                     "SELECT key, session, size FROM stashes WHERE last_used >= ? "
@@ -1371,11 +1366,11 @@ class Store:
                     (cutoff,),
                 )
                 try:  # read only until enough has gone
-                    victims, total = _lru_victims(live, total, target, sizes)
+                    victims, total = _lru_victims(live, total, target)
                 finally:
                     live.close()
         expired, lru = len(stale), len(victims)
-        for chunk in _chunks(stale + victims, sizes, self._wal_limit() // 2):
+        for chunk in _chunks(stale + victims, self._wal_limit() // 2):
             self._checkpoint()
             with suppress(StoreError), self._tx("evict: stashes") as conn:
                 conn.executemany("DELETE FROM stashes WHERE key = ? AND session = ?", chunk)

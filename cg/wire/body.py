@@ -194,8 +194,9 @@ class MessageCache:
         """The index of `raw` built on a previous body it shares whole messages with, byte for
         byte from its first byte (an agent's next turn): everything before the first differing
         message is reused as it is (members, spans, values, views), and only the rest of the
-        array and what follows it is read. None when no previous body shares its first message,
-        or anything is unusual (the full walk then decides)."""
+        array and what follows it is read; the index is remembered in its predecessor's place.
+        None when no previous body shares its first message, or anything is unusual (the full
+        walk then decides)."""
         for key, prev in reversed(self._lists.items()):
             if key[0] != dialect.name:
                 continue
