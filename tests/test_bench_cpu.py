@@ -111,6 +111,25 @@ def test_bench_hooks_lean_times_bench_lean_on_the_same_flows_and_checks_it_booke
     assert out["us"]["request"] > 0 and out["us"]["response"] > 0
 
 
+def _script_tree(name: str, tmp_path: Path, procs: list[Proc]) -> str:
+    """`bench/NAME` started beside a fake upstream as `bench.trees` starts a tree (its options,
+    its health answer checked): its base URL."""
+    _, up = start_upstream(tmp_path, procs)
+    v = Variant(name, ROOT / "bench" / name)
+    start(v, up, tmp_path, ["cg_preset=off"], procs)
+    return f"http://{HOST}:{v.port}"
+
+
+def _post_small_turn(base: str) -> httpx.Response:
+    """The bench's small Anthropic turn, as its clients send it."""
+    return httpx.post(
+        base + PATHS["anthropic"],
+        content=same_traffic("anthropic", 1, 3000).body(0),
+        headers={"content-type": "application/json", **HEADERS["anthropic"]},
+        trust_env=False,
+    )
+
+
 def test_the_floor_script_is_taken_for_a_tree_and_passes_requests_through(
     tmp_path: Path,
 ) -> None:
@@ -118,16 +137,7 @@ def test_the_floor_script_is_taken_for_a_tree_and_passes_requests_through(
     its options, answers the health check as the addon would, and forwards a provider request."""
     procs: list[Proc] = []
     try:
-        _, up = start_upstream(tmp_path, procs)
-        v = Variant("floor", ROOT / "bench" / "floor")
-        start(v, up, tmp_path, ["cg_preset=off"], procs)
-        body = same_traffic("anthropic", 1, 3000).body(0)
-        r = httpx.post(
-            f"http://{HOST}:{v.port}{PATHS['anthropic']}",
-            content=body,
-            headers={"content-type": "application/json", **HEADERS["anthropic"]},
-            trust_env=False,
-        )
+        r = _post_small_turn(_script_tree("floor", tmp_path, procs))
         assert r.status_code == 200 and r.json()["type"] == "message"  # the upstream's answer
     finally:
         for p in procs:
@@ -140,17 +150,9 @@ def test_the_lean_script_meters_every_flow_it_is_measured_on(tmp_path: Path) -> 
     each answer's usage under the request's session by the time the client has it."""
     procs: list[Proc] = []
     try:
-        _, up = start_upstream(tmp_path, procs)
-        v = Variant("lean", ROOT / "bench" / "lean")
-        start(v, up, tmp_path, ["cg_preset=off"], procs)
-        body = same_traffic("anthropic", 1, 3000).body(0)
-        base = f"http://{HOST}:{v.port}"
-        headers = {"content-type": "application/json", **HEADERS["anthropic"]}
+        base = _script_tree("lean", tmp_path, procs)
         for _ in range(3):
-            r = httpx.post(
-                base + PATHS["anthropic"], content=body, headers=headers, trust_env=False
-            )
-            assert r.content == ANTHROPIC_REPLY  # the upstream's answer, as it sent it
+            assert _post_small_turn(base).content == ANTHROPIC_REPLY  # as the upstream sent it
         sums = httpx.get(base + "/_cg/health", trust_env=False).json()["sums"]
         usage = json.loads(ANTHROPIC_REPLY)["usage"]
         assert list(sums.values()) == [
