@@ -29,6 +29,8 @@ from typing import Any, ClassVar, Protocol
 import brotli
 import zstandard
 
+from cg.wire.jsonspan import loads
+
 READING = "reading"
 DISABLED = "disabled"
 UNDECODABLE = "undecodable"
@@ -123,7 +125,7 @@ def usage_of_json(body: bytes) -> tuple[Any, str | None]:
     """(the `usage` member, the `model`) of a JSON answer — all three dialects put both at the
     top — or (None, None) when the body is not a JSON object. Raises ValueError for a body that
     is not JSON."""
-    doc = json.loads(body)
+    doc = loads(body)
     return (doc.get("usage"), _model(doc)) if isinstance(doc, dict) else (None, None)
 
 

@@ -76,14 +76,18 @@ MAX_LIVE = 10_000  # provider flows in flight; one that never ended is redacted 
 
 def _redacted(fields: tuple[tuple[bytes, bytes], ...]) -> tuple[tuple[bytes, bytes], ...]:
     """Raw header fields with every credential's value replaced (the names stay)."""
-    return tuple((k, _REDACTED_BYTES if k.lower() in _CREDENTIAL_NAMES else v) for k, v in fields)
+    return tuple([(k, _REDACTED_BYTES if k.lower() in _CREDENTIAL_NAMES else v) for k, v in fields])
 
 
 def redact(headers: http.Headers) -> None:
     """Every credential header's value replaced by REDACTED (the names stay: what was sent).
-    One pass over the raw fields: four lookups and a `set_all` each were ~0.02 ms a flow."""
-    if any(k.lower() in _CREDENTIAL_NAMES for k, _ in headers.fields):
-        headers.fields = _redacted(headers.fields)
+    One pass over the raw fields: four lookups and a `set_all` each were ~0.02 ms a flow (and
+    a loop, not `any` of a generator: ~0.5 µs less on every flow)."""
+    fields = headers.fields
+    for k, _ in fields:
+        if k.lower() in _CREDENTIAL_NAMES:
+            headers.fields = _redacted(fields)
+            return
 
 
 def redact_backup(flow: http.HTTPFlow) -> None:
@@ -1008,7 +1012,8 @@ class ContextGuru:
         record = flow.metadata.get(META)
         if record is None or flow.response is None:
             return
-        if record.get("expand", {}).get("injected") and not relayed:
+        expand = record.get("expand")
+        if expand is not None and expand.get("injected") and not relayed:
             return
         if content_type(flow.response).startswith("text/event-stream"):
             flow.response.stream = self.meter.stream(flow)

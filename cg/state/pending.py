@@ -88,8 +88,10 @@ class HeldWrites:
         if row is None:
             self.ledger[session] = [*counts, state, t]
             return
-        for i in range(4):
-            row[i] += counts[i]
+        row[0] += counts[0]
+        row[1] += counts[1]
+        row[2] += counts[2]
+        row[3] += counts[3]
         if state is not None:
             row[4] = state
         row[5] = t

@@ -30,9 +30,9 @@ import hashlib
 import json
 import re
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any, overload
 
+from cg.frozen import frozen
 from cg.state.facts import strip_cache_control
 from cg.wire.body import BodyIndex
 from cg.wire.dialects import SYSTEM_ROLES
@@ -48,7 +48,7 @@ SESSION_RE = re.compile(r"[A-Za-z0-9._:-]{1,128}")
 _LEGACY_USER_ID = re.compile(r"user_[0-9a-f]*_account_[0-9a-fA-F-]*_session_(.+)")
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class SessionId:
     """`id` is allow-listed; `source` is the header name, `metadata.user_id` or `head`."""
 

@@ -475,9 +475,9 @@ NO_TURNS = LedgerTurns()  # a call that records no turn (made once: `record_usag
 
 def _check_kinds(rows: Sequence[tuple[str, str, str, Usage]]) -> None:
     """`record_usage` refuses a row of a kind the ledger does not know (before writing any)."""
-    for kind, *_ in rows:
-        if kind not in USAGE_KINDS:
-            raise ValueError(f"record_usage: unknown kind {kind!r}")
+    for row in rows:  # (not `kind, *_`: that builds a list per row)
+        if row[0] not in USAGE_KINDS:
+            raise ValueError(f"record_usage: unknown kind {row[0]!r}")
 
 
 def _usage_row(r: Sequence[Any]) -> UsageRow:

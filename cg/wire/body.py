@@ -19,6 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from cg.frozen import frozen
 from cg.wire.chars import Chars
 from cg.wire.dialects import Dialect, MessageShapeError, MessageView
 from cg.wire.jsonspan import (
@@ -39,7 +40,7 @@ class BodyRejected(ValueError):
     """This body is not one we rewrite; `str(self)` says why, for the decision record."""
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class RawMessage:
     """A message's exact source `text[start:end]`, its parsed value and its view."""
 

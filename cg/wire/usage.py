@@ -19,15 +19,16 @@ raises `UsageError`, which a caller counts and skips: a malformed usage never br
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
+
+from cg.frozen import frozen
 
 
 class UsageError(ValueError):
     """A `usage` object of the wrong shape; the message says what was wrong."""
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class Usage:
     input_tokens: int = 0
     cache_write_tokens: int = 0
@@ -76,11 +77,11 @@ class Usage:
 
 def _count(obj: dict[str, Any], key: str, where: str) -> int:
     v = obj.get(key)
+    if type(v) is int and v >= 0:  # (a JSON count; a bool's type is bool)
+        return v
     if v is None:
         return 0
-    if isinstance(v, bool) or not isinstance(v, int) or v < 0:
-        raise UsageError(f"{where}.{key} is {v!r}, not a count")
-    return v
+    raise UsageError(f"{where}.{key} is {v!r}, not a count")
 
 
 def _obj(v: Any, where: str) -> dict[str, Any]:

@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 from cg.wire.jsonspan import (
     ArraySpan,
     JsonSpanError,
+    loads,
     rebuild_array,
     skip_ws,
     walk_array,
@@ -202,3 +203,62 @@ def test_rebuild_array_with_its_own_elements_parses_back(
     if style.layout in ("compact", "spaced", "indent") and len(value) >= 2:
         # a uniformly punctuated array keeps its own punctuation exactly: identity gives it back
         assert rebuild_array(text, arr, sources) == text[arr.start : arr.end]
+
+
+def _loaded(body: bytes) -> tuple[str, Any]:
+    """("ok", value) or ("error", the error's kind) of a loader on `body`."""
+    try:
+        return "ok", json.loads(body)
+    except UnicodeDecodeError:
+        return "error", "unicode"
+    except json.JSONDecodeError:
+        return "error", "json"
+
+
+def _fast(body: bytes) -> tuple[str, Any]:
+    try:
+        return "ok", loads(body)
+    except UnicodeDecodeError:
+        return "error", "unicode"
+    except json.JSONDecodeError:
+        return "error", "json"
+
+
+@SETTINGS
+@given(
+    st.one_of(objects, arrays, small_json),
+    styles,
+    st.sampled_from(["", " ", "\n", "\t \r\n", "\ufeff", "\u00a0"]),
+    st.sampled_from(["", "\n", " \r\n\t", "x", "{}", "\u00a0", "\x00"]),
+    st.sampled_from(["utf-8", "utf-8-sig", "utf-16", "utf-32-le"]),
+)
+def test_loads_is_json_loads(value: Any, style: Style, lead: str, trail: str, enc: str) -> None:
+    """The fast loader gives json.loads's value, or its kind of error, on any body: leading
+    and trailing whitespace (JSON's and not), a byte-order mark, other encodings, extra data."""
+    body = (lead + dumps(value, style) + trail).encode(enc, "surrogatepass")
+    assert _fast(body) == _loaded(body)
+
+
+@SETTINGS
+@given(st.binary(max_size=64))
+def test_loads_is_json_loads_on_any_bytes(body: bytes) -> None:
+    assert _fast(body) == _loaded(body)
+
+
+def test_loads_reads_a_small_answer_without_json_loads(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The fast path is taken for a plain UTF-8 answer (else the loader is only json.loads)."""
+    called: list[bytes] = []
+    real = json.loads
+
+    def spy(b: bytes, *a: Any, **k: Any) -> Any:
+        called.append(b)
+        return real(b, *a, **k)
+
+    monkeypatch.setattr(json, "loads", spy)
+    assert loads(b'{"usage": {"input_tokens": 3}, "model": "m"}\n') == {
+        "usage": {"input_tokens": 3},
+        "model": "m",
+    }
+    assert called == []
+    assert loads(b' {"a": 1}') == {"a": 1}
+    assert called == [b' {"a": 1}']  # (the guard: the spy sees a fallback)
