@@ -32,9 +32,10 @@ preset instead of `off`: the verification turn commissions a summary (the upstre
 carry one), the run waits for it, and every timed turn must reuse the checkpoint (a turn whose
 request declares tools and streams then goes through the expand relay; its timings are
 reported). `--concurrency N` adds a throughput phase: N clients in parallel per target, each
-target alone; `--throughput-rounds R` repeats it R times, the targets interleaved, and reports
-the median of each, with the CPU time each proxy process spent per request (Linux: from
-/proc/PID/stat), a figure far steadier than requests per second on a shared 2-core machine.
+target alone; `--throughput-rounds R` repeats it R times, the targets interleaved (who goes
+first rotating), and reports the median of each, the median of the rounds' own addon/plain
+ratios (each round's two runs seconds apart, so the machine's drift between rounds cancels),
+and the CPU time each proxy process spent per request (Linux: from /proc/PID/stat).
 `--size BYTES` scales the same-body traffic (10 KB to 5 MB: `bench.sizes`).
 
 Every process is started and stopped by its PID; every wait has a deadline.
@@ -570,14 +571,17 @@ def run(
             plain_probe = clients[1].get(PROBE_PATH).json()
             rps: dict[str, float] = {}
             cpu_us: dict[str, float] = {}
+            per_round: list[float] = []  # addon/plain throughput, round by round
             if concurrency > 1:
                 body = traffic.body(rounds - 1)
                 per = per_client(n, concurrency)
                 pids = {targets[1].name: plain.popen.pid, targets[2].name: addon.popen.pid}
                 runs: dict[str, list[float]] = {t.name: [] for t in targets}
                 cpu: dict[str, list[float]] = {name: [] for name in pids}
-                for _ in range(throughput_rounds):
-                    for t in targets:  # after the sequential rounds, each target alone
+                for k in range(throughput_rounds):
+                    # After the sequential rounds, each target alone; who goes first rotates,
+                    # so no target always follows the same one (the machine's speed drifts).
+                    for t in targets[k % 3 :] + targets[: k % 3]:
                         before = cpu_seconds(pids.get(t.name))
                         runs[t.name].append(
                             throughput(t.base, path, body, headers, concurrency, per)
@@ -586,6 +590,9 @@ def run(
                         if before is not None and after is not None:
                             cpu[t.name].append((after - before) / (concurrency * per) * 1e6)
                 rps = {name: statistics.median(v) for name, v in runs.items()}
+                per_round = [
+                    a / p for a, p in zip(runs[targets[2].name], runs[targets[1].name], strict=True)
+                ]
                 cpu_us = {name: statistics.median(v) for name, v in cpu.items() if v}
         finally:
             for c in clients:
@@ -639,6 +646,7 @@ def run(
         "throughput_ratio_addon_plain": (
             rps[addon_t.name] / rps[plain_t.name] if rps.get(plain_t.name) else None
         ),
+        "throughput_ratios_per_round": [round(x, 3) for x in per_round],
         "ratio_addon_plain": am / pm,
         "overhead_ms": am - pm,
         "overhead_paired_median_ms": statistics.median(paired),
@@ -742,6 +750,9 @@ def markdown(res: dict[str, Any]) -> str:
             + ", ".join(f"{k} {v:.1f} req/s" for k, v in rps.items())
             + f"; addon/plain **{res['throughput_ratio_addon_plain']:.2f}×**."
         )
+        each = per_round_line(res.get("throughput_ratios_per_round") or [])
+        if each:
+            lines.append(each)
         cpu = res.get("cpu_us_per_request") or {}
         if len(cpu) == 2:
             (pn, pv), (an, av) = cpu.items()
@@ -750,6 +761,19 @@ def markdown(res: dict[str, Any]) -> str:
                 f"{av:.0f} µs: **+{av - pv:.0f} µs**, plain/addon **{pv / av:.2f}×**."
             )
     return "\n".join(lines)
+
+
+def per_round_line(ratios: list[float]) -> str:
+    """The rounds' own addon/plain throughput ratios, summarised ("" for fewer than two): a
+    round runs plain and the addon seconds apart, so its ratio is free of the drift between
+    rounds that moves each target's median (plain's CPU per request 1.3-1.8 ms across runs)."""
+    if len(ratios) < 2:
+        return ""
+    return (
+        f"Addon/plain round by round (each round's two runs side by side): median "
+        f"**{statistics.median(ratios):.2f}×**, {min(ratios):.2f}–{max(ratios):.2f}× "
+        f"over {len(ratios)} rounds."
+    )
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -23,6 +23,7 @@ from bench.proxy_latency import (
     ROOT,
     Proc,
     cpu_seconds,
+    per_round_line,
     same_traffic,
     start_upstream,
     wait_for_addon,
@@ -161,3 +162,11 @@ def test_the_lean_script_meters_every_flow_it_is_measured_on(tmp_path: Path) -> 
     finally:
         for p in procs:
             p.stop()
+
+
+def test_the_throughput_phase_reports_the_rounds_own_ratios() -> None:
+    """Each round's addon/plain ratio is summarised (median and range), not only the ratio of
+    the two targets' medians; one round says nothing of spread, so it gets no line."""
+    line = per_round_line([0.95, 0.85, 0.9, 0.88, 0.97])
+    assert "median **0.90×**" in line and "0.85–0.97×" in line and "5 rounds" in line
+    assert per_round_line([0.9]) == ""
