@@ -12,6 +12,7 @@ import pytest
 CG = Path(__file__).resolve().parents[1] / "cg"
 # Bottom to top. A top-level module (settings, components, cli) is its own layer.
 LAYERS = [
+    "frozen",
     "settings",
     "wire",
     "state",
