@@ -81,8 +81,8 @@ def _redacted(fields: tuple[tuple[bytes, bytes], ...]) -> tuple[tuple[bytes, byt
 
 def redact(headers: http.Headers) -> None:
     """Every credential header's value replaced by REDACTED (the names stay: what was sent).
-    One pass over the raw fields: four lookups and a `set_all` each were ~0.02 ms a flow (and
-    a loop, not `any` of a generator: ~0.5 µs less on every flow)."""
+    One pass over the raw fields: four lookups and a `set_all` each were ~0.02 ms a flow; a
+    loop, not `any` of a generator and `tuple` of another, 2.25 -> 0.94 µs."""
     fields = headers.fields
     for k, _ in fields:
         if k.lower() in _CREDENTIAL_NAMES:
