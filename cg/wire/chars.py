@@ -45,7 +45,10 @@ class Chars:
         """One byte per character in UTF-8 (so a character position is a byte offset): a str
         knows this of itself, in constant time. False may also mean a segment's string holds
         non-ASCII outside the part this text uses."""
-        return all(s.isascii() for _, s, _ in self._segs)
+        for _, s, _ in self._segs:  # noqa: SIM110 - `all` of a generator: ~0.4 µs more
+            if not s.isascii():
+                return False
+        return True
 
     @property
     def segments(self) -> int:

@@ -185,7 +185,14 @@ def test_unknown_content_anywhere_rejects_the_body_with_the_reason(
 # --------------------------------------------------------------------------------------------
 
 
+def _byte_ends(b: BodyIndex) -> list[int]:
+    """Each message's end, and the array's, as byte offsets in the body read whole."""
+    text = b.text
+    return [len(text[:p].encode()) for p in [m.end for m in b.messages] + [b.array.end]]
+
+
 def _same_index(a: BodyIndex, b: BodyIndex) -> None:
+    assert a.byte_ends() == _byte_ends(b)  # (a warm index's inherited over its prefix)
     assert [(m.start, m.end) for m in a.messages] == [(m.start, m.end) for m in b.messages]
     assert [m.value for m in a.messages] == [m.value for m in b.messages]
     assert len(a.chars) == len(b.text) and a.chars.slice(0, len(a.chars)) == b.text
@@ -319,3 +326,24 @@ def test_a_resized_cache_keeps_the_most_recently_used_bodies() -> None:
     for n in range(4, 10):
         index_body(f'{{"messages":[{{"role":"user","content":"{n}"}}]}}'.encode(), OPENAI, cache)
     assert len(cache._lists) == 8
+
+
+@pytest.mark.parametrize("mark", ["", "é"], ids=["ascii", "not-ascii"])
+def test_byte_ends_of_a_warm_chain_are_the_bodys_byte_offsets(mark: str) -> None:
+    """Each warm turn's message ends in bytes, inherited over its shared prefix and found for
+    the rest: the same as counted in the body read whole, for a text that is all ASCII (a
+    character a byte) and one that is not."""
+    d = ANTHROPIC
+    cache = MessageCache()
+    msgs: list[dict[str, Any]] = [{"role": "user", "content": f"start{mark}"}]
+    warm = 0
+    for n in range(6):
+        raw = json.dumps({"model": "m", "messages": msgs, "max_tokens": 9}, ensure_ascii=False)
+        before = cache.prefix_hits
+        index = index_body(raw.encode(), d, cache)
+        warm += cache.prefix_hits - before
+        assert index.chars.ascii is (mark == "")  # the path under test
+        assert index.byte_ends() == _byte_ends(index_body(raw.encode(), d))
+        role = "assistant" if n % 2 == 0 else "user"
+        msgs = [*msgs, {"role": role, "content": f"turn {n}{mark}"}]
+    assert warm == 5  # every turn after the first was read warm
