@@ -29,8 +29,16 @@ so every call finds 398 messages known and parses 2.
       last message changed     this turn's copy (Claude Code moves its cache breakpoint to the
                                last message every turn): 397 messages shared, found by a binary
                                search over the previous body's message boundaries
+    index_body, the previous   as above, but the previous turn was itself read warm (from the
+      turn read warm too       turn before it, untimed, before each call), as in a session:
+                               it knows its messages' byte offsets over the prefix it shared,
+                               and this turn finds the rest (an ASCII body's cost ~64 µs more
+                               before stop 25; `--ascii`)
     index+splice+validate      the budget line, with the cache
     rewrite_body, no comps     as above, with the cache (what the addon does per agent turn)
+
+`--ascii` writes every non-ASCII character of the bodies as its JSON escape: an all-ASCII
+transcript (an SDK app's), whose byte offsets are its character positions.
 
 Each line is `--reps` timed calls after `--warmup` untimed ones, the steps of one body taken in
 turn (round-robin) so that other load on the machine spreads over all of them; the garbage
@@ -48,6 +56,7 @@ import json
 import math
 import os
 import platform
+import re
 import statistics
 import sys
 import time
@@ -233,6 +242,12 @@ def check_corpus(name: str, raw: bytes, dialect: Dialect) -> dict[str, Any]:
     warm = index_body(raw, dialect, primed(moved))
     assert warm.shared == n - NEW_PER_TURN - 1, f"{name}: {warm.shared} shared"
     assert warm.views == index.views
+    # The chain: the previous turn read warm from the one before it, then this turn from it.
+    chained = primed(index_body(previous_turn(prev), dialect))
+    index_body(prev_raw, dialect, chained)
+    warm = index_body(raw, dialect, chained)
+    assert chained.prefix_hits == 2 and warm.shared == n - NEW_PER_TURN, f"{name}: chain cold"
+    assert warm.byte_ends() == index.byte_ends(), f"{name}: chain's byte offsets"
     cache = primed(prev)
     result = rewrite_body(raw, dialect, [], cache=cache)
     assert result.outcome == "passed_through" and cache.hits == n - NEW_PER_TURN, result.record
@@ -264,6 +279,13 @@ def bench_body(name: str, raw: bytes, dialect: Dialect, reps: int, warmup: int) 
         validate_cut(index, plan, new, before)
 
     moved = moved_breakpoint(prev)
+    prev_raw, before_prev = previous_turn(index), index_body(previous_turn(prev), dialect)
+
+    def chain() -> Timed:
+        """A cache that read the previous turn warm, from the one before it (untimed)."""
+        cache = primed(before_prev)
+        index_body(prev_raw, dialect, cache)
+        return lambda: index_body(raw, dialect, cache)
 
     def warm(fn: Callable[[MessageCache], object], seen: BodyIndex = prev) -> Callable[[], Timed]:
         def prime() -> Timed:
@@ -292,6 +314,7 @@ def bench_body(name: str, raw: bytes, dialect: Dialect, reps: int, warmup: int) 
             "index_body, the previous last message changed",
             prime=warm(lambda c: index_body(raw, dialect, c), moved),
         ),
+        Line("warm", "index_body, the previous turn read warm too", prime=chain),
         Line("warm", BUDGET_STEP, prime=warm(budget)),
         Line(
             "warm",
@@ -355,6 +378,13 @@ def verdict(rows: list[Row], path: str) -> tuple[bool, str]:
     return ok, f"{what}: {word} — {parts}."
 
 
+def ascii_only(raw: bytes) -> bytes:
+    """`raw` with every non-ASCII character written as its JSON escape: the same document, in
+    ASCII. (JSON puts non-ASCII only inside strings, where an escape means the character.)"""
+    text = raw.decode("utf-8")
+    return re.sub(r"[^\x00-\x7f]", lambda m: json.dumps(m.group())[1:-1], text).encode("ascii")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.hotpath", description=__doc__.split("\n")[0])
     ap.add_argument("--reps", type=int, default=200, help="timed calls per line (default 200)")
@@ -368,6 +398,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--dialect", choices=("anthropic", "openai", "both"), default="both", help="which body"
     )
+    ap.add_argument(
+        "--ascii",
+        action="store_true",
+        help="every non-ASCII character of the bodies escaped (\\uXXXX), as in an all-ASCII "
+        "transcript (an SDK app's): a body's byte offsets are then its character positions",
+    )
     args = ap.parse_args(argv)
     if args.reps < 1 or args.warmup < 0:
         ap.error("--reps must be >= 1 and --warmup >= 0")
@@ -378,6 +414,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.dialect in ("openai", "both"):
         cases.append(("openai", openai_body(), OPENAI))
 
+    if args.ascii:
+        cases = [(name, ascii_only(raw), d) for name, raw, d in cases]
     bodies = {name: check_corpus(name, raw, d) for name, raw, d in cases}
     rows = [r for name, raw, d in cases for r in bench_body(name, raw, d, args.reps, args.warmup)]
     warm_ok, warm_line = verdict(rows, "warm")
