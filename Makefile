@@ -42,6 +42,7 @@ bench: $(VENV)/.installed-test
 	uptime
 	$(BIN)/python -m bench.hotpath
 	$(BIN)/python -m bench.reuse
+	$(BIN)/python -m bench.hooks --rounds 15
 	$(BIN)/python -m bench.proxy_latency --dialect both --traffic both --concurrency 16
 	$(BIN)/python -m bench.proxy_latency --dialect both --traffic same --preset summarize --concurrency 16
 	$(BIN)/python -m bench.proxy_latency --traffic same --size 3000 --concurrency 16
