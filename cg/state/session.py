@@ -64,12 +64,13 @@ def valid_session_id(s: object) -> bool:
 def header(headers: Mapping[str, str], name: str) -> str | None:
     """Header `name` (given in lower case), case-insensitively; repeated, its values joined
     with ", " as `Headers.get` does. mitmproxy's `Headers` is read from its raw fields, made
-    into values by lowered name once per version of them (`_lowered`): its own lookup converts
-    every field to `str` first (~2–3 µs), and a flow is asked for about nine names over its
-    life."""
+    into raw values by lowered raw name once per version of them (`_lowered`), the one value
+    asked for decoded: its own lookup converts every field to `str` first (~2–3 µs), and a
+    flow is asked for about nine names over its life."""
     fields = getattr(headers, "fields", None)
     if type(fields) is tuple:
-        return _lowered(fields).get(name)
+        raw = _lowered(fields).get(name.encode("utf-8", "surrogateescape"))
+        return None if raw is None else raw.decode("utf-8", "surrogateescape")
     v = headers.get(name)
     if v is None and isinstance(headers, dict):  # a plain dict: case-insensitively
         v = next((val for k, val in headers.items() if k.lower() == name), None)
@@ -82,21 +83,24 @@ def header(headers: Mapping[str, str], name: str) -> str | None:
 # change, and the memo holds it, so its id cannot be reused while it is here, and `is` never
 # matches a newer version.
 LOWERED_MAX = 256
-_LOWERED: dict[int, tuple[tuple[Any, ...], dict[str, str]]] = {}
+_LOWERED: dict[int, tuple[tuple[Any, ...], dict[bytes, bytes]]] = {}
 
 
-def _lowered(fields: tuple[Any, ...]) -> dict[str, str]:
-    """Each name's value as `Headers.get` gives it (lowered `str` names; a repeated field's
-    values joined with ", "), made once for the tuple: a lookup is then one dict read."""
+def _lowered(fields: tuple[Any, ...]) -> dict[bytes, bytes]:
+    """Each lowered raw name's raw value (a repeated field's values joined with b", "; the
+    separator splits no UTF-8 sequence, so decoding the join is joining the decoded values),
+    made once for the tuple: a lookup is then one dict read and one decode. Decoding every
+    name and value here was ~5 µs for Claude Code's 21 request headers, ~1.9 µs this way."""
     known = _LOWERED.get(id(fields))
     if known is not None and known[0] is fields:
         return known[1]
-    by_name: dict[str, str] = {}
-    for k, v in fields:
-        name = k.lower().decode("utf-8", "surrogateescape")
-        value = v.decode("utf-8", "surrogateescape")
-        had = by_name.get(name)
-        by_name[name] = value if had is None else f"{had}, {value}"
+    by_name = {k.lower(): v for k, v in fields}
+    if len(by_name) != len(fields):  # a name given more than once
+        by_name = {}
+        for k, v in fields:
+            name = k.lower()
+            had = by_name.get(name)
+            by_name[name] = v if had is None else had + b", " + v
     if len(_LOWERED) >= LOWERED_MAX:
         del _LOWERED[next(iter(_LOWERED))]  # the oldest
     _LOWERED[id(fields)] = (fields, by_name)
