@@ -14,7 +14,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from bench.hooks import measure
+from bench.hooks import flows, measure, real_headers
 from bench.proxy_latency import (
     ANTHROPIC_REPLY,
     HEADERS,
@@ -101,6 +101,19 @@ def test_bench_hooks_times_each_hook_of_a_booked_small_flow() -> None:
     assert set(out["us"]) == {"request", "responseheaders", "response"}
     assert all(v > 0 for v in out["us"].values())
     assert out["total_us"] == pytest.approx(sum(out["us"].values()), abs=0.2)
+
+
+def test_bench_hooks_real_headers_are_claude_code_s_and_an_answer_s() -> None:
+    """`--real-headers`: each flow carries Claude Code's captured request headers (its session
+    id among them; the host and length its own) and an Anthropic answer's, and is booked."""
+    request, answer = real_headers()
+    assert len(request) >= 19 and len(answer) >= 18
+    assert "x-claude-code-session-id" in request and "host" not in request
+    f = flows(1, same_traffic("anthropic", 1, 3000).body(0), (request, answer))[0]
+    assert len(f.request.headers) >= len(request) and len(f.response.headers) >= len(answer)
+    assert f.request.headers["x-claude-code-session-id"] == request["x-claude-code-session-id"]
+    out = asyncio.run(measure("off", 40, 2, 0, real=True))
+    assert out["outcome"] == "passed_through" and out["headers"] == "claude-code"
 
 
 def test_bench_hooks_lean_times_bench_lean_on_the_same_flows_and_checks_it_booked() -> None:
