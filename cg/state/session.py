@@ -69,11 +69,12 @@ def header(headers: Mapping[str, str], name: str) -> str | None:
     flow is asked for about nine names over its life."""
     fields = getattr(headers, "fields", None)
     if type(fields) is tuple:
+        by_name = _lowered(fields)
         try:  # (strict first: naming the error handler costs ~30 ns a call, UTF-8 is the rule)
-            raw = _lowered(fields).get(name.encode())
+            raw = by_name.get(name.encode())
             return None if raw is None else raw.decode()
         except UnicodeError:  # as mitmproxy reads a field that is not UTF-8
-            raw = _lowered(fields).get(name.encode("utf-8", "surrogateescape"))
+            raw = by_name.get(name.encode("utf-8", "surrogateescape"))
             return None if raw is None else raw.decode("utf-8", "surrogateescape")
     v = headers.get(name)
     if v is None and isinstance(headers, dict):  # a plain dict: case-insensitively
