@@ -279,12 +279,12 @@ def bench_body(name: str, raw: bytes, dialect: Dialect, reps: int, warmup: int) 
         validate_cut(index, plan, new, before)
 
     moved = moved_breakpoint(prev)
-    prev_raw, before_prev = previous_turn(index), index_body(previous_turn(prev), dialect)
+    before_prev = index_body(previous_turn(prev), dialect)
 
     def chain() -> Timed:
         """A cache that read the previous turn warm, from the one before it (untimed)."""
         cache = primed(before_prev)
-        index_body(prev_raw, dialect, cache)
+        index_body(prev.raw, dialect, cache)
         return lambda: index_body(raw, dialect, cache)
 
     def warm(fn: Callable[[MessageCache], object], seen: BodyIndex = prev) -> Callable[[], Timed]:

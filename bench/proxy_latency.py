@@ -581,7 +581,8 @@ def run(
                 for k in range(throughput_rounds):
                     # After the sequential rounds, each target alone; who goes first rotates,
                     # so no target always follows the same one (the machine's speed drifts).
-                    for t in targets[k % 3 :] + targets[: k % 3]:
+                    first = k % len(targets)
+                    for t in targets[first:] + targets[:first]:
                         before = cpu_seconds(pids.get(t.name))
                         runs[t.name].append(
                             throughput(t.base, path, body, headers, concurrency, per)
