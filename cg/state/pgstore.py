@@ -302,6 +302,9 @@ class PgStore(Store):
         self._lock = threading.Lock()
         self.error: str | None = None
         self.error_at = 0.0
+        # The writer lost the server and waits for it (a write refused by the database is an
+        # `error`, not this): read-your-writes is skipped only then.
+        self.down = False
         self.instance = uuid.uuid4().hex
         self.lease = lease_seconds
         self.connect_timeout = connect_timeout
@@ -548,6 +551,7 @@ class PgStore(Store):
                 with suppress(Exception):
                     conn.close()
                 conn = None
+            self.down = lost
             if lost and op.retry and not self._closed.is_set():
                 return conn, True, False
             if op.parts is not None and not lost:
@@ -566,6 +570,7 @@ class PgStore(Store):
             return conn, False, False
         if op.future is not None and not op.future.done():
             op.future.set_result(result)
+        self.down = False
         if op.retry:
             self.error = None  # a write went through: whatever failed before is over
         return conn, False, False
@@ -653,10 +658,11 @@ class PgStore(Store):
 
     def _drain(self, timeout: float = 2.0) -> None:
         """Before a read from the database: this process's writes committed first
-        (read-your-writes). Skipped when none are outstanding, and when the store is failing
-        now (the writer is waiting for the server: the read fails at once instead of after
-        `timeout` seconds on the event loop)."""
-        if self._outstanding and self.error is None:
+        (read-your-writes). Skipped when none are outstanding, and when the writer is waiting
+        for the server (`down`: the read fails at once instead of after `timeout` seconds on
+        the event loop). A write the database refused is not that: the writes after it still
+        commit, and a read skipping them raced the writer (a flaky test under load)."""
+        if self._outstanding and not self.down:
             with suppress(StoreError):
                 self.flush(timeout)
 
@@ -699,7 +705,7 @@ class PgStore(Store):
     def close(self) -> None:
         if self._closed.is_set():
             return
-        if self.error is None:  # a failing store would only make the exit wait
+        if not self.down:  # a store without its server would only make the exit wait
             with suppress(StoreError):
                 self.flush(3.0)
         self._closed.set()

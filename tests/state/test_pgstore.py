@@ -229,6 +229,21 @@ def test_instances_starting_together_migrate_once(pg_url: str):
     assert str(urlsplit(pg_url).password) not in stores[0].path
 
 
+def test_a_read_after_a_refused_write_still_waits_for_the_writes_queued(pg_url: str):
+    """A write the database refused leaves `error` set until the next one commits; the server
+    is up all the while, so a read still waits for this process's queued writes (it skipped
+    them, and read a ledger without the answer just booked: the gathered-writes test below
+    flaked so under load). Only a writer without its server (`down`) skips the wait."""
+    from cg.wire.usage import Usage
+
+    with PgStore(pg_url) as st:
+        st.error = "record_usage on the store: a refused write"  # as the writer leaves it
+        st.record_usage("a", [("agent", "m", "", Usage(5, 0, 0, 0, 7, 1))])  # gathered first
+        rows = st.usage_rows("a")
+        assert [(r.usage.input_tokens, r.usage.output_tokens) for r in rows] == [(5, 7)]
+        assert not st.down
+
+
 def test_gathered_writes_commit_together_and_a_bad_one_drops_alone(pg_url: str):
     from cg.wire.usage import Usage
 
