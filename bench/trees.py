@@ -1,5 +1,5 @@
 """The addon of several source trees beside plain mitmdump, in one run: `python -m bench.trees
-TREE [TREE ...] [--dialect openai] [--rounds 12] [--size 0] [--set KEY=VALUE ...]`.
+TREE [TREE ...] [--dialect openai] [--rounds 12] [--size 0] [--set KEY=VALUE ...] [--hook-cpu]`.
 
 Why: `bench.proxy_latency` compares one tree's addon with plain mitmdump, and two of its runs
 a minute apart differ by more (±0.1 in the throughput ratio on the 2-core machine of
@@ -17,6 +17,9 @@ The traffic is `bench.proxy_latency`'s `same` body (the 1 MB, 400-message reuse 
 default; `--size` picks another corpus turn), sent by 16 clients in parallel, 20 requests each
 per round (125 each for a body under 100 KB); the first request commissions the summary (the
 1 MB turn does), which is awaited before any round, so every timed turn reuses it.
+`--hook-cpu` loads each tree's script through `bench/hookcpu.py`, which times its hooks and the
+garbage collector inside the loaded proxy: a second table gives each tree's CPU per request in
+each hook and in the collector, and the collector's passes by generation (stop 26).
 Loopback only; every process started is stopped.
 """
 
@@ -33,9 +36,11 @@ from pathlib import Path
 
 import httpx
 
+from bench import hookcpu
 from bench import proxy_latency as pl
 
 CLIENTS = 16
+HOOKCPU = Path(hookcpu.__file__)
 
 
 @dataclass
@@ -46,9 +51,14 @@ class Variant:
     pid: int = 0
     rps: list[float] = field(default_factory=list)
     cpu_us: list[float] = field(default_factory=list)
+    # `--hook-cpu`: each round's µs a request inside each hook and the collector, and the
+    # collector's passes per 1,000 requests by generation (`bench.hookcpu`)
+    hooks: list[dict[str, float]] = field(default_factory=list)
 
 
-def start(v: Variant, up: int, tmp: Path, sets: list[str], procs: list[pl.Proc]) -> None:
+def start(
+    v: Variant, up: int, tmp: Path, sets: list[str], procs: list[pl.Proc], hook_cpu: bool = False
+) -> None:
     v.port = pl.free_port()
     argv = [
         pl.mitmdump(), "--mode", f"reverse:http://{pl.HOST}:{up}", "--listen-host", pl.HOST,
@@ -56,7 +66,11 @@ def start(v: Variant, up: int, tmp: Path, sets: list[str], procs: list[pl.Proc])
     ]  # fmt: skip
     env = dict(os.environ)
     if v.tree is not None:
-        argv += ["-s", str(v.tree / "cg_addon.py")]
+        if hook_cpu:  # the tree's script, loaded and timed by bench/hookcpu.py
+            argv += ["-s", str(HOOKCPU)]
+            env[hookcpu.SCRIPT_ENV] = str(v.tree / "cg_addon.py")
+        else:
+            argv += ["-s", str(v.tree / "cg_addon.py")]
         for kv in addon_options(sets, tmp / f"{v.name}.sqlite3"):
             argv += ["--set", kv]
         env["PYTHONPATH"] = str(v.tree)
@@ -86,7 +100,14 @@ def addon_options(sets: list[str], db: Path) -> list[str]:
     return [f"{k}={v}" for k, v in options.items()]
 
 
-def run(trees: list[Path], dialect: str, rounds: int, size: int, sets: list[str]) -> str:
+def run(
+    trees: list[Path],
+    dialect: str,
+    rounds: int,
+    size: int,
+    sets: list[str],
+    hook_cpu: bool = False,
+) -> str:
     names = [t.name or str(t) for t in trees]
     if len(set(names)) != len(names):
         raise SystemExit("bench.trees: give each tree a directory of its own name")
@@ -97,7 +118,7 @@ def run(trees: list[Path], dialect: str, rounds: int, size: int, sets: list[str]
         try:
             _, up = pl.start_upstream(tmp, procs)
             for v in variants:
-                start(v, up, tmp, sets, procs)
+                start(v, up, tmp, sets, procs, hook_cpu)
             traffic = pl.same_traffic(dialect, 1, size) if size else pl.same_traffic(dialect, 1)
             body, path = traffic.body(0), pl.PATHS[dialect]
             headers = {"content-type": "application/json", **pl.HEADERS[dialect]}
@@ -114,18 +135,46 @@ def run(trees: list[Path], dialect: str, rounds: int, size: int, sets: list[str]
             for r in range(rounds):
                 k = r % len(variants)
                 for v in variants[k:] + variants[:k]:
+                    base = f"http://{pl.HOST}:{v.port}"
+                    timed = hook_cpu and v.tree is not None
+                    h0 = totals(base) if timed else {}
                     c0 = pl.cpu_seconds(v.pid)
-                    rps = pl.throughput(
-                        f"http://{pl.HOST}:{v.port}", path, body, headers, CLIENTS, per
-                    )
+                    rps = pl.throughput(base, path, body, headers, CLIENTS, per)
                     c1 = pl.cpu_seconds(v.pid)
                     v.rps.append(rps)
                     if c0 is not None and c1 is not None:
                         v.cpu_us.append((c1 - c0) / (CLIENTS * per) * 1e6)
+                    if timed:
+                        v.hooks.append(per_request(h0, totals(base), CLIENTS * per))
         finally:
             for p in procs:
                 p.stop()
     return report(variants, dialect, rounds, len(body), per)
+
+
+def totals(base: str) -> dict[str, int]:
+    """`bench.hookcpu`'s running totals in the proxy at `base`."""
+    answer = httpx.get(base + hookcpu.PATH, trust_env=False)
+    answer.raise_for_status()
+    out: dict[str, int] = answer.json()
+    return out
+
+
+def per_request(before: dict[str, int], after: dict[str, int], requests: int) -> dict[str, float]:
+    """One round's µs a request in each hook and in the collector, and the collector's passes
+    per 1,000 requests by generation. Refused unless every request went through every hook:
+    a round whose flows were not the addon's measured nothing."""
+    d = {k: after[k] - before[k] for k in after}
+    for h in hookcpu.HOOKS:
+        if d[f"{h}_calls"] != requests:
+            raise RuntimeError(
+                f"bench.trees: {d[f'{h}_calls']} {h} hooks timed for {requests} requests"
+            )
+    out = {h: d[f"{h}_ns"] / requests / 1000 for h in hookcpu.HOOKS}
+    out["gc"] = sum(d[f"gc{g}_ns"] for g in range(3)) / requests / 1000
+    for g in range(3):
+        out[f"gc{g}_per_1000"] = d[f"gc{g}_passes"] * 1000 / requests
+    return out
 
 
 def report(variants: list[Variant], dialect: str, rounds: int, size: int, per: int) -> str:
@@ -145,6 +194,24 @@ def report(variants: list[Variant], dialect: str, rounds: int, size: int, per: i
             f"{cpu - p_cpu:+,.0f} us | {p_cpu / cpu if cpu else 0:.3f}x |"
         )
     lines.append("")
+    timed = [v for v in variants if v.hooks]
+    if timed:
+        lines += [
+            "Inside each tree's proxy, its main thread's CPU per request (`--hook-cpu`; medians):",
+            "",
+            "| proxy | request | responseheaders | response | hooks | collector "
+            "| collections per 1,000 requests (gen 0 / 1 / 2) |",
+            "|---|--:|--:|--:|--:|--:|--:|",
+        ]
+        for v in timed:
+            m = {k: statistics.median(r[k] for r in v.hooks) for k in v.hooks[0]}
+            hooks = sum(m[h] for h in hookcpu.HOOKS)
+            lines.append(
+                f"| {v.name} | {m['request']:.1f} us | {m['responseheaders']:.1f} us | "
+                f"{m['response']:.1f} us | {hooks:.1f} us | {m['gc']:.1f} us | "
+                f"{m['gc0_per_1000']:.0f} / {m['gc1_per_1000']:.0f} / {m['gc2_per_1000']:.1f} |"
+            )
+        lines.append("")
     trees = variants[1:]
     for i, a in enumerate(trees):
         for b in trees[i + 1 :]:
@@ -168,13 +235,19 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=12, help="interleaved rounds (default 12)")
     ap.add_argument("--size", type=int, default=0, help="body size (default: the 1 MB turn)")
     ap.add_argument("--set", action="append", default=[], help="KEY=VALUE for every addon")
+    ap.add_argument(
+        "--hook-cpu",
+        action="store_true",
+        help="also time each tree's hooks and the collector inside its proxy (bench.hookcpu)",
+    )
     args = ap.parse_args(argv)
     for t in args.trees:
         if not (t / "cg_addon.py").is_file():
             ap.error(f"{t} holds no cg_addon.py")
     if args.rounds < 1:
         ap.error("--rounds must be >= 1")
-    print(run([t.resolve() for t in args.trees], args.dialect, args.rounds, args.size, args.set))
+    trees = [t.resolve() for t in args.trees]
+    print(run(trees, args.dialect, args.rounds, args.size, args.set, args.hook_cpu))
     return 0
 
 

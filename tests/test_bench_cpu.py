@@ -28,7 +28,7 @@ from bench.proxy_latency import (
     start_upstream,
     wait_for_addon,
 )
-from bench.trees import Variant, addon_options, report, start
+from bench.trees import Variant, addon_options, per_request, report, start, totals
 
 
 def test_cpu_seconds_counts_a_process_s_work_and_only_its_own() -> None:
@@ -183,3 +183,49 @@ def test_the_throughput_phase_reports_the_rounds_own_ratios() -> None:
     line = per_round_line([0.95, 0.85, 0.9, 0.88, 0.97])
     assert "median **0.90×**" in line and "0.85–0.97×" in line and "5 rounds" in line
     assert per_round_line([0.9]) == ""
+
+
+def test_hook_cpu_times_every_hook_of_every_flow_inside_the_proxy(tmp_path: Path) -> None:
+    """`bench.trees --hook-cpu`: the tree's script, loaded through `bench/hookcpu.py`, still
+    answers as itself (its health, the upstream's answer unchanged), and each of its three
+    hooks is timed once per flow, the report's own request left out; a round whose hooks did not
+    all run for every request is refused rather than divided."""
+    procs: list[Proc] = []
+    try:
+        _, up = start_upstream(tmp_path, procs)
+        v = Variant("addon", ROOT)
+        start(v, up, tmp_path, ["cg_preset=off"], procs, hook_cpu=True)
+        base = f"http://{HOST}:{v.port}"
+        before = totals(base)
+        for _ in range(3):
+            assert _post_small_turn(base).content == ANTHROPIC_REPLY
+        after = totals(base)
+        got = per_request(before, after, 3)
+        assert {k: after[f"{k}_calls"] - before[f"{k}_calls"] for k in got if "gc" not in k} == {
+            "request": 3,
+            "responseheaders": 3,
+            "response": 3,
+        }
+        assert got["request"] > 0 and got["response"] > 0 and got["gc"] >= 0
+        stats = httpx.get(base + "/_cg/stats", trust_env=False).json()
+        assert stats["requests"] == 3  # the addon's own count: it ran, as itself
+        with pytest.raises(RuntimeError, match="3 request hooks timed for 4 requests"):
+            per_request(before, after, 4)
+    finally:
+        for p in procs:
+            p.stop()
+
+
+def test_the_hook_cpu_table_gives_each_timed_tree_its_medians() -> None:
+    plain = Variant("plain", None, rps=[300.0], cpu_us=[1000.0])
+    row = {
+        "request": 60.0, "responseheaders": 6.0, "response": 40.0, "gc": 30.0,
+        "gc0_per_1000": 119.0, "gc1_per_1000": 11.0, "gc2_per_1000": 1.0,
+    }  # fmt: skip
+    a = Variant("a", Path("a"), rps=[250.0], cpu_us=[1200.0], hooks=[row])
+    out = report([plain, a], "anthropic", 1, 515, 125)
+    assert "| a | 60.0 us | 6.0 us | 40.0 us | 106.0 us | 30.0 us | 119 / 11 / 1.0 |" in out
+    assert "--hook-cpu" in out
+    assert "responseheaders" not in report(
+        [plain, Variant("b", Path("b"), rps=[1.0])], "x", 1, 1, 1
+    )
