@@ -63,12 +63,14 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager, suppress
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVarTuple
 
 from cg.settings import StoreConfig
 from cg.state.pending import CacheState, HeldWrites
 from cg.wire.jsonspan import JsonSpanError, walk_array
 from cg.wire.usage import Usage
+
+Ts = TypeVarTuple("Ts")  # a held write's arguments, typed against its method
 
 SCHEMA_VERSION = 3
 LEDGER_TTL_DAYS = 30.0
@@ -1166,7 +1168,7 @@ class Store:
         counts = (d.turns, d.rewritten, d.tokens_not_sent, d.estimate_skipped)
         self._hold(HeldWrites.add, session, rows, counts, cache_state, self.now())
 
-    def _hold(self, write: Callable[..., None], *args: Any) -> None:
+    def _hold(self, write: Callable[[HeldWrites, *Ts], None], *args: *Ts) -> None:
         """Add a write (`write(batch, *args)`, a `HeldWrites` method: no closure made per
         booking) to the held batch; commit the batch once its window has passed (at once
         without a `batch_delay`)."""
