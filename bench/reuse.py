@@ -284,19 +284,27 @@ class Line:
     records: list[dict[str, float]] = field(default_factory=list)
 
 
-def run(lines: list[Line], reps: int, warmup: int) -> None:
+def run(
+    lines: list[Line], reps: int, warmup: int, clock: Callable[[], float] = time.perf_counter
+) -> None:
     """Round-robin over the lines, so load from elsewhere spreads over all of them. The
-    garbage collector stays on, as in the proxy."""
+    garbage collector stays on, as in the proxy. Each call's own result is freed after its
+    clock stops, the previous line's before it starts (stop 26)."""
+    out: object = None
     for _ in range(warmup):
         for line in lines:
             out = line.prime()()
             if line.check is not None:
                 line.check(out)
+    out = None
     gc.collect()
-    clock = time.perf_counter
     for _ in range(reps):
         for line in lines:
             fn = line.prime()
+            # The previous line's result is freed here, not inside the timing: assigning `out`
+            # freed it between the call and the clock (a cold turn's index, ~0.2 ms of
+            # deallocation, had doubled the warm line).
+            out = None
             t0 = clock()
             out = fn()
             line.samples.append((clock() - t0) * 1000.0)
