@@ -112,6 +112,24 @@ def _request_text(raw: bytes, encoding: str | None) -> str:
     return body.decode("utf-8")  # a rewritten body: valid UTF-8
 
 
+LIST_OPTIONS = frozenset({"cg_hosts"})  # our options of type Sequence[str]
+
+
+def repeated_options(options: Any) -> list[tuple[str, list[str]]]:
+    """Our single-valued options given more than once on the command line (`--set cg_x=a
+    --set cg_x=b`), with their values, read from mitmproxy's deferred settings: it refuses
+    them once the script's options are added, and then drops the script silently."""
+    out: list[tuple[str, list[str]]] = []
+    for name, value in getattr(options, "deferred", {}).items():
+        values = getattr(value, "val", None)  # (mitmproxy's `_UnconvertedStrings`)
+        if not name.startswith("cg_") or not isinstance(values, list) or len(values) < 2:
+            continue
+        if name in LIST_OPTIONS:
+            continue  # repeating a list option is how it is given
+        out.append((name, [str(v) for v in values]))
+    return out
+
+
 def upstream_sni(req: http.Request) -> str | None:
     """The provider's name for our own calls' TLS when `req.url` names the address connected
     to (transparent and local modes): the name the agent asked for (`Host`, `:authority`).
@@ -290,6 +308,21 @@ class ContextGuru:
             "and no key of its own never falls back to the process's provider key "
             "(ANTHROPIC_API_KEY, OPENAI_API_KEY).",
         )
+        try:
+            repeated = repeated_options(loader.master.options)
+        except Exception:  # noqa: BLE001 - mitmproxy's internals moved: no check, no harm
+            repeated = []
+        for name, values in repeated:
+            # Right after this hook mitmproxy refuses the option and drops the whole script
+            # without a word: the proxy would run as plain mitmdump. Logged as an error, it
+            # stops mitmdump and mitmweb at start-up with this message instead.
+            log.error(
+                "context-guru: --set %s was given %d times (%s); mitmproxy refuses an option "
+                "given more than once and would run without context-guru: give it once",
+                name,
+                len(values),
+                ", ".join(repr(v) for v in values),
+            )
 
     def configure(self, updated: set[str]) -> None:
         opts = ctx.options

@@ -51,3 +51,18 @@ def test_body_size_options_pass_through_with_reason(small_proxy, provider, size,
     cg = small_proxy.records.cg(eid)
     assert cg["outcome"] == "passed_through"
     assert reason in cg["reason"]
+
+
+def test_an_option_given_twice_stops_mitmdump_naming_it(provider, tmp_path):
+    """mitmproxy refuses a single-valued option given twice and then drops the script without
+    a word, so the proxy ran as plain mitmdump: the addon names the option and its values as
+    an error, and mitmdump will not start. A list option (`cg_hosts`) repeated is how it is
+    given, and starts."""
+    with pytest.raises(RuntimeError) as e:
+        Proxy.start(provider.url, tmp_path / "twice", preset="off", options=["cg_preset=codex"])
+    log = str(e.value)
+    assert "--set cg_preset was given 2 times ('off', 'codex')" in log
+    assert "Error logged during startup" in log
+    hosts = ["cg_hosts=127.0.0.1", "cg_hosts=localhost"]
+    with Proxy.start(provider.url, tmp_path / "list", preset="off", options=hosts) as p:
+        assert "given 2 times" not in p.log_text()

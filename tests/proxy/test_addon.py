@@ -21,7 +21,7 @@ with warnings.catch_warnings():
 
 from cg import components as components_mod
 from cg.pipeline.contract import RequestContext, Step
-from cg.proxy.addon import BYPASS_HEADER, META, ContextGuru
+from cg.proxy.addon import BYPASS_HEADER, META, ContextGuru, repeated_options
 from cg.wire.splice import Insert, Keep, Plan
 
 MSGS = [
@@ -567,3 +567,17 @@ def test_the_allocator_is_tuned_once_on_glibc_and_says_why_not_elsewhere() -> No
         assert first is None, first
     else:
         assert first is not None
+
+
+def test_repeated_options_are_our_single_valued_ones_given_twice() -> None:
+    """Read from mitmproxy's own deferred `--set`s: ours given more than once, with their
+    values; a list option repeated, another addon's option, or one given once is not."""
+    from mitmproxy import options
+
+    opts = options.Options()
+    opts.set(
+        "cg_preset=off", "cg_preset=codex", "cg_db=a", "cg_hosts=x", "cg_hosts=y",
+        "other_addon=1", "other_addon=2", defer=True,
+    )  # fmt: skip
+    assert repeated_options(opts) == [("cg_preset", ["off", "codex"])]
+    assert repeated_options(options.Options()) == []
