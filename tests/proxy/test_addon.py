@@ -21,7 +21,7 @@ with warnings.catch_warnings():
 
 from cg import components as components_mod
 from cg.pipeline.contract import RequestContext, Step
-from cg.proxy.addon import BYPASS_HEADER, META, ContextGuru, repeated_options
+from cg.proxy.addon import BYPASS_HEADER, LIST_OPTIONS, META, ContextGuru, repeated_options
 from cg.wire.splice import Insert, Keep, Plan
 
 MSGS = [
@@ -581,3 +581,18 @@ def test_repeated_options_are_our_single_valued_ones_given_twice() -> None:
     )  # fmt: skip
     assert repeated_options(opts) == [("cg_preset", ["off", "codex"])]
     assert repeated_options(options.Options()) == []
+
+
+def test_the_list_options_named_are_the_addon_s_own_list_options() -> None:
+    """`repeated_options` lets a list option repeat by name (`LIST_OPTIONS`): that set must be
+    exactly the options the addon registers as lists, or a new one would stop mitmdump."""
+    from collections.abc import Sequence
+
+    from mitmproxy.test import taddons
+
+    addon = ContextGuru()
+    with taddons.context(addon) as tctx:
+        ours = {k: o for k, o in tctx.options._options.items() if k.startswith("cg_")}
+        lists = {k for k, o in ours.items() if o.typespec == Sequence[str]}
+    assert len(ours) >= 10 and lists  # vacuity: the addon's options were read
+    assert lists == LIST_OPTIONS
