@@ -583,9 +583,10 @@ def test_repeated_options_are_our_single_valued_ones_given_twice() -> None:
     assert repeated_options(options.Options()) == []
 
 
-def test_the_list_options_named_are_the_addon_s_own_list_options() -> None:
+async def test_the_list_options_named_are_the_addon_s_own_list_options() -> None:
     """`repeated_options` lets a list option repeat by name (`LIST_OPTIONS`): that set must be
-    exactly the options the addon registers as lists, or a new one would stop mitmdump."""
+    exactly the options the addon registers as lists, or a new one would stop mitmdump. (Async:
+    `taddons` on the running loop; outside one it makes a loop it never closes.)"""
     from collections.abc import Sequence
 
     from mitmproxy.test import taddons
