@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import difflib
 import functools
 import gc
 import json
@@ -127,6 +128,19 @@ def repeated_options(options: Any) -> list[tuple[str, list[str]]]:
         if name in LIST_OPTIONS:
             continue  # repeating a list option is how it is given
         out.append((name, [str(v) for v in values]))
+    return out
+
+
+def unknown_options(options: Any) -> list[tuple[str, str | None]]:
+    """`cg_*` options set on the command line that no addon claimed (a misspelt `cg_preset`),
+    each with the closest one that exists, asked once every script's options are added:
+    mitmproxy holds them for an addon that may claim them later, and never says so."""
+    ours = [k for k in options.keys() if k.startswith("cg_")]  # noqa: SIM118 - no __iter__
+    out: list[tuple[str, str | None]] = []
+    for name in getattr(options, "deferred", {}):
+        if name.startswith("cg_") and name not in ours:
+            close = difflib.get_close_matches(name, ours, n=1)
+            out.append((name, close[0] if close else None))
     return out
 
 
@@ -516,6 +530,19 @@ class ContextGuru:
         Start the expand relay, unless requests go through an upstream proxy (which would
         never reach a relay on our loopback)."""
         gc.freeze()
+        try:  # (here: every script's options are added by now, another's `cg_` ones too)
+            unknown = unknown_options(ctx.options)
+        except Exception:  # noqa: BLE001 - mitmproxy's internals moved: no check, no harm
+            unknown = []
+        for name, close in unknown:
+            # mitmproxy keeps an option no addon claims and never says so: a typo would leave
+            # the default in force (`auto`, where `off` was meant). Logged as an error at
+            # start-up, it stops mitmdump and mitmweb with this message.
+            log.error(
+                "context-guru: --set %s: no such option%s",
+                name,
+                f" (did you mean {close}?)" if close else "",
+            )
         # Revert needs a UI: mitmdump has none, and a flow it saves (`-w`) would hold the
         # client's body twice. `flow.backup()` was ~0.2 ms of a 1 MB reuse turn's hook.
         self.keep_backup = type(ctx.master).__name__ != "DumpMaster"

@@ -66,3 +66,13 @@ def test_an_option_given_twice_stops_mitmdump_naming_it(provider, tmp_path):
     hosts = ["cg_hosts=127.0.0.1", "cg_hosts=localhost"]
     with Proxy.start(provider.url, tmp_path / "list", preset="off", options=hosts) as p:
         assert "given 2 times" not in p.log_text()
+
+
+def test_a_misspelt_option_stops_mitmdump_naming_the_one_meant(provider, tmp_path):
+    """mitmproxy keeps an option no addon claims and says nothing, so `cg_presett=codex` left
+    the default preset in force: it is named, with the option meant, and mitmdump will not
+    start."""
+    with pytest.raises(RuntimeError) as e:
+        Proxy.start(provider.url, tmp_path, preset="off", options=["cg_presett=codex"])
+    assert "--set cg_presett: no such option (did you mean cg_preset?)" in str(e.value)
+    assert "Error logged during startup" in str(e.value)

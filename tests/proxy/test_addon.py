@@ -21,7 +21,14 @@ with warnings.catch_warnings():
 
 from cg import components as components_mod
 from cg.pipeline.contract import RequestContext, Step
-from cg.proxy.addon import BYPASS_HEADER, LIST_OPTIONS, META, ContextGuru, repeated_options
+from cg.proxy.addon import (
+    BYPASS_HEADER,
+    LIST_OPTIONS,
+    META,
+    ContextGuru,
+    repeated_options,
+    unknown_options,
+)
 from cg.wire.splice import Insert, Keep, Plan
 
 MSGS = [
@@ -597,3 +604,16 @@ async def test_the_list_options_named_are_the_addon_s_own_list_options() -> None
         lists = {k for k, o in ours.items() if o.typespec == Sequence[str]}
     assert len(ours) >= 10 and lists  # vacuity: the addon's options were read
     assert lists == LIST_OPTIONS
+
+
+def test_unknown_options_are_cg_options_no_addon_of_ours_registered() -> None:
+    """A misspelt `cg_` option stays deferred (mitmproxy waits for an addon to claim it, and
+    never says so): it is named with the closest of ours; another addon's option is not ours
+    to judge, and one of ours given is not unknown."""
+    from mitmproxy import options
+
+    opts = options.Options()
+    opts.add_option("cg_preset", str, "auto", "")
+    opts.add_option("cg_db", str, "", "")
+    opts.set("cg_presett=off", "cg_preset=off", "cg_zzz=1", "other_addon=1", defer=True)
+    assert sorted(unknown_options(opts)) == [("cg_presett", "cg_preset"), ("cg_zzz", None)]
