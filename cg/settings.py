@@ -7,6 +7,7 @@ and bad values are refused with a message naming the key and the value.
 from __future__ import annotations
 
 import fnmatch
+import re
 from collections.abc import Collection, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -156,6 +157,24 @@ def load_config(preset: str, config_file: str | None, known_components: Sequence
         if name not in known_components:
             raise ValueError(f"config: components: unknown component {name!r}")
     return cfg
+
+
+_PORT = re.compile(r"[^:]*:\d*")  # one colon, then digits: a port (an IPv6 address has more)
+
+
+def host_patterns(entries: Sequence[str]) -> tuple[str, ...]:
+    """`cg_hosts` as given (`--set cg_hosts=a,b` arrives as one entry "a,b": a comma list is
+    what people write) made into patterns. A URL, a path or a port never equals a Host
+    header's name, so such an entry would pass every request through without a word: it is
+    refused, naming it. Raises ValueError."""
+    out = tuple(h.strip() for item in entries for h in item.split(",") if h.strip())
+    for h in out:
+        if "://" in h or "/" in h or _PORT.fullmatch(h):
+            raise ValueError(
+                f"cg_hosts: {h!r} is not a host name; give names or *.example.com, no scheme, "
+                "path or port"
+            )
+    return out
 
 
 def host_allowed(host: str, patterns: Sequence[str]) -> bool:

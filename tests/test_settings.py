@@ -2,12 +2,21 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
 from pydantic import ValidationError
 
-from cg.settings import Config, _merge, describe, host_allowed, load_config, preset_names
+from cg.settings import (
+    Config,
+    _merge,
+    describe,
+    host_allowed,
+    host_patterns,
+    load_config,
+    preset_names,
+)
 
 
 def write(tmp_path: Path, text: str) -> str:
@@ -145,3 +154,18 @@ def test_merge_is_deep_and_the_override_wins() -> None:
 )
 def test_host_allowed(host: str, patterns: list[str], allowed: bool) -> None:
     assert host_allowed(host, patterns) is allowed
+
+
+def test_host_patterns_split_commas_and_refuse_what_no_host_name_equals() -> None:
+    """`--set cg_hosts=a,b` is one entry; names, wildcards and IP addresses (v6 too) are kept.
+    A scheme, a path or a port never equals a Host header's name: such an entry would pass
+    every request through without a word, so it is refused, naming it."""
+    assert host_patterns(["api.anthropic.com, *.openai.com", " ", "127.0.0.1", "::1"]) == (
+        "api.anthropic.com",
+        "*.openai.com",
+        "127.0.0.1",
+        "::1",
+    )
+    for bad in ("https://api.anthropic.com", "api.anthropic.com/v1", "api.anthropic.com:443"):
+        with pytest.raises(ValueError, match=f"cg_hosts: {re.escape(repr(bad))} is not a host"):
+            host_patterns(["a.example", bad])

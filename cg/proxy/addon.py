@@ -43,7 +43,7 @@ from cg.proxy.relay import HEADER as RELAY_HEADER
 from cg.proxy.relay import Relay, RelayJob
 from cg.proxy.resend import resend
 from cg.proxy.stats import Stats
-from cg.settings import AUTO, Config, host_allowed, load_presets
+from cg.settings import AUTO, Config, host_allowed, host_patterns, load_presets
 from cg.state.facts import FactsCache
 from cg.state.session import header
 from cg.state.store import Store, StoreError, valid_key
@@ -398,6 +398,10 @@ class ContextGuru:
             }
         except ValueError as e:
             raise exceptions.OptionsError(str(e)) from None  # type: ignore[no-untyped-call]
+        try:
+            hosts = host_patterns(opts.cg_hosts)
+        except ValueError as e:
+            raise exceptions.OptionsError(str(e)) from None  # type: ignore[no-untyped-call]
         if opts.cg_expand_inject not in ("auto", "always", "never"):
             raise exceptions.OptionsError(  # type: ignore[no-untyped-call]
                 f"cg_expand_inject: must be auto, always or never (got {opts.cg_expand_inject!r})"
@@ -408,10 +412,7 @@ class ContextGuru:
         self.preset = preset
         self.meter.ledger = ledger
         self.expand = ExpandPolicy(opts.cg_expand_inject, store)
-        # `--set cg_hosts=a,b` arrives as one entry "a,b": a comma list is what people write.
-        self.hosts = tuple(
-            h.strip() for item in opts.cg_hosts for h in item.split(",") if h.strip()
-        )
+        self.hosts = hosts
         self.max_body = opts.cg_max_body_mb * 1024 * 1024
         self.control = control.ControlPolicy(opts.cg_control_remote, opts.cg_control_token)
         self.redact = opts.cg_redact_credentials

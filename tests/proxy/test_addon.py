@@ -505,6 +505,17 @@ async def test_bad_config_file_is_refused_naming_the_key(
         assert [c.name for c in cg.components] == ["toy"]  # the good config stays in force
 
 
+async def test_a_cg_hosts_entry_no_host_name_equals_is_refused_naming_it(toy_config: str) -> None:
+    """A URL in `cg_hosts` would match no request's Host, so every request would pass through
+    untouched without a word: refused, and the hosts in force stay as they were."""
+    cg = ContextGuru()
+    with taddons.context(cg) as tctx:
+        setup(tctx, cg, cg_config=toy_config, cg_hosts=["api.anthropic.com"])
+        with pytest.raises(exceptions.OptionsError, match=r"'https://api\.openai\.com' is not a"):
+            tctx.configure(cg, cg_hosts=["https://api.openai.com"])
+        assert cg.hosts == ("api.anthropic.com",)
+
+
 async def test_missing_config_file_is_refused(tmp_path: Path) -> None:
     cg = ContextGuru()
     with (
