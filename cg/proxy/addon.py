@@ -113,21 +113,22 @@ def _request_text(raw: bytes, encoding: str | None) -> str:
     return body.decode("utf-8")  # a rewritten body: valid UTF-8
 
 
-LIST_OPTIONS = frozenset({"cg_hosts"})  # our options of type Sequence[str]
-
-
 def repeated_options(options: Any) -> list[tuple[str, list[str]]]:
     """Our single-valued options given more than once on the command line (`--set cg_x=a
     --set cg_x=b`), with their values, read from mitmproxy's deferred settings: it refuses
-    them once the script's options are added, and then drops the script silently."""
+    them once the script's options are added, and then drops the script silently. A list
+    option (`Sequence[str]`, as mitmproxy tells them apart) is given by repeating it."""
+    lists = {k for k, o in options.items() if o.typespec == Sequence[str]}
     out: list[tuple[str, list[str]]] = []
     for name, value in getattr(options, "deferred", {}).items():
         values = getattr(value, "val", None)  # (mitmproxy's `_UnconvertedStrings`)
-        if not name.startswith("cg_") or not isinstance(values, list) or len(values) < 2:
-            continue
-        if name in LIST_OPTIONS:
-            continue  # repeating a list option is how it is given
-        out.append((name, [str(v) for v in values]))
+        if (
+            name.startswith("cg_")
+            and name not in lists
+            and isinstance(values, list)
+            and len(values) > 1
+        ):
+            out.append((name, [str(v) for v in values]))
     return out
 
 

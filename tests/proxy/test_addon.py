@@ -6,7 +6,7 @@ import asyncio
 import gzip
 import json
 import warnings
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 from unittest import mock
@@ -23,7 +23,6 @@ from cg import components as components_mod
 from cg.pipeline.contract import RequestContext, Step
 from cg.proxy.addon import (
     BYPASS_HEADER,
-    LIST_OPTIONS,
     META,
     ContextGuru,
     repeated_options,
@@ -597,24 +596,12 @@ def test_repeated_options_are_our_single_valued_ones_given_twice() -> None:
         "cg_preset=off", "cg_preset=codex", "cg_db=a", "cg_hosts=x", "cg_hosts=y",
         "other_addon=1", "other_addon=2", defer=True,
     )  # fmt: skip
+    # As in the addon's `load`: its options added, the `--set`s not yet applied to them.
+    opts.add_option("cg_preset", str, "auto", "")
+    opts.add_option("cg_hosts", Sequence[str], [], "")  # a list option, as the addon's
+    assert {"cg_preset", "cg_hosts"} <= set(opts.deferred)  # the state asked about
     assert repeated_options(opts) == [("cg_preset", ["off", "codex"])]
     assert repeated_options(options.Options()) == []
-
-
-async def test_the_list_options_named_are_the_addon_s_own_list_options() -> None:
-    """`repeated_options` lets a list option repeat by name (`LIST_OPTIONS`): that set must be
-    exactly the options the addon registers as lists, or a new one would stop mitmdump. (Async:
-    `taddons` on the running loop; outside one it makes a loop it never closes.)"""
-    from collections.abc import Sequence
-
-    from mitmproxy.test import taddons
-
-    addon = ContextGuru()
-    with taddons.context(addon) as tctx:
-        ours = {k: o for k, o in tctx.options._options.items() if k.startswith("cg_")}
-        lists = {k for k, o in ours.items() if o.typespec == Sequence[str]}
-    assert len(ours) >= 10 and lists  # vacuity: the addon's options were read
-    assert lists == LIST_OPTIONS
 
 
 def test_unknown_options_are_cg_options_no_addon_of_ours_registered() -> None:
