@@ -5,6 +5,7 @@ And `bench.trees`' verdict on a change, which rests on that figure round by roun
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import json
 import os
 import subprocess
@@ -175,6 +176,40 @@ def test_the_lean_script_meters_every_flow_it_is_measured_on(tmp_path: Path) -> 
     finally:
         for p in procs:
             p.stop()
+
+
+def test_the_spin_script_burns_its_budget_in_each_hook_and_passes_requests_through(
+    tmp_path: Path,
+) -> None:
+    """`bench/spin` is the addon's hook CPU without its footprint: only a control if each hook
+    really spends its budget inside the proxy (timed by `bench.hookcpu`, as `bench.trees
+    --hook-cpu` times it) and the answer comes back as the upstream sent it."""
+    procs: list[Proc] = []
+    try:
+        _, up = start_upstream(tmp_path, procs)
+        v = Variant("spin", ROOT / "bench" / "spin")
+        start(v, up, tmp_path, ["cg_preset=off"], procs, hook_cpu=True)
+        base = f"http://{HOST}:{v.port}"
+        before = totals(base)
+        for _ in range(3):
+            assert _post_small_turn(base).content == ANTHROPIC_REPLY
+        got = per_request(before, totals(base), 3)
+        assert got["request"] >= 60 and got["responseheaders"] >= 5 and got["response"] >= 40
+    finally:
+        for p in procs:
+            p.stop()
+
+
+def test_the_spin_budget_is_three_figures_in_microseconds() -> None:
+    spec = importlib.util.spec_from_file_location("spin", ROOT / "bench" / "spin" / "cg_addon.py")
+    assert spec is not None and spec.loader is not None
+    spin = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(spin)
+    assert spin.budget(None) == (60_000, 5_000, 40_000)
+    assert spin.budget("1,2,3") == (1_000, 2_000, 3_000)
+    for bad in ("1,2", "1,-2,3", "a,b,c"):
+        with pytest.raises(ValueError):
+            spin.budget(bad)
 
 
 def test_the_throughput_phase_reports_the_rounds_own_ratios() -> None:

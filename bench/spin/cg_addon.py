@@ -1,0 +1,70 @@
+"""A script whose hooks burn the addon's CPU and touch nothing else: hook cost without footprint.
+
+`python -m bench.trees bench/floor bench/spin . --size 3000 --dialect anthropic --set
+cg_preset=off --hook-cpu` runs it beside the floor, the addon and plain mitmdump. Why: stop 26
+measured the addon's hooks at ~108 µs a flow inside the loaded proxy and the addon at ~+150 µs
+over the floor, and could not say whether the rest was the hooks' CPU counted again (the proxy
+serving fewer requests at a time) or what the hooks do to mitmproxy's own work afterwards (the
+objects and code they bring into the caches, the garbage they leave). This script answers it:
+each hook spins on `time.thread_time_ns` for as long as the addon's takes (60, 5 and 40 µs by
+default, `BENCH_SPIN_US="REQUEST,RESPONSEHEADERS,RESPONSE"` to change), allocating nothing
+and reading no flow. The addon's cost over this script, with the same hook CPU (the
+`--hook-cpu` table says whether it is), is what its footprint costs the rest of the proxy.
+
+It declares the options `bench.trees` sets and answers `/_cg/health` as the addon would, so the
+harness takes it for a tree; every request passes through untouched.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+from mitmproxy import http
+
+HEALTH = b'{"ok": true, "version": "spin", "preset": "off", "summaries": {}}'
+DEFAULT_US = (60, 5, 40)  # the addon's hooks inside the loaded proxy (docs/benchmarks.md, stop 26)
+
+
+def budget(spec: str | None) -> tuple[int, int, int]:
+    """Each hook's spin in ns, from `BENCH_SPIN_US` ("60,5,40") or the default."""
+    if not spec:
+        return DEFAULT_US[0] * 1000, DEFAULT_US[1] * 1000, DEFAULT_US[2] * 1000
+    parts = [int(p) for p in spec.split(",")]
+    if len(parts) != 3 or min(parts) < 0:
+        raise ValueError(f"BENCH_SPIN_US: three µs figures, not {spec!r}")
+    return parts[0] * 1000, parts[1] * 1000, parts[2] * 1000
+
+
+def spin(ns: int) -> None:
+    """Burn `ns` of this thread's CPU: one loop on two ints, nothing allocated that stays."""
+    end = time.thread_time_ns() + ns
+    while time.thread_time_ns() < end:
+        pass
+
+
+class Spin:
+    def __init__(self) -> None:
+        self.request_ns, self.responseheaders_ns, self.response_ns = budget(
+            os.environ.get("BENCH_SPIN_US")
+        )
+
+    def load(self, loader: Any) -> None:
+        loader.add_option("cg_preset", str, "off", "(bench.trees sets it; unused)")
+        loader.add_option("cg_db", str, "", "(bench.trees sets it; unused)")
+
+    def request(self, flow: http.HTTPFlow) -> None:
+        if flow.request.path.startswith("/_cg/"):
+            flow.response = http.Response.make(200, HEALTH, {"content-type": "application/json"})
+            return
+        spin(self.request_ns)
+
+    def responseheaders(self, flow: http.HTTPFlow) -> None:
+        spin(self.responseheaders_ns)
+
+    async def response(self, flow: http.HTTPFlow) -> None:
+        spin(self.response_ns)
+
+
+addons = [Spin()]
