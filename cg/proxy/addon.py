@@ -15,6 +15,7 @@ import functools
 import gc
 import json
 import logging
+import os
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
@@ -37,6 +38,7 @@ from cg.proxy import control, dashboard, malloc
 from cg.proxy import view as views
 from cg.proxy.agents import CLAUDE_CODE, CODEX, claude_code, codex, codex_compaction
 from cg.proxy.calls import call_flow
+from cg.proxy.environ import unknown_variables, unused_cheap_model
 from cg.proxy.message import content, content_type, set_content
 from cg.proxy.meter import Meter
 from cg.proxy.relay import HEADER as RELAY_HEADER
@@ -49,6 +51,7 @@ from cg.state.session import header
 from cg.state.store import Store, StoreError, valid_key
 from cg.state.tokens import TokenCounter
 from cg.summarize.client import HttpPool, Origin, SummarizerClient, timeout_from_env
+from cg.summarize.component import Summarize
 from cg.wire.answers import Reply, ResponseParseError, tool_calls
 from cg.wire.body import BodyIndex, MessageCache
 from cg.wire.dialects import route
@@ -143,6 +146,23 @@ def unknown_options(options: Any) -> list[tuple[str, str | None]]:
             close = difflib.get_close_matches(name, ours, n=1)
             out.append((name, close[0] if close else None))
     return out
+
+
+def _warn_unused_cheap_model(pipelines: dict[str, list[Component]]) -> None:
+    """`CHEAP_MODEL*` set where every summarizer in force reuses the incoming request's model:
+    say so, or the user believes a cheap model writes summaries the agent's model writes."""
+    summarizers = [c for comps in pipelines.values() for c in comps if isinstance(c, Summarize)]
+    if not summarizers:
+        return  # nothing summarizes (`off`): no model of any kind is used
+    config = any(c.cfg.model.source == "config" for c in summarizers)
+    unused = unused_cheap_model(os.environ, config)
+    if unused:
+        log.warning(
+            "context-guru: %s set but not used: the summaries of every preset in force are "
+            "written by the incoming request's own model (model.source: incoming); set "
+            "components.summarize.model.source: config (cg_config) to use a cheap model",
+            ", ".join(unused),
+        )
 
 
 def upstream_sni(req: http.Request) -> str | None:
@@ -359,6 +379,15 @@ class ContextGuru:
                 raise ValueError(
                     f"cg_store_batch_ms: must be in 0..60000 (got {opts.cg_store_batch_ms})"
                 )
+            unknown = unknown_variables(os.environ)
+            if unknown:
+                raise ValueError(
+                    "; ".join(
+                        f"{name}: no such environment variable"
+                        + (f" (did you mean {close}?)" if close else "")
+                        for name, close in unknown
+                    )
+                )
             configs = load_presets(opts.cg_preset, opts.cg_config, list(COMPONENTS))
             # The last one is the default: `summarize` under auto, else the one named.
             preset = list(configs)[-1]
@@ -399,6 +428,7 @@ class ContextGuru:
             }
         except ValueError as e:
             raise exceptions.OptionsError(str(e)) from None  # type: ignore[no-untyped-call]
+        _warn_unused_cheap_model(pipelines)
         try:
             hosts = host_patterns(opts.cg_hosts)
         except ValueError as e:

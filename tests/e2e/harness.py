@@ -30,6 +30,7 @@ from typing import Any
 import httpx
 import yaml
 
+from cg.proxy import environ
 from tests.fakeprovider import FakeProvider, Recorded
 
 REPO = Path(__file__).resolve().parents[2]
@@ -39,16 +40,13 @@ LISTENING = re.compile(r"listening at 127\.0\.0\.1:(\d+)")
 STARTUP_TIMEOUT = 30.0
 POLL = 0.02  # seconds between polls of a file or an endpoint
 # Inherited variables that would change what the summarizer does; only `env=` may set them.
-HERMETIC = (
-    "CHEAP_MODEL",
-    "CHEAP_MODEL_PROVIDER",
-    "CHEAP_MODEL_BASE_URL",
-    "CHEAP_MODEL_API_KEY",
-    "CHEAP_MODEL_AUTH",
-    "CONTEXT_GURU_SUMMARIZE_TIMEOUT",
-    "ANTHROPIC_API_KEY",
-    "OPENAI_API_KEY",
-)
+HERMETIC = ("ANTHROPIC_API_KEY", "OPENAI_API_KEY")  # and every name under `environ.PREFIXES`
+
+
+def hermetic(name: str) -> bool:
+    """Whether the test proxies drop this variable of the developer's environment: a key, or
+    one of ours (an unknown one would refuse every proxy's options)."""
+    return name in HERMETIC or name.startswith(environ.PREFIXES)
 
 
 def low(min_messages: int = 4, **over: Any) -> dict[str, Any]:
@@ -174,7 +172,7 @@ class Proxy:
             stderr=subprocess.STDOUT,
             text=True,
             env={
-                **{k: v for k, v in os.environ.items() if k not in HERMETIC},
+                **{k: v for k, v in os.environ.items() if not hermetic(k)},
                 **(env or {}),
                 "PYTHONUNBUFFERED": "1",
             },

@@ -76,3 +76,16 @@ def test_a_misspelt_option_stops_mitmdump_naming_the_one_meant(provider, tmp_pat
         Proxy.start(provider.url, tmp_path, preset="off", options=["cg_presett=codex"])
     assert "--set cg_presett: no such option (did you mean cg_preset?)" in str(e.value)
     assert "Error logged during startup" in str(e.value)
+
+
+def test_a_misspelt_environment_variable_stops_mitmdump_naming_the_one_meant(provider, tmp_path):
+    """`CHEAP_MODEL_KEY` (for `CHEAP_MODEL_API_KEY`) was read by no one, so a `config`
+    summarizer fell back to the process's provider key: named, and mitmdump will not start."""
+    with pytest.raises(RuntimeError) as e:
+        Proxy.start(provider.url, tmp_path, preset="off", env={"CHEAP_MODEL_KEY": "sk-x"})
+    log = str(e.value)
+    assert (
+        "CHEAP_MODEL_KEY: no such environment variable (did you mean CHEAP_MODEL_API_KEY?)" in log
+    )
+    assert "Error logged during startup" in log
+    assert "sk-x" not in log  # the name, never the value

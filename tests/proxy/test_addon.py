@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import gzip
 import json
+import logging
 import warnings
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -513,6 +514,70 @@ async def test_a_cg_hosts_entry_no_host_name_equals_is_refused_naming_it(toy_con
         with pytest.raises(exceptions.OptionsError, match=r"'https://api\.openai\.com' is not a"):
             tctx.configure(cg, cg_hosts=["https://api.openai.com"])
         assert cg.hosts == ("api.anthropic.com",)
+
+
+@pytest.mark.parametrize(
+    ("name", "message"),
+    [
+        ("CHEAP_MODEL_KEY", "CHEAP_MODEL_KEY: no such environment variable (did you mean "
+         "CHEAP_MODEL_API_KEY?)"),
+        ("CONTEXT_GURU_SUMMARIZE_TIMEOUT_S", "CONTEXT_GURU_SUMMARIZE_TIMEOUT_S: no such "
+         "environment variable (did you mean CONTEXT_GURU_SUMMARIZE_TIMEOUT?)"),
+    ],
+)  # fmt: skip
+async def test_a_misspelt_environment_variable_is_refused_naming_the_one_meant(
+    name: str, message: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Read by name, a misspelt variable was silent: `CHEAP_MODEL_KEY` left a config model on
+    the process's provider key, `…_TIMEOUT_S` the default timeout."""
+    monkeypatch.setenv(name, "1")
+    cg = ContextGuru()
+    with taddons.context(cg) as tctx:
+        with pytest.raises(exceptions.OptionsError) as e:
+            setup(tctx, cg)
+        assert str(e.value) == message
+        monkeypatch.delenv(name)
+        setup(tctx, cg)  # the same options, the variable gone: accepted
+        assert cg.preset == "off"
+
+
+@pytest.mark.parametrize(
+    ("preset", "config", "warned"),
+    [
+        ("summarize", None, True),  # model.source: incoming (the default)
+        ("auto", None, True),  # claude-code, codex, summarize: all incoming
+        ("summarize", {"model": {"source": "config", "provider": "anthropic"}}, False),
+        ("off", None, False),  # nothing summarizes: no model of any kind is used
+    ],
+)
+async def test_a_cheap_model_no_summarizer_reads_is_named(
+    preset: str,
+    config: dict[str, Any] | None,
+    warned: bool,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """`CHEAP_MODEL` set while every summarizer in force takes the incoming request's model:
+    the summaries are the agent's model's, at its price, and the user is told so."""
+    monkeypatch.setenv("CHEAP_MODEL", "claude-haiku-4-5")
+    monkeypatch.setenv("CHEAP_MODEL_API_KEY", "sk-cheap")
+    options: dict[str, Any] = {"cg_preset": preset, "cg_db": str(tmp_path / "cg.sqlite3")}
+    if config is not None:
+        cfg = tmp_path / "cg.yaml"
+        cfg.write_text(json.dumps({"components": {"summarize": config}}), encoding="utf-8")
+        options["cg_config"] = str(cfg)
+    cg = ContextGuru()
+    with taddons.context(cg) as tctx, caplog.at_level(logging.WARNING, "context_guru"):
+        tctx.configure(cg, **options)
+        cg.done()
+    told = [r.getMessage() for r in caplog.records if "set but not used" in r.getMessage()]
+    assert bool(told) is warned
+    if warned:
+        assert told[0].startswith("context-guru: CHEAP_MODEL, CHEAP_MODEL_API_KEY set but")
+        assert "sk-cheap" not in told[0]  # names, never values
+    if preset != "off":  # vacuity: the preset in force does summarize
+        assert any(c.name == "summarize" for c in cg.components)
 
 
 async def test_missing_config_file_is_refused(tmp_path: Path) -> None:

@@ -1,0 +1,50 @@
+"""The environment variables context-guru reads, and what is wrong with the ones set.
+
+Why: a variable read by name is silent when misspelt. `CHEAP_MODEL_KEY` (for
+`CHEAP_MODEL_API_KEY`) leaves a `config` summarizer on the process's provider key, billing
+another account; `CONTEXT_GURU_SUMMARIZE_TIMEOUT_S` leaves the 90 s default. And `CHEAP_MODEL`
+set while every preset in force takes its summarizer from the incoming request (`model.source:
+incoming`, the default) is not used at all: the summaries are written by the agent's own model,
+at its price, while the user believes a cheap one writes them. The addon checks the environment
+each time its options are configured: an unknown name under our prefixes refuses the options,
+naming it (SPEC: a bad config refuses to load, naming the key); a cheap model set but unused is
+a warning, since the config itself is valid.
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Mapping
+
+from cg.summarize.client import TIMEOUT_ENV
+from cg.summarize.config import CHEAP_ENV
+
+PREFIXES = ("CONTEXT_GURU_", "CHEAP_MODEL")
+KNOWN = frozenset({TIMEOUT_ENV, *CHEAP_ENV})
+
+
+def unknown_variables(env: Mapping[str, str]) -> list[tuple[str, str | None]]:
+    """(name, the known name it is closest to, if any) for each variable set under one of our
+    prefixes that context-guru does not read, sorted by name."""
+    return [
+        (name, _closest(name))
+        for name in sorted(env)
+        if name.startswith(PREFIXES) and name not in KNOWN
+    ]
+
+
+def _closest(name: str) -> str | None:
+    """The known name under the same prefix whose rest is closest to `name`'s rest (compared
+    without the prefix, which every candidate shares and which would make any name close)."""
+    prefix = next(p for p in PREFIXES if name.startswith(p))
+    rests = {k[len(prefix) :]: k for k in sorted(KNOWN) if k.startswith(prefix)}
+    close = difflib.get_close_matches(name[len(prefix) :], list(rests), n=1)
+    return rests[close[0]] if close else None
+
+
+def unused_cheap_model(env: Mapping[str, str], config_model_in_force: bool) -> list[str]:
+    """The `CHEAP_MODEL*` variables set (not empty) that no summarizer reads: every preset in
+    force has `model.source: incoming`, so none is used. Sorted."""
+    if config_model_in_force:
+        return []
+    return sorted(name for name in CHEAP_ENV if env.get(name))
