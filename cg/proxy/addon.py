@@ -62,6 +62,8 @@ log = logging.getLogger("context_guru")
 
 META = "context_guru"
 BYPASS_HEADER = "x-context-guru-bypass"
+# What people write to switch a thing on: `1` is documented, `true` was silently not a bypass.
+BYPASS_VALUES = frozenset({"1", "true", "yes", "on"})
 # Every store call runs on the event loop: a file another process holds locked may stall all
 # traffic this long per call, never the 5 s a reader (the CLI) may wait.
 STORE_BUSY_MS = 250
@@ -708,8 +710,9 @@ class ContextGuru:
     def _passing(self, req: http.Request, down: str | None) -> tuple[str, str] | None:
         """(outcome, reason) for a provider request passed through without reading its body:
         bypassed, the store down, a streamed body, or one over cg_max_body_mb; else None."""
-        if (header(req.headers, BYPASS_HEADER) or "").strip() == "1":
-            return "bypassed", f"{BYPASS_HEADER}: 1"
+        asked = header(req.headers, BYPASS_HEADER)
+        if asked is not None and asked.strip().lower() in BYPASS_VALUES:
+            return "bypassed", f"{BYPASS_HEADER}: {asked.strip()}"
         if down is not None:
             return "passed_through", f"{down}: passing through until it works"
         if req.raw_content is None:

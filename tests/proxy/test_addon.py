@@ -266,20 +266,24 @@ async def test_streamed_body_passes_through(toy_config: str) -> None:
 # -- bypass, hosts, size cap -----------------------------------------------------------------
 
 
-async def test_bypass_header(toy_config: str) -> None:
+@pytest.mark.parametrize("value", [" 1 ", "true", "True", "yes", "ON"])
+async def test_bypass_header(value: str, toy_config: str) -> None:
+    """`1` is documented; `true`, `yes` and `on` are what people write for it."""
     cg = ContextGuru()
     with taddons.context(cg) as tctx:
         setup(tctx, cg, cg_config=toy_config)
-        f = make_flow(headers={BYPASS_HEADER: " 1 "})
+        f = make_flow(headers={BYPASS_HEADER: value})
         raw = f.request.raw_content
         cg.request(f)
         assert f.metadata[META]["outcome"] == "bypassed"
+        assert f.metadata[META]["reason"] == f"{BYPASS_HEADER}: {value.strip()}"
         assert f.request.raw_content is raw and Toy.calls == 0
         assert cg.stats.bypassed == 1
-        f2 = make_flow(headers={BYPASS_HEADER: "0"})
-        cg.request(f2)
-        assert f2.metadata[META]["outcome"] == "rewritten"
-        assert BYPASS_HEADER in f2.request.headers  # the addon adds and removes nothing
+        for off in ("0", "false", "no", ""):
+            f2 = make_flow(headers={BYPASS_HEADER: off})
+            cg.request(f2)
+            assert f2.metadata[META]["outcome"] == "rewritten", off
+            assert BYPASS_HEADER in f2.request.headers  # the addon adds and removes nothing
 
 
 @pytest.mark.parametrize(
