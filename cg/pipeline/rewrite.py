@@ -109,6 +109,8 @@ def rewrite_body(
         # Resolved here even with no pipeline: the usage ledger books the answer under it.
         sid = session_of(headers or {}, index)
         record["session"] = sid.id
+        if sid.skipped:  # an explicit id not usable: said, or the user's name is lost unseen
+            record["session_skipped"] = list(sid.skipped)
         if not components and agent_compaction is None:
             return done("passed_through", "no components in the pipeline")
         req = RequestContext(index, sid.id, headers or {}, time.time() if now is None else now)

@@ -111,6 +111,8 @@ def view_record(
     }
     if isinstance(decision.get("messages_in"), int):
         rec["messages"] = [decision.get("messages_in"), decision.get("messages_out")]
+    if isinstance(decision.get("session"), str):  # resolved with no pipeline too (the ledger's)
+        rec["session"] = decision["session"]
     for comp in decision.get("components", ()):
         if not isinstance(comp, dict):
             continue
@@ -132,6 +134,9 @@ def view_record(
         rec["expand_tool"] = True
     if client_bytes is not None:
         rec["client_bytes"] = client_bytes
+    skipped = decision.get("session_skipped")
+    if isinstance(skipped, list) and skipped:
+        rec["session_skipped"] = [str(s) for s in skipped]
     return rec
 
 
@@ -432,6 +437,15 @@ def header_lines(rec: dict[str, Any]) -> Iterator[Line]:
         f"{rec.get('dialect')} dialect",
     ]
     yield [("text", "  " + ", ".join(w for w in who if w))]
+    skipped = rec.get("session_skipped")
+    if isinstance(skipped, list) and skipped:
+        yield [
+            (
+                "alert",
+                f"  not a usable session id, so not used: {', '.join(map(str, skipped))} "
+                "(ASCII letters, digits and ._:-, 1 to 128 characters)",
+            )
+        ]
     msgs, toks = _span(rec.get("messages")), _span(rec.get("tokens"))
     if msgs is not None:
         line = f"  messages {msgs[0]} → {msgs[1]}"

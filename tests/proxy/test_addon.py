@@ -22,6 +22,7 @@ with warnings.catch_warnings():
 
 from cg import components as components_mod
 from cg.pipeline.contract import RequestContext, Step
+from cg.proxy import view as views
 from cg.proxy.addon import (
     BYPASS_HEADER,
     META,
@@ -118,6 +119,37 @@ async def test_off_preset_passes_the_same_bytes_and_records_why() -> None:
         assert rec["messages_in"] == 5 and "hook" in rec["timings_ms"]
         assert f.response is None and not f.marked
         assert (cg.stats.requests, cg.stats.passed_through, cg.stats.rewritten) == (1, 1, 0)
+
+
+@pytest.mark.parametrize(
+    ("value", "skipped"),
+    [("conv one", True), ("x" * 129, True), (" conv-1 ", False)],
+)
+async def test_a_session_header_that_is_no_usable_id_is_said_not_lost_unseen(
+    value: str, skipped: bool
+) -> None:
+    """`x-context-guru-session: conv one` (a space) is not an allow-listed id: the session falls
+    to the next source, and the record and mitmweb's view say which header was not used."""
+    cg = ContextGuru()
+    with taddons.context(cg) as tctx:
+        setup(tctx, cg)
+        f = make_flow(headers={"x-context-guru-session": value})
+        cg.request(f)
+        rec, view = f.metadata[META], f.metadata[views.RECORD]
+        lines = ["".join(t for _, t in line) for line in views.header_lines(view)]
+        said = [line for line in lines if "not a usable session id" in line]
+        assert view["session"] == rec["session"]  # under `off` too: the ledger books under it
+        assert f"session {rec['session']}, preset off" in lines[1]
+        if skipped:
+            assert rec["session"].startswith("h:")  # the head hash, the next source here
+            assert rec["session_skipped"] == view["session_skipped"] == ["x-context-guru-session"]
+            assert said == [
+                "  not a usable session id, so not used: x-context-guru-session (ASCII letters, "
+                "digits and ._:-, 1 to 128 characters)"
+            ]
+        else:
+            assert rec["session"] == "conv-1"
+            assert "session_skipped" not in rec and "session_skipped" not in view and not said
 
 
 @pytest.mark.parametrize(
