@@ -136,7 +136,7 @@ async def test_a_session_header_that_is_no_usable_id_is_said_not_lost_unseen(
         f = make_flow(headers={"x-context-guru-session": value})
         cg.request(f)
         rec, view = f.metadata[META], f.metadata[views.RECORD]
-        lines = ["".join(t for _, t in line) for line in views.header_lines(view)]
+        lines = ["".join(str(t) for _, t in line) for line in views.header_lines(view)]
         said = [line for line in lines if "not a usable session id" in line]
         assert view["session"] == rec["session"]  # under `off` too: the ledger books under it
         assert f"session {rec['session']}, preset off" in lines[1]
