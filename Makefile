@@ -37,7 +37,7 @@ test: lint typecheck pytest
 
 # In-process, then through real mitmdumps (direct, plain, the addon: c=1 and c=16, the same and
 # a growing body, both dialects, pass-through and checkpoint reuse), the small turn beside the
-# floor and lean scripts with each one's hooks timed inside its proxy, the size sweep and its plot
+# floor, lean and spin scripts with each one's hooks timed inside its proxy, the size sweep and its plot
 # (docs/bench-latency-vs-size.png, matplotlib from the test extras), and the peer when installed.
 bench: $(VENV)/.installed-test
 	uptime
@@ -47,7 +47,7 @@ bench: $(VENV)/.installed-test
 	$(BIN)/python -m bench.proxy_latency --dialect both --traffic both --concurrency 16
 	$(BIN)/python -m bench.proxy_latency --dialect both --traffic same --preset summarize --concurrency 16
 	$(BIN)/python -m bench.proxy_latency --traffic same --size 3000 --concurrency 16
-	$(BIN)/python -m bench.trees bench/floor bench/lean . --size 3000 --dialect anthropic --rounds 6 --set cg_preset=off --hook-cpu
+	$(BIN)/python -m bench.trees bench/floor bench/lean bench/spin . --size 3000 --dialect anthropic --rounds 6 --set cg_preset=off --hook-cpu
 	$(BIN)/python -m bench.ttfb
 	$(BIN)/python -m bench.sizes
 	$(BIN)/python -m bench.peers
