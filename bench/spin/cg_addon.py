@@ -11,19 +11,21 @@ default, `BENCH_SPIN_US="REQUEST,RESPONSEHEADERS,RESPONSE"` to change), allocati
 and reading no flow. The addon's cost over this script, with the same hook CPU (the
 `--hook-cpu` table says whether it is), is what its footprint costs the rest of the proxy.
 
-It declares the options `bench.trees` sets and answers `/_cg/health` as the addon would, so the
-harness takes it for a tree; every request passes through untouched.
+It is `bench/floor` (the options `bench.trees` sets, the health answer that makes the harness
+take it for a tree) with the spins added; every request passes through untouched.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import time
+from pathlib import Path
 from typing import Any
 
 from mitmproxy import http
 
-HEALTH = b'{"ok": true, "version": "spin", "preset": "off", "summaries": {}}'
+FLOOR = Path(__file__).resolve().parent.parent / "floor" / "cg_addon.py"
 DEFAULT_US = (60, 5, 40)  # the addon's hooks inside the loaded proxy (docs/benchmarks.md, stop 26)
 
 
@@ -44,21 +46,29 @@ def spin(ns: int) -> None:
         pass
 
 
-class Spin:
+def _floor() -> Any:
+    """`bench/floor`'s script class, loaded by path: each bench tree runs with only its own
+    directory on `PYTHONPATH`."""
+    spec = importlib.util.spec_from_file_location("bench_floor_script", FLOOR)
+    if spec is None or spec.loader is None:
+        raise RuntimeError(f"bench/spin: cannot load {FLOOR}")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.Floor
+
+
+class Spin(_floor()):  # type: ignore[misc]  # the floor's options and health answer
+    version = "spin"
+
     def __init__(self) -> None:
         self.request_ns, self.responseheaders_ns, self.response_ns = budget(
             os.environ.get("BENCH_SPIN_US")
         )
 
-    def load(self, loader: Any) -> None:
-        loader.add_option("cg_preset", str, "off", "(bench.trees sets it; unused)")
-        loader.add_option("cg_db", str, "", "(bench.trees sets it; unused)")
-
     def request(self, flow: http.HTTPFlow) -> None:
-        if flow.request.path.startswith("/_cg/"):
-            flow.response = http.Response.make(200, HEALTH, {"content-type": "application/json"})
-            return
-        spin(self.request_ns)
+        super().request(flow)
+        if flow.response is None:  # not the health check
+            spin(self.request_ns)
 
     def responseheaders(self, flow: http.HTTPFlow) -> None:
         spin(self.responseheaders_ns)
