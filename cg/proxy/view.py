@@ -111,13 +111,11 @@ def view_record(
     }
     if isinstance(decision.get("messages_in"), int):
         rec["messages"] = [decision.get("messages_in"), decision.get("messages_out")]
-    if isinstance(decision.get("session"), str):  # resolved with no pipeline too (the ledger's)
+    if isinstance(decision.get("session"), str):  # every component's, and the ledger's
         rec["session"] = decision["session"]
     for comp in decision.get("components", ()):
         if not isinstance(comp, dict):
             continue
-        if isinstance(comp.get("session"), str):
-            rec["session"] = comp["session"]
         if isinstance(comp.get("tokens"), int):
             rec["tokens"] = [comp["tokens"], comp.get("tokens_after", comp["tokens"])]
         cp = comp.get("checkpoint")
