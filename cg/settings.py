@@ -6,9 +6,10 @@ and bad values are refused with a message naming the key and the value.
 
 from __future__ import annotations
 
+import difflib
 import fnmatch
 import re
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -157,6 +158,30 @@ def load_config(preset: str, config_file: str | None, known_components: Sequence
         if name not in known_components:
             raise ValueError(f"config: components: unknown component {name!r}")
     return cfg
+
+
+def unknown_names(
+    given: Iterable[str], known: Collection[str], prefixes: tuple[str, ...]
+) -> list[tuple[str, str | None]]:
+    """(name, the known name meant, if one is close) for each name given under one of our
+    `prefixes` that is not `known`, sorted: a misspelt `cg_` option or environment variable,
+    which mitmproxy or `os.environ` would keep unread without a word. Closeness is judged on
+    the rest after the prefix, which every candidate shares and which would make any name
+    look close."""
+    out = []
+    for name in sorted(set(given)):
+        prefix = next((p for p in prefixes if name.startswith(p)), None)
+        if prefix is None or name in known:
+            continue
+        rests = {k[len(prefix) :]: k for k in sorted(known) if k.startswith(prefix)}
+        close = difflib.get_close_matches(name[len(prefix) :], list(rests), n=1)
+        out.append((name, rests[close[0]] if close else None))
+    return out
+
+
+def no_such(name: str, close: str | None, what: str) -> str:
+    """The message for one of `unknown_names`."""
+    return f"{name}: no such {what}" + (f" (did you mean {close}?)" if close else "")
 
 
 _PORT = re.compile(r"[^:]*:\d*")  # one colon, then digits: a port (an IPv6 address has more)

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import difflib
 import functools
 import gc
 import json
@@ -45,7 +44,15 @@ from cg.proxy.relay import HEADER as RELAY_HEADER
 from cg.proxy.relay import Relay, RelayJob
 from cg.proxy.resend import resend
 from cg.proxy.stats import Stats
-from cg.settings import AUTO, Config, host_allowed, host_patterns, load_presets
+from cg.settings import (
+    AUTO,
+    Config,
+    host_allowed,
+    host_patterns,
+    load_presets,
+    no_such,
+    unknown_names,
+)
 from cg.state.facts import FactsCache
 from cg.state.session import header
 from cg.state.store import Store, StoreError, valid_key
@@ -141,23 +148,18 @@ def unknown_options(options: Any) -> list[tuple[str, str | None]]:
     """`cg_*` options set on the command line that no addon claimed (a misspelt `cg_preset`),
     each with the closest one that exists, asked once every script's options are added:
     mitmproxy holds them for an addon that may claim them later, and never says so."""
-    ours = [k for k in options.keys() if k.startswith("cg_")]  # noqa: SIM118 - no __iter__
-    out: list[tuple[str, str | None]] = []
-    for name in getattr(options, "deferred", {}):
-        if name.startswith("cg_") and name not in ours:
-            close = difflib.get_close_matches(name, ours, n=1)
-            out.append((name, close[0] if close else None))
-    return out
+    known = list(options.keys())
+    return unknown_names(getattr(options, "deferred", {}), known, ("cg_",))
 
 
 def _warn_unused_cheap_model(pipelines: dict[str, list[Component]]) -> None:
     """`CHEAP_MODEL*` set where every summarizer in force reuses the incoming request's model:
     say so, or the user believes a cheap model writes summaries the agent's model writes."""
-    summarizers = [c for comps in pipelines.values() for c in comps if isinstance(c, Summarize)]
-    if not summarizers:
-        return  # nothing summarizes (`off`): no model of any kind is used
-    config = any(c.cfg.model.source == "config" for c in summarizers)
-    unused = unused_cheap_model(os.environ, config)
+    sources = [
+        c.cfg.model.source for comps in pipelines.values() for c in comps
+        if isinstance(c, Summarize)
+    ]  # fmt: skip
+    unused = unused_cheap_model(os.environ, sources)
     if unused:
         log.warning(
             "context-guru: %s set but not used: the summaries of every preset in force are "
@@ -384,11 +386,7 @@ class ContextGuru:
             unknown = unknown_variables(os.environ)
             if unknown:
                 raise ValueError(
-                    "; ".join(
-                        f"{name}: no such environment variable"
-                        + (f" (did you mean {close}?)" if close else "")
-                        for name, close in unknown
-                    )
+                    "; ".join(no_such(n, close, "environment variable") for n, close in unknown)
                 )
             configs = load_presets(opts.cg_preset, opts.cg_config, list(COMPONENTS))
             # The last one is the default: `summarize` under auto, else the one named.
@@ -572,11 +570,7 @@ class ContextGuru:
             # mitmproxy keeps an option no addon claims and never says so: a typo would leave
             # the default in force (`auto`, where `off` was meant). Logged as an error at
             # start-up, it stops mitmdump and mitmweb with this message.
-            log.error(
-                "context-guru: --set %s: no such option%s",
-                name,
-                f" (did you mean {close}?)" if close else "",
-            )
+            log.error("context-guru: --set %s", no_such(name, close, "option"))
         # Revert needs a UI: mitmdump has none, and a flow it saves (`-w`) would hold the
         # client's body twice. `flow.backup()` was ~0.2 ms of a 1 MB reuse turn's hook.
         self.keep_backup = type(ctx.master).__name__ != "DumpMaster"

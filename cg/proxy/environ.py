@@ -13,9 +13,9 @@ a warning, since the config itself is valid.
 
 from __future__ import annotations
 
-import difflib
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
+from cg.settings import unknown_names
 from cg.summarize.client import TIMEOUT_ENV
 from cg.summarize.config import CHEAP_ENV
 
@@ -24,27 +24,15 @@ KNOWN = frozenset({TIMEOUT_ENV, *CHEAP_ENV})
 
 
 def unknown_variables(env: Mapping[str, str]) -> list[tuple[str, str | None]]:
-    """(name, the known name it is closest to, if any) for each variable set under one of our
-    prefixes that context-guru does not read, sorted by name."""
-    return [
-        (name, _closest(name))
-        for name in sorted(env)
-        if name.startswith(PREFIXES) and name not in KNOWN
-    ]
+    """(name, the known name meant, if any) for each variable set under one of our prefixes
+    that context-guru does not read, sorted by name."""
+    return unknown_names(env, KNOWN, PREFIXES)
 
 
-def _closest(name: str) -> str | None:
-    """The known name under the same prefix whose rest is closest to `name`'s rest (compared
-    without the prefix, which every candidate shares and which would make any name close)."""
-    prefix = next(p for p in PREFIXES if name.startswith(p))
-    rests = {k[len(prefix) :]: k for k in sorted(KNOWN) if k.startswith(prefix)}
-    close = difflib.get_close_matches(name[len(prefix) :], list(rests), n=1)
-    return rests[close[0]] if close else None
-
-
-def unused_cheap_model(env: Mapping[str, str], config_model_in_force: bool) -> list[str]:
-    """The `CHEAP_MODEL*` variables set (not empty) that no summarizer reads: every preset in
-    force has `model.source: incoming`, so none is used. Sorted."""
-    if config_model_in_force:
+def unused_cheap_model(env: Mapping[str, str], sources: Sequence[str]) -> list[str]:
+    """The `CHEAP_MODEL*` variables set (not empty) that no summarizer reads, given the
+    `model.source` of each summarizer in force: none if nothing summarizes (`off`: no model of
+    any kind is used) or one takes a `config` model. Sorted."""
+    if not sources or "config" in sources:
         return []
     return sorted(name for name in CHEAP_ENV if env.get(name))

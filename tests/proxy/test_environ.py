@@ -36,9 +36,10 @@ def test_a_misspelt_variable_under_our_prefixes_is_named_with_the_one_meant() ->
 
 def test_a_cheap_model_is_unused_only_where_no_summarizer_takes_a_config_model() -> None:
     env = {"CHEAP_MODEL": "m", "CHEAP_MODEL_API_KEY": "k", "CHEAP_MODEL_AUTH": ""}
-    assert unused_cheap_model(env, config_model_in_force=False) == [
+    assert unused_cheap_model(env, ["incoming", "incoming"]) == [
         "CHEAP_MODEL",
         "CHEAP_MODEL_API_KEY",
     ]  # an empty one is not set
-    assert unused_cheap_model(env, config_model_in_force=True) == []
-    assert unused_cheap_model({}, config_model_in_force=False) == []
+    assert unused_cheap_model(env, ["incoming", "config"]) == []
+    assert unused_cheap_model(env, []) == []  # nothing summarizes: no model is used
+    assert unused_cheap_model({}, ["incoming"]) == []
