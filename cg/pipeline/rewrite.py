@@ -16,7 +16,8 @@ from cg.pipeline.contract import Component, Invalidates, RequestContext
 from cg.pipeline.runner import PipelineResult, run_pipeline
 from cg.state.session import session_of
 from cg.state.store import Store
-from cg.wire.body import BodyIndex, BodyRejected, MessageCache, index_body
+from cg.state.tokens import REQUEST_BUDGET_CHARS, budget
+from cg.wire.body import BodyIndex, BodyRejected, MessageCache, OverBound, index_body
 from cg.wire.dialects import Dialect
 from cg.wire.shape import (
     check_wire_array,
@@ -65,13 +66,34 @@ def rewrite_body(
     cache: MessageCache | None = None,
     expand: ExpandPolicy | None = None,
     agent_compaction: str | None = None,
+    max_messages: int | None = None,
 ) -> Rewrite:
     """Run one request body through the pipeline. `headers` are read, never stored.
 
     `agent_compaction`: the request is the agent compacting its own history (why we know): it
     passes through untouched, and each component that keeps per-conversation state forgets it
     (`Invalidates`), since the history that follows is the agent's own summary.
+    `max_messages`: a transcript longer than this passes through (`bound` in the record), found
+    before the rest of it is read. The texts of one call are counted within one token budget
+    (`cg.state.tokens.budget`): however long, a request costs a bounded tokenisation.
     """
+    with budget(REQUEST_BUDGET_CHARS):
+        return _rewrite(
+            raw, dialect, components, headers, now, cache, expand, agent_compaction, max_messages
+        )
+
+
+def _rewrite(
+    raw: bytes,
+    dialect: Dialect,
+    components: Sequence[Component],
+    headers: Mapping[str, str] | None,
+    now: float | None,
+    cache: MessageCache | None,
+    expand: ExpandPolicy | None,
+    agent_compaction: str | None,
+    max_messages: int | None,
+) -> Rewrite:
     t0 = time.perf_counter()
     timings: dict[str, float] = {}
     record: dict[str, Any] = {"dialect": dialect.name, "timings_ms": timings}
@@ -95,7 +117,10 @@ def rewrite_body(
 
     try:
         try:
-            index = index_body(raw, dialect, cache)
+            index = index_body(raw, dialect, cache, max_messages)
+        except OverBound as e:
+            record["bound"] = e.bound
+            return done("passed_through", str(e))
         except BodyRejected as e:
             return done("passed_through", str(e))
         t = lap("index", t0)

@@ -110,6 +110,23 @@ class FactsBacking(Protocol):
     def put_facts(self, rows: Sequence[FactRow]) -> None: ...
 
 
+def _to_end(memo: OrderedDict[Any, Any], key: Any) -> None:
+    """`memo.move_to_end(key)`, where another thread may have evicted `key` since it was read."""
+    try:  # noqa: SIM105 - a try costs nothing here, per message; `suppress()` is an object
+        memo.move_to_end(key)
+    except KeyError:
+        pass
+
+
+def _trim(memo: OrderedDict[Any, Any], size: int) -> None:
+    """The oldest entries out of `memo` until it holds `size` (another thread may trim too)."""
+    while len(memo) > size:
+        try:
+            memo.popitem(last=False)
+        except KeyError:
+            return
+
+
 def _row(raw: bytes, f: MessageFacts) -> FactRow:
     return (raw, f.digest, f.tokens, f.outputs, int(f.breakpoint) | (2 if f.long_ttl else 0))
 
@@ -125,7 +142,11 @@ def _source_key(source: str) -> bytes:
 
 
 class FactsCache:
-    """Memoised `MessageFacts` per message; one per addon, shared by every reader."""
+    """Memoised `MessageFacts` per message; one per addon, shared by every reader, from the
+    event loop and from the thread that reads large bodies at once. No lock: each memo
+    operation is one C call under the GIL, and the two-step ones (a read, then `move_to_end`;
+    a size check, then `popitem`) allow for the other thread's step in between (a KeyError
+    there only means the entry went meanwhile)."""
 
     def __init__(
         self, tokens: TokenCounter, size: int = MEMO_SIZE, backing: FactsBacking | None = None
@@ -140,13 +161,12 @@ class FactsCache:
 
     def _remember(self, view: MessageView, facts: MessageFacts) -> None:
         self._by_view[id(view)] = (view, facts)  # holding the view keeps its id from reuse
-        if len(self._by_view) > self.size:
-            self._by_view.popitem(last=False)
+        _trim(self._by_view, self.size)
 
     def _seen(self, view: MessageView) -> MessageFacts | None:
         seen = self._by_view.get(id(view))
         if seen is not None and seen[0] is view:
-            self._by_view.move_to_end(id(view))
+            _to_end(self._by_view, id(view))
             return seen[1]
         return None
 
@@ -178,7 +198,7 @@ class FactsCache:
                 if facts is None:
                     missing.append((i, raw))
                     continue
-                self._by_raw.move_to_end(raw)
+                _to_end(self._by_raw, raw)
                 self._remember(index.messages[i].view, facts)
             out[i] = facts
         if missing:
@@ -218,8 +238,7 @@ class FactsCache:
 
     def _memo_raw(self, raw: bytes, facts: MessageFacts) -> None:
         self._by_raw[raw] = facts
-        if len(self._by_raw) > self.size:
-            self._by_raw.popitem(last=False)
+        _trim(self._by_raw, self.size)
 
     def _raw(self, index: BodyIndex, i: int) -> MessageFacts:
         m = index.messages[i]
@@ -230,7 +249,7 @@ class FactsCache:
         then)."""
         facts = self._by_raw.get(raw)
         if facts is not None:
-            self._by_raw.move_to_end(raw)
+            _to_end(self._by_raw, raw)
             return facts
         return self._computed(value(), view, raw)
 
@@ -286,7 +305,7 @@ class FactsCache:
         raw = h.digest()
         prelude = self._preludes.get(raw)
         if prelude is not None:
-            self._preludes.move_to_end(raw)
+            _to_end(self._preludes, raw)
             return prelude
         row = self._load([raw]).get(raw)  # a restarted proxy: system and tools, counted
         if row is not None:
@@ -302,8 +321,7 @@ class FactsCache:
         bp, long = breakpoints_in([parts.get("tools"), parts.get("system")])
         prelude = Prelude(canonical_digest(parts), tokens, bp, long)
         self._preludes[raw] = prelude
-        if len(self._preludes) > PRELUDE_MEMO_SIZE:
-            self._preludes.popitem(last=False)
+        _trim(self._preludes, PRELUDE_MEMO_SIZE)
         if self.backing is not None:
             self._pending.append((raw, prelude.digest, tokens, (), int(bp) | (2 if long else 0)))
         return prelude

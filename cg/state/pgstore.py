@@ -794,6 +794,11 @@ class PgStore(Store):
         if not valid_key(key):
             raise ValueError(f"put_stash: malformed key {key!r}")
         span = span_bytes(span_sources)
+        if len(span) > self.max_stash_bytes:
+            raise ValueError(
+                f"put_stash: a span of {len(span)} bytes is over the stash bound "
+                f"({self.max_stash_bytes})"
+            )
         t = self.now()
         n = len(span_sources)
         self._submit(

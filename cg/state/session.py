@@ -107,7 +107,12 @@ def _lowered(fields: tuple[Any, ...]) -> dict[bytes, bytes]:
             had = by_name.get(name)
             by_name[name] = v if had is None else had + b", " + v
     if len(_LOWERED) >= LOWERED_MAX:
-        del _LOWERED[next(iter(_LOWERED))]  # the oldest
+        # The oldest. (Read from the event loop and from the thread that reads large bodies:
+        # the other may have taken it, or changed the dict under the iterator, meanwhile.)
+        try:
+            del _LOWERED[next(iter(_LOWERED))]
+        except (KeyError, RuntimeError, StopIteration):
+            _LOWERED.clear()
     _LOWERED[id(fields)] = (fields, by_name)
     return by_name
 

@@ -862,11 +862,23 @@ class Store:
 
     # -- stashes ----------------------------------------------------------------------------
 
+    @property
+    def max_stash_bytes(self) -> int:
+        """The largest span one stash may hold: a quarter of the stashes' share of `max_mb`,
+        so that one summary never evicts most of what every other session stashed."""
+        return _stash_limits(self.max_bytes)[0] // 4
+
     def put_stash(self, key: str, session: str, span_sources: Sequence[str], dialect: str) -> None:
-        """Stash a span under `key` for `session`; putting it again only refreshes `last_used`."""
+        """Stash a span under `key` for `session`; putting it again only refreshes `last_used`.
+        A span over `max_stash_bytes` is refused (ValueError)."""
         if not valid_key(key):
             raise ValueError(f"put_stash: malformed key {key!r}")
         span = span_bytes(span_sources)
+        if len(span) > self.max_stash_bytes:
+            raise ValueError(
+                f"put_stash: a span of {len(span)} bytes is over the stash bound "
+                f"({self.max_stash_bytes})"
+            )
         t = self.now()
         self._forget_reads()
         with self._tx("put_stash") as conn:

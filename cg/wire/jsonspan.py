@@ -47,6 +47,15 @@ class JsonSpanError(ValueError):
         self.pos = pos
 
 
+class TooManyElements(ValueError):
+    """A walked array holds more than the `limit` elements the caller allows: the walk stops
+    at the first one over, so a body of a million tiny elements costs `limit` of them."""
+
+    def __init__(self, limit: int) -> None:
+        super().__init__(f"more than {limit} elements")
+        self.limit = limit
+
+
 @frozen
 class Element:
     """One array element: `text[start:end]` is its exact source, `value` its parsed form."""
@@ -86,13 +95,16 @@ def skip_ws(text: str, i: int) -> int:
 Known = Callable[[str, int], Sequence[tuple[Any, ...]]]
 
 
-def walk_array(text: str, i: int, known: Known | None = None) -> ArraySpan:
+def walk_array(
+    text: str, i: int, known: Known | None = None, limit: int | None = None
+) -> ArraySpan:
     """Walk the array starting at `text[i]`, parsing each element once.
 
     `known(text, first)` may offer `(source, value)` pairs for the leading elements, e.g. the
     previous turn's messages: while the text repeats them verbatim, their parsed values are
     reused and nothing is parsed. Objects and arrays are self-delimiting, so a verbatim match
-    of a whole object's source is that element exactly.
+    of a whole object's source is that element exactly. More than `limit` elements raise
+    `TooManyElements` (None: no limit).
     """
     if text[i : i + 1] != "[":
         raise JsonSpanError("expected '['", i)
@@ -123,22 +135,32 @@ def walk_array(text: str, i: int, known: Known | None = None) -> ArraySpan:
             raise JsonSpanError("expected ',' or ']'", skip_ws(text, end))
         if sep.group(1) is None:
             return ArraySpan(start, sep.end(), tuple(elements))
+        if len(elements) == limit:  # another element follows the last one allowed
+            raise TooManyElements(limit)
         i = sep.end()
 
 
 def extend_array(
-    text: str, start: int, elements: list[Element], end: int, shift: int = 0
+    text: str,
+    start: int,
+    elements: list[Element],
+    end: int,
+    shift: int = 0,
+    limit: int | None = None,
 ) -> ArraySpan:
     """The array at `start` whose leading `elements` are known (the last ends at `end`, e.g.
     the messages a previous turn shares byte for byte): walked on from there only. `text` holds
     the rest of the array with position `x` at `text[x - shift]` (a part of the whole text);
-    every span returned is a position in the whole."""
+    every span returned is a position in the whole. More than `limit` elements in all raise
+    `TooManyElements`."""
     while True:
         sep = _ARRAY_SEP.match(text, end - shift)
         if sep is None:
             raise JsonSpanError("expected ',' or ']'", skip_ws(text, end - shift) + shift)
         if sep.group(1) is None:
             return ArraySpan(start, sep.end() + shift, tuple(elements))
+        if limit is not None and len(elements) >= limit:
+            raise TooManyElements(limit)
         i = sep.end()
         try:
             value, stop = _DECODER.raw_decode(text, i)
@@ -157,12 +179,16 @@ def shift_array(arr: ArraySpan, shift: int) -> ArraySpan:
 
 
 def walk_object(
-    text: str, i: int, arrays: Collection[str] = (), known: Known | None = None
+    text: str,
+    i: int,
+    arrays: Collection[str] = (),
+    known: Known | None = None,
+    limit: int | None = None,
 ) -> tuple[list[Member], int]:
     """Walk the object starting at `text[i]`; return its members in order and its end index.
 
     Values under keys in `arrays` that are arrays are walked element by element (each element
-    parsed once); every other value is parsed whole by `raw_decode`.
+    parsed once, at most `limit` of them); every other value is parsed whole by `raw_decode`.
     """
     if text[i : i + 1] != "{":
         raise JsonSpanError("expected '{'", i)
@@ -182,7 +208,7 @@ def walk_object(
             raise JsonSpanError("expected ':'", i)
         i = skip_ws(text, i + 1)
         if key in arrays and text[i : i + 1] == "[":
-            arr = walk_array(text, i, known)
+            arr = walk_array(text, i, known, limit)
             value = [e.value for e in arr.elements]
             members.append(Member(key, i, arr.end, value, arr))
             end = arr.end
@@ -203,11 +229,15 @@ def walk_object(
 
 
 def walk_document(
-    text: str, arrays: Collection[str] = (), known: Known | None = None
+    text: str,
+    arrays: Collection[str] = (),
+    known: Known | None = None,
+    limit: int | None = None,
 ) -> list[Member]:
-    """Walk a whole document that must be one JSON object, with only whitespace around it."""
+    """Walk a whole document that must be one JSON object, with only whitespace around it
+    (the arrays under `arrays` of at most `limit` elements each)."""
     i = skip_ws(text, 0)
-    members, end = walk_object(text, i, arrays, known)
+    members, end = walk_object(text, i, arrays, known, limit)
     if skip_ws(text, end) != len(text):
         raise JsonSpanError("trailing data after the object", end)
     return members
