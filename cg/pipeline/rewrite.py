@@ -17,7 +17,15 @@ from cg.pipeline.runner import PipelineResult, run_pipeline
 from cg.state.session import session_of
 from cg.state.store import Store
 from cg.state.tokens import REQUEST_BUDGET_CHARS, budget
-from cg.wire.body import BodyIndex, BodyRejected, MessageCache, OverBound, index_body
+from cg.wire.body import (
+    BodyIndex,
+    BodyRejected,
+    Deferred,
+    Inline,
+    MessageCache,
+    OverBound,
+    index_body,
+)
 from cg.wire.dialects import Dialect
 from cg.wire.shape import (
     check_wire_array,
@@ -49,6 +57,8 @@ class Rewrite:
     commissions: list[tuple[Component, Any]] = field(default_factory=list)
     index: BodyIndex | None = None
     shape: SentShape | None = None  # what `body` is made of, when there is one
+    # Why the body was not read here (over the `inline` limits): the caller reads it elsewhere.
+    deferred: str | None = None
 
     @property
     def outcome(self) -> Outcome:
@@ -67,6 +77,7 @@ def rewrite_body(
     expand: ExpandPolicy | None = None,
     agent_compaction: str | None = None,
     max_messages: int | None = None,
+    inline: Inline | None = None,
 ) -> Rewrite:
     """Run one request body through the pipeline. `headers` are read, never stored.
 
@@ -76,10 +87,21 @@ def rewrite_body(
     `max_messages`: a transcript longer than this passes through (`bound` in the record), found
     before the rest of it is read. The texts of one call are counted within one token budget
     (`cg.state.tokens.budget`): however long, a request costs a bounded tokenisation.
+    `inline` (new bytes, new objects): a body whose unread part is over either returns at once,
+    unread, with `deferred` saying why (the caller reads it off the event loop).
     """
     with budget(REQUEST_BUDGET_CHARS):
         return _rewrite(
-            raw, dialect, components, headers, now, cache, expand, agent_compaction, max_messages
+            raw,
+            dialect,
+            components,
+            headers,
+            now,
+            cache,
+            expand,
+            agent_compaction,
+            max_messages,
+            inline,
         )
 
 
@@ -93,6 +115,7 @@ def _rewrite(
     expand: ExpandPolicy | None,
     agent_compaction: str | None,
     max_messages: int | None,
+    inline: Inline | None,
 ) -> Rewrite:
     t0 = time.perf_counter()
     timings: dict[str, float] = {}
@@ -117,7 +140,11 @@ def _rewrite(
 
     try:
         try:
-            index = index_body(raw, dialect, cache, max_messages)
+            index = index_body(raw, dialect, cache, max_messages, inline)
+        except Deferred as e:
+            out = done("passed_through", f"deferred: {e}")
+            out.deferred = str(e)
+            return out
         except OverBound as e:
             record["bound"] = e.bound
             return done("passed_through", str(e))

@@ -32,14 +32,14 @@ from cg.expand import continuation
 from cg.expand import tool as expand_mod
 from cg.expand.tool import TOOL_NAME, names_tool
 from cg.pipeline.contract import Commissioner, Component
-from cg.pipeline.rewrite import ExpandPolicy, rewrite_body
-from cg.proxy import control, dashboard, malloc
+from cg.pipeline.rewrite import ExpandPolicy, Rewrite, rewrite_body
+from cg.proxy import control, dashboard, malloc, offload
 from cg.proxy import view as views
 from cg.proxy.agents import CLAUDE_CODE, CODEX, claude_code, codex, codex_compaction
 from cg.proxy.calls import call_flow
 from cg.proxy.environ import unknown_variables, unused_cheap_model
-from cg.proxy.message import content, content_type, set_content
-from cg.proxy.meter import Meter
+from cg.proxy.message import bounded_content, content, content_type, set_content
+from cg.proxy.meter import Meter, late_index
 from cg.proxy.relay import HEADER as RELAY_HEADER
 from cg.proxy.relay import Relay, RelayJob
 from cg.proxy.resend import resend
@@ -59,10 +59,10 @@ from cg.state.store import Store, StoreError, valid_key
 from cg.state.tokens import TokenCounter
 from cg.summarize.client import HttpPool, Origin, SummarizerClient, timeout_from_env
 from cg.summarize.component import Summarize
+from cg.wire import decode
 from cg.wire.answers import Reply, ResponseParseError, tool_calls
-from cg.wire.body import BodyIndex, MessageCache
-from cg.wire.dialects import route
-from cg.wire.splice import SentShape
+from cg.wire.body import MAX_MESSAGES, MessageCache
+from cg.wire.dialects import Dialect, route
 from cg.wire.upstream import Exchange, provider_message, sni_name, upstream_verify
 
 log = logging.getLogger("context_guru")
@@ -85,6 +85,7 @@ REDACTED = "[redacted by context-guru]"
 _CREDENTIAL_NAMES = frozenset(n.encode() for n in CREDENTIAL_HEADERS)
 _REDACTED_BYTES = REDACTED.encode()
 MAX_LIVE = 10_000  # provider flows in flight; one that never ended is redacted past this
+FACTS_INLINE = 2000  # token counts written back on the loop after an answer, at most
 
 
 def _redacted(fields: tuple[tuple[bytes, bytes], ...]) -> tuple[tuple[bytes, bytes], ...]:
@@ -169,6 +170,24 @@ def _warn_unused_cheap_model(pipelines: dict[str, list[Component]]) -> None:
         )
 
 
+def _passed(dialect: str, outcome: str, reason: str) -> dict[str, Any]:
+    """The record of a request whose body was not read."""
+    record: dict[str, Any] = {"dialect": dialect, "outcome": outcome, "reason": reason}
+    if reason.endswith("is over cg_max_body_mb"):
+        record["bound"] = "cg_max_body_mb"
+    return record
+
+
+def _over_cap(dialect: str, e: decode.TooLarge) -> dict[str, Any]:
+    record = _passed(
+        dialect,
+        "passed_through",
+        f"body {e} (cg_max_body_mb): passed through without being decoded further",
+    )
+    record["bound"] = "cg_max_body_mb"
+    return record
+
+
 def upstream_sni(req: http.Request) -> str | None:
     """The provider's name for our own calls' TLS when `req.url` names the address connected
     to (transparent and local modes): the name the agent asked for (`Host`, `:authority`).
@@ -198,6 +217,8 @@ class ContextGuru:
         self.preset = ""
         self.hosts: Sequence[str] = ()
         self.max_body = 32 * 1024 * 1024
+        self.max_messages = MAX_MESSAGES
+        self.offload = offload.Offload()
         self.control = control.ControlPolicy()
         self.redact = True
         # Provider flows whose request still holds its credential: redacted when done.
@@ -298,6 +319,14 @@ class ContextGuru:
             "Request bodies larger than this many MiB pass through without being parsed.",
         )
         loader.add_option(
+            "cg_max_messages",
+            int,
+            MAX_MESSAGES,
+            "Requests whose transcript (messages, or a Responses request's input items) holds "
+            "more elements than this pass through untouched; the count stops at the first "
+            "element over, so a longer one costs no more to refuse.",
+        )
+        loader.add_option(
             "cg_warm_sessions",
             int,
             16,
@@ -377,6 +406,8 @@ class ContextGuru:
         try:
             if opts.cg_max_body_mb < 0:
                 raise ValueError(f"cg_max_body_mb: must be >= 0 (got {opts.cg_max_body_mb})")
+            if opts.cg_max_messages < 1:
+                raise ValueError(f"cg_max_messages: must be >= 1 (got {opts.cg_max_messages})")
             if opts.cg_warm_sessions < 1:
                 raise ValueError(f"cg_warm_sessions: must be >= 1 (got {opts.cg_warm_sessions})")
             if not 0 <= opts.cg_store_batch_ms <= 60_000:
@@ -445,6 +476,8 @@ class ContextGuru:
         self.expand = ExpandPolicy(opts.cg_expand_inject, store)
         self.hosts = hosts
         self.max_body = opts.cg_max_body_mb * 1024 * 1024
+        self.max_messages = opts.cg_max_messages
+        self.meter.max_messages = opts.cg_max_messages
         self.control = control.ControlPolicy(opts.cg_control_remote, opts.cg_control_token)
         self.redact = opts.cg_redact_credentials
 
@@ -592,6 +625,7 @@ class ContextGuru:
         self.awaiting.clear()
         self.relay.close()
         self.relayed.clear()
+        self.offload.close()
         with contextlib.suppress(RuntimeError):  # no running loop: nothing left to close
             loop = asyncio.get_running_loop()
             self._bg = {
@@ -605,70 +639,181 @@ class ContextGuru:
 
     # -- hooks -------------------------------------------------------------------------------
 
-    def request(self, flow: http.HTTPFlow) -> None:
+    def request(self, flow: http.HTTPFlow) -> Awaitable[None] | None:
+        """A provider request: guards, then its body read (bounded) and rewritten, assigned
+        once. A body too long to read on the event loop is read in the worker thread
+        (`cg.proxy.offload`): then an awaitable is returned, which mitmproxy awaits."""
         if not flow.live:
             # A flow read from a file (`-r`, mitmweb's open) or one of our own calls shown as a
             # flow: nothing goes upstream, so nothing is rewritten, counted or booked.
-            return
+            return None
         req = flow.request
         if control.is_control(req.path):
             control.answer(flow, self._routes(), self.control)
-            return
+            return None
         dialect = route(req.method, req.path)
         # By name (the Host header): in transparent/local mode, and in a CONNECT tunnel,
         # `req.host` is the address connected to, not the provider's name.
         if dialect is None or (self.hosts and not host_allowed(req.pretty_host, self.hosts)):
-            return  # (`pretty_host` parses the Host header: only asked when cg_hosts is set)
+            return None  # (`pretty_host` parses the Host header: only asked when cg_hosts is set)
         self.stats.requests += 1
         self.live[flow.id] = flow
         while len(self.live) > MAX_LIVE:
             self._release(next(iter(self.live.values())))
         t0 = time.perf_counter()
-        record: dict[str, Any]
-        raw: bytes | None = None
-        summary_flow: str | None = None
-        index: BodyIndex | None = None
-        shape: SentShape | None = None
         try:
             down = self._store_down() if any(self.pipelines.values()) else None
         except Exception as e:  # noqa: BLE001 - a hook never raises: pass through, say why
             down = f"the store could not be checked ({type(e).__name__}: {e})"
         passing = self._passing(req, down)
-        if passing is None:
-            try:
-                raw = content(req, strict=True)
-            except ValueError as e:
-                passing = ("passed_through", f"cannot decode body: {e}")
-        if raw is None:
-            # (get_content gives None only for a streamed body, said by `_passing`)
-            outcome, reason = passing or ("passed_through", "body streamed")
-            record = {"dialect": dialect.name, "outcome": outcome, "reason": reason}
-        else:
-            preset, components, why = self.pipeline_for(req.headers, dialect.name)
-            result = rewrite_body(
+        if passing is not None:
+            self._conclude(flow, t0, _passed(dialect.name, *passing))
+            return None
+        encoding = header(req.headers, "content-encoding")
+        if encoding and len(req.raw_content or b"") > offload.ENCODED_INLINE:
+            return self._aside(flow, dialect, t0, None, "a content-encoded body to decode")
+        try:
+            raw = bounded_content(req, self.max_body)
+        except decode.TooLarge as e:
+            self._conclude(flow, t0, _over_cap(dialect.name, e))
+            return None
+        except ValueError as e:
+            self._conclude(
+                flow, t0, _passed(dialect.name, "passed_through", f"cannot decode body: {e}")
+            )
+            return None
+        preset, components, why = self.pipeline_for(req.headers, dialect.name)
+        result = rewrite_body(
+            raw,
+            dialect,
+            components,
+            headers=req.headers,
+            cache=self.cache,
+            expand=self.expand,
+            agent_compaction=codex_compaction(req.headers),
+            max_messages=self.max_messages,
+            inline=offload.INLINE,
+        )
+        if result.deferred is not None:
+            return self._aside(flow, dialect, t0, raw, result.deferred)
+        self._conclude(flow, t0, result.record, raw, result, preset, why)
+        return None
+
+    def _aside(
+        self,
+        flow: http.HTTPFlow,
+        dialect: Dialect,
+        t0: float,
+        raw: bytes | None,
+        why: str,
+    ) -> Awaitable[None] | None:
+        """The request read in the worker thread (`raw`: its decoded body, or None to decode it
+        there too); while too many wait for it, passed through instead."""
+        if self.offload.full():
+            self.offload.busy += 1
+            reason = (
+                f"{self.offload.waiting} large bodies are being read already: this one "
+                f"({why}) passes through unread"
+            )
+            record = _passed(dialect.name, "passed_through", reason)
+            record["bound"] = "large bodies in flight"
+            self._conclude(flow, t0, record)
+            return None
+        return self._read_aside(flow, dialect, t0, raw, why)
+
+    async def _read_aside(
+        self, flow: http.HTTPFlow, dialect: Dialect, t0: float, raw: bytes | None, why: str
+    ) -> None:
+        req = flow.request
+        preset, components, reason = self.pipeline_for(req.headers, dialect.name)
+        started = time.perf_counter()
+        try:
+            raw, result = await self.offload.run(
+                self._read_whole,
                 raw,
+                req.raw_content or b"",
+                header(req.headers, "content-encoding") or "",
                 dialect,
                 components,
-                headers=req.headers,
-                cache=self.cache,
-                expand=self.expand,
-                agent_compaction=codex_compaction(req.headers),
+                req.headers,
+                codex_compaction(req.headers),
             )
-            record = result.record
-            index = result.index
-            shape = result.shape
+        except Exception as e:  # noqa: BLE001 - a hook never raises: pass through, say why
+            record = _passed(
+                dialect.name, "failed_open", f"internal error: {type(e).__name__}: {e}"
+            )
+            self._conclude(flow, t0, record)
+            return
+        if isinstance(result, dict):  # (a record: the body was not read)
+            self._conclude(flow, t0, result)
+            return
+        result.record.setdefault("timings_ms", {})["aside"] = round(
+            (time.perf_counter() - started) * 1000, 3
+        )
+        result.record["read_aside"] = why
+        if result.index is not None:
+            self.cache.remember(result.index)  # (on the loop: the cache is the loop's alone)
+        self._conclude(flow, t0, result.record, raw, result, preset, reason)
+
+    def _read_whole(
+        self,
+        raw: bytes | None,
+        content: bytes,
+        encoding: str,
+        dialect: Dialect,
+        components: list[Component],
+        headers: Any,
+        compaction: str | None,
+    ) -> tuple[bytes | None, Rewrite | dict[str, Any]]:
+        """In the worker thread: the body decoded (bounded) unless it was, and rewritten, read
+        whole (no message cache: it is the loop's). Returns the decoded body and the rewrite,
+        or a pass-through record when the body cannot be read."""
+        if raw is None:
+            try:
+                raw = decode.decode(content, encoding, self.max_body)
+            except decode.TooLarge as e:
+                return None, _over_cap(dialect.name, e)
+            except ValueError as e:
+                return None, _passed(dialect.name, "passed_through", f"cannot decode body: {e}")
+        return raw, rewrite_body(
+            raw,
+            dialect,
+            components,
+            headers=headers,
+            expand=self.expand,
+            agent_compaction=compaction,
+            max_messages=self.max_messages,
+        )
+
+    def _conclude(
+        self,
+        flow: http.HTTPFlow,
+        t0: float,
+        record: dict[str, Any],
+        raw: bytes | None = None,
+        result: Rewrite | None = None,
+        preset: str = "",
+        why: str = "",
+    ) -> None:
+        """The request's end, on the loop: a rewrite assigned once (or the original left
+        untouched), its summaries commissioned, its record kept, its usage metered."""
+        req = flow.request
+        summary_flow: str | None = None
+        index = result.index if result is not None else None
+        shape = result.shape if result is not None else None
+        if result is not None and raw is not None:
             record["preset"] = preset
             record["preset_reason"] = why
             self._count_components(record)
             if result.body is not None:
-                original = req.raw_content
+                original, fields = req.raw_content, req.headers.fields
                 if self.keep_backup:  # mitmweb's Revert: the request as it came (by reference)
                     flow.backup()  # type: ignore[no-untyped-call]
                 try:
                     set_content(req, result.body)
                     self.originals[flow.id] = original
                 except Exception as e:  # noqa: BLE001 - an encoder error must fail open
-                    req.content = raw
+                    req.headers.fields, req.raw_content = fields, original
                     record["outcome"] = "failed_open"
                     record["reason"] = f"cannot re-encode body: {e}"
             if result.commissions:
@@ -703,7 +848,8 @@ class ContextGuru:
 
     def _passing(self, req: http.Request, down: str | None) -> tuple[str, str] | None:
         """(outcome, reason) for a provider request passed through without reading its body:
-        bypassed, the store down, a streamed body, or one over cg_max_body_mb; else None."""
+        bypassed, the store down, a streamed body, or one whose very bytes are over
+        cg_max_body_mb (what it decodes to is bounded as it is decoded); else None."""
         asked = header(req.headers, BYPASS_HEADER)
         if asked is not None and asked.strip().lower() in BYPASS_VALUES:
             return "bypassed", f"{BYPASS_HEADER}: {asked.strip()}"
@@ -955,13 +1101,27 @@ class ContextGuru:
         if not flow.live:
             return  # read from a file, or our own call shown: booked when it happened
         try:
+            late = self.meter.late(flow)
+            if late is not None and len(flow.request.raw_content or b"") > offload.ENCODED_INLINE:
+                # A bypassed turn's body, read for its session: a long read, off the loop.
+                turn, dialect = late
+                with contextlib.suppress(Exception):
+                    turn.index = await self.offload.run(
+                        late_index, flow, dialect, self.max_body, self.max_messages
+                    )
+                self.meter.readable.discard(flow.id)  # (tried: not again on the loop)
             replies = await self._answer(flow)
             record = flow.metadata.get(META)
             if isinstance(record, dict):
                 self.meter.answered(flow, record, replies)
         finally:
             self._release(flow)
-            self.facts.flush()  # new messages' token counts, to the store (after the answer)
+            # New messages' token counts, to the store (after the answer): many of them (a
+            # large body's) in the worker, whose store calls queue on the store's lock.
+            if self.facts.pending() > FACTS_INLINE:
+                await self.offload.run(self.facts.flush)
+            else:
+                self.facts.flush()
 
     def _release(self, flow: http.HTTPFlow) -> None:
         """The flow is done with upstream: forget it, and redact its credential."""

@@ -12,6 +12,7 @@ from __future__ import annotations
 from mitmproxy import http
 
 from cg.state.session import header
+from cg.wire import decode
 
 
 def content(message: http.Message, strict: bool = True) -> bytes | None:
@@ -21,17 +22,32 @@ def content(message: http.Message, strict: bool = True) -> bytes | None:
     return message.get_content(strict=strict)
 
 
+def bounded_content(message: http.Message, limit: int) -> bytes:
+    """The body decoded as its content-encoding says, never more than `limit` bytes of it
+    produced (`cg.wire.decode`: raises TooLarge, or Undecodable; both ValueErrors). A streamed
+    body (no content) is the caller's to refuse first."""
+    raw = message.raw_content
+    if raw is None:
+        raise decode.Undecodable("the body is streamed")
+    return decode.decode(raw, header(message.headers, "content-encoding") or "", limit)
+
+
 def set_content(message: http.Message, body: bytes) -> None:
     """`message.content = body`. Without a content-encoding the body and its content-length go
     in with one edit of the raw fields: mitmproxy's setter read and rewrote the headers three
-    times (each converting every field to `str`). With one, mitmproxy's own (it encodes)."""
-    if header(message.headers, "content-encoding"):
+    times (each converting every field to `str`). With one coding, mitmproxy's own (it
+    encodes); with a chain (`gzip, br`), which mitmproxy cannot encode (its setter would drop
+    the header and send the body plain), ours (`cg.wire.decode.encode`: Undecodable when a
+    coding is unknown), its content-length set as for a plain body."""
+    ce = header(message.headers, "content-encoding")
+    if ce and len(decode.codings(ce)) <= 1:
         message.content = body
         return
-    message.raw_content = body
+    raw = decode.encode(body, ce) if ce else body
+    message.raw_content = raw
     if header(message.headers, "transfer-encoding") is not None:
         return  # as mitmproxy: no content-length beside a transfer-encoding
-    length = b"%d" % len(body)
+    length = b"%d" % len(raw)
     fields: list[tuple[bytes, bytes]] = []
     put = False
     for k, v in message.headers.fields:

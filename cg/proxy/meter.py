@@ -24,10 +24,10 @@ from mitmproxy import http
 
 from cg.billing.ledger import Ledger, Round, Turn
 from cg.billing.tap import UNDECODABLE, UsageTap, usage_of_json
-from cg.proxy.message import content, content_type
+from cg.proxy.message import bounded_content, content, content_type
 from cg.proxy.stats import UsageCounts
 from cg.wire.answers import Reply
-from cg.wire.body import BodyIndex, BodyRejected, index_body
+from cg.wire.body import MAX_MESSAGES, BodyIndex, index_body
 from cg.wire.dialects import DIALECTS
 from cg.wire.splice import SentShape
 from cg.wire.usage import Usage, UsageError, from_provider
@@ -48,6 +48,8 @@ class Meter:
         self.ledger: Ledger | None = None
         self.turns: dict[str, Turn] = {}
         self.readable: set[str] = set()  # flows whose body may be indexed after the fact
+        self.max_messages = MAX_MESSAGES  # (the addon's cg_max_messages)
+        self.max_body = 32 * 1024 * 1024  # (the addon's cg_max_body_mb, as noted last)
         self._timer: asyncio.TimerHandle | None = None  # commits held bookings (`flush`)
 
     # -- hooks ------------------------------------------------------------------------------
@@ -63,6 +65,7 @@ class Meter:
         """The request hook's part: O(1), everything costly waits for the answer. `shape`:
         what a rewritten body is made of (the ledger counts its tokens from it)."""
         raw = flow.request.raw_content
+        self.max_body = max_body
         rewritten = record.get("outcome") == "rewritten"
         self.turns[flow.id] = Turn(
             str(record.get("dialect")),
@@ -73,8 +76,8 @@ class Meter:
             feed="components" in record,
             shape=shape if rewritten else None,
         )
-        if index is None and raw is not None and len(raw) <= max_body:
-            self.readable.add(flow.id)
+        if index is None and raw is not None and len(raw) <= max_body and "bound" not in record:
+            self.readable.add(flow.id)  # (a body over a bound is not read after the fact either)
         while len(self.turns) > MAX_TURNS:
             self._forget(next(iter(self.turns)))
 
@@ -133,6 +136,14 @@ class Meter:
         except Exception as e:  # noqa: BLE001
             self.counts.tap_errors += 1
             log.warning("context-guru: reading usage failed: %s", type(e).__name__)
+
+    def late(self, flow: http.HTTPFlow) -> tuple[Turn, str] | None:
+        """The flow's turn when its answer will need its body indexed after the fact (a
+        bypassed flow: for its session), and the dialect; else None."""
+        turn = self.turns.get(flow.id)
+        if turn is None or turn.index is not None or flow.id not in self.readable:
+            return None
+        return turn, turn.dialect
 
     def summarizer(self, session: str, model: str, usage: Usage) -> None:
         """SummarizerClient's `on_usage`: book one summarizer answer."""
@@ -254,7 +265,7 @@ class Meter:
         if record.get("outcome") == "retried_original":
             turn.rewritten = False  # the client's own bytes were what got billed
         if turn.index is None and flow.id in self.readable:
-            turn.index = _index(flow, turn.dialect)
+            turn.index = late_index(flow, turn.dialect, self.max_body, self.max_messages)
         sent = content(flow.request, strict=False) if turn.rewritten else None
         try:
             session = self.ledger.agent_turn(turn, rounds, flow.request.headers, sent)
@@ -269,10 +280,13 @@ class Meter:
         record["ledger"] = {"session": session, "rounds": len(rounds), "usage": total.to_json()}
 
 
-def _index(flow: http.HTTPFlow, dialect: str) -> BodyIndex | None:
-    """The client's body indexed after the fact (a bypassed flow); None if it cannot be."""
+def late_index(
+    flow: http.HTTPFlow, dialect: str, max_body: int, max_messages: int
+) -> BodyIndex | None:
+    """The client's body indexed after the fact (a bypassed flow), within the bounds the
+    request path keeps (decoded size, messages); None if it cannot be."""
     try:
-        raw = flow.request.get_content(strict=True)
-        return index_body(raw, DIALECTS[dialect]) if raw else None
-    except (ValueError, BodyRejected, KeyError):
+        raw = bounded_content(flow.request, max_body)
+        return index_body(raw, DIALECTS[dialect], max_messages=max_messages) if raw else None
+    except (ValueError, KeyError):  # (BodyRejected, TooLarge and Undecodable are ValueErrors)
         return None

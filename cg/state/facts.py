@@ -222,6 +222,10 @@ class FactsCache:
         except Exception:  # noqa: BLE001 - the store is a speed-up here: count instead
             return {}
 
+    def pending(self) -> int:
+        """Facts computed and not yet written back (`flush`)."""
+        return len(self._pending)
+
     def flush(self) -> None:
         """Write the facts computed since the last flush to the store (best effort)."""
         pending, self._pending = self._pending, []

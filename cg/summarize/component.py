@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import hashlib
 import json
 import operator
@@ -64,6 +65,10 @@ Path = Literal["shared", "fallback", "standalone"]
 # How long a shared-cache job waits for its commissioning turn's answer to begin (the provider
 # writes its cache entry then). Bounded, so a flow that never answers cannot hold a job.
 ANSWER_WAIT = 60.0
+# A job's reading of a body this long, or a span of this many messages, runs in a thread: the
+# event loop serves every turn meanwhile (SPEC §13).
+OFF_LOOP_BYTES = 256 * 1024
+OFF_LOOP_MESSAGES = 2000
 
 
 class SummarizerError(Exception):
@@ -622,7 +627,11 @@ class Summarize:
                 job.note = shared
         if job.path is None:
             job.path = "standalone"
-        return extract_summary(await summarizer(job.prompt(self.cfg), job))
+        if len(job.span) > OFF_LOOP_MESSAGES:  # a long span's rendering, off the event loop
+            prompt = await asyncio.to_thread(job.prompt, self.cfg)
+        else:
+            prompt = job.prompt(self.cfg)
+        return extract_summary(await summarizer(prompt, job))
 
     async def _shared_request(self, job: Commission) -> SharedRequest | str:
         """The shared-cache request for `job`, or why it takes the standalone path.
@@ -653,7 +662,8 @@ class Summarize:
         status = job.answer_status
         if auto and began and job.began is not None and not (status and 200 <= status < 300):
             return f"the commissioning answer was {status or 'an error'}: nothing was cached"
-        return build(
+        shared = functools.partial(
+            build,
             job.forwarded,
             job.dialect,
             job.layouts,
@@ -661,3 +671,7 @@ class Summarize:
             custom_prompt=self.cfg.custom_prompt,
             refuse_forced_tool=auto,
         )
+        # The forwarded body is indexed again to build the request: a large one off the loop.
+        if len(job.forwarded) > OFF_LOOP_BYTES:
+            return await asyncio.to_thread(shared)
+        return shared()

@@ -53,6 +53,28 @@ class OverBound(BodyRejected):
 MAX_MESSAGES = 20_000  # option cg_max_messages: the transcript array's elements, at most
 
 
+class Deferred(Exception):
+    """The body's new part (what no remembered previous turn repeats) is over the `inline`
+    limits the caller gave: it is to be read where a long read stalls no one (the caller's
+    worker thread), not here. Nothing was decoded or walked past the prefix comparison."""
+
+
+# (new bytes, new `{`): what a body's unread part may hold to be read on the event loop.
+Inline = tuple[int, int]
+
+
+def _check_inline(raw: bytes, start: int, end: int, inline: Inline | None) -> None:
+    """Raise Deferred when `raw[start:end]`, the part to read, is over `inline`'s limits (its
+    length, or its objects counted by their opening brace: a C scan, no decoding)."""
+    if inline is None:
+        return
+    if end - start > inline[0]:
+        raise Deferred(f"{end - start} new bytes")
+    objects = raw.count(b"{", start, end)
+    if objects > inline[1]:
+        raise Deferred(f"{objects} new objects")
+
+
 def _too_many(key: str, limit: int) -> OverBound:
     return OverBound(
         "cg_max_messages", f"{key!r} holds more than {limit} elements (cg_max_messages)"
@@ -217,7 +239,11 @@ class MessageCache:
             self._lists.popitem(last=False)
 
     def extend(
-        self, raw: bytes, dialect: Dialect, max_messages: int | None = None
+        self,
+        raw: bytes,
+        dialect: Dialect,
+        max_messages: int | None = None,
+        inline: Inline | None = None,
     ) -> BodyIndex | None:
         """The index of `raw` built on a previous body it shares whole messages with, byte for
         byte from its first byte (an agent's next turn): everything before the first differing
@@ -225,31 +251,13 @@ class MessageCache:
         array and what follows it is read; the index is remembered in its predecessor's place.
         None when no previous body shares its first message, or anything is unusual (the full
         walk then decides)."""
-        for key, prev in reversed(self._lists.items()):
-            if key[0] != dialect.name:
-                continue
-            ends = prev.byte_ends()
-            # A view of the previous body: a prefix is compared where it lies, never copied
-            # (each copy of a ~1 MB prefix cost ~0.04 ms, up to ~9 per turn in the search).
-            was = memoryview(prev.raw)
-            if not raw.startswith(was[: ends[0]]):
-                continue
+        found = self._match(raw, dialect)
+        if found is not None:
+            key, prev, k = found
             self._lists.move_to_end(key)
-            n = len(prev.messages)
-            if raw.startswith(was[: ends[n - 1]]):
-                k = n
-            else:  # the longest run of whole messages shared: ends[lo - 1] matches
-                lo, hi = 1, n - 1
-                while lo < hi:
-                    mid = (lo + hi + 1) // 2
-                    if raw.startswith(was[: ends[mid - 1]]):
-                        lo = mid
-                    else:
-                        hi = mid - 1
-                k = lo
             try:
-                index = _extend(prev, k, raw, dialect, max_messages)
-            except OverBound:
+                index = _extend(prev, k, raw, dialect, max_messages, inline)
+            except (OverBound, Deferred):
                 raise  # the full walk would stop at the same bound, later
             except (JsonSpanError, BodyRejected, RecursionError, UnicodeDecodeError):
                 return None
@@ -263,9 +271,48 @@ class MessageCache:
             return index
         return None
 
+    def shared(self, raw: bytes, dialect: Dialect) -> int:
+        """How many leading bytes of `raw` (whole messages, from its first byte) a remembered
+        body repeats: what `extend` would not read again (0: none). Reads, moves nothing."""
+        found = self._match(raw, dialect)
+        if found is None:
+            return 0
+        _, prev, k = found
+        return prev.byte_ends()[k - 1]
+
+    def _match(self, raw: bytes, dialect: Dialect) -> tuple[tuple[str, str], BodyIndex, int] | None:
+        """The newest remembered body of the dialect whose first message `raw` repeats byte
+        for byte, its key, and how many of its whole messages `raw` repeats from the start."""
+        for key, prev in reversed(self._lists.items()):
+            if key[0] != dialect.name:
+                continue
+            ends = prev.byte_ends()
+            # A view of the previous body: a prefix is compared where it lies, never copied
+            # (each copy of a ~1 MB prefix cost ~0.04 ms, up to ~9 per turn in the search).
+            was = memoryview(prev.raw)
+            if not raw.startswith(was[: ends[0]]):
+                continue
+            n = len(prev.messages)
+            if raw.startswith(was[: ends[n - 1]]):
+                return key, prev, n
+            lo, hi = 1, n - 1  # the longest run of whole messages shared: ends[lo - 1] matches
+            while lo < hi:
+                mid = (lo + hi + 1) // 2
+                if raw.startswith(was[: ends[mid - 1]]):
+                    lo = mid
+                else:
+                    hi = mid - 1
+            return key, prev, lo
+        return None
+
 
 def _extend(
-    prev: BodyIndex, k: int, raw: bytes, dialect: Dialect, max_messages: int | None = None
+    prev: BodyIndex,
+    k: int,
+    raw: bytes,
+    dialect: Dialect,
+    max_messages: int | None = None,
+    inline: Inline | None = None,
 ) -> BodyIndex | None:
     """`MessageCache.extend`'s index: prev's first `k` messages and what precedes them, the
     new messages read from `raw`, and prev's members after the array. Only the new messages'
@@ -278,6 +325,7 @@ def _extend(
     arr_end_b = len(raw) - (len(prev.raw) - ends[-1])
     if arr_end_b <= ends[k - 1] or not raw.endswith(memoryview(prev.raw)[ends[-1] :]):
         return None  # something after the array changed: walk it all
+    _check_inline(raw, ends[k - 1], arr_end_b, inline)
     middle = raw[ends[k - 1] : arr_end_b].decode("utf-8")
     last = prev.messages[k - 1].end
     try:
@@ -321,18 +369,21 @@ def index_body(
     dialect: Dialect,
     cache: MessageCache | None = None,
     max_messages: int | None = None,
+    inline: Inline | None = None,
 ) -> BodyIndex:
     """The body indexed (on the previous turn's index in `cache` where it repeats one), or
     BodyRejected: `OverBound` when its transcript holds more than `max_messages` elements
-    (found as soon as the walk passes the bound)."""
+    (found as soon as the walk passes the bound). With `inline`, a body whose part to read is
+    over those limits raises `Deferred` before any of it is read."""
     if not raw:
         raise BodyRejected("empty body")
     # A warm turn decodes only its new messages; its bytes before and after them are a body
     # already read whole (UTF-8, no byte-order mark, an object), so only the start is checked.
     if cache is not None and _OBJECT_START.match(raw):
-        warm = cache.extend(raw, dialect, max_messages)
+        warm = cache.extend(raw, dialect, max_messages, inline)
         if warm is not None:
             return warm  # (remembered by `extend`, in its predecessor's place)
+    _check_inline(raw, 0, len(raw), inline)
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as e:

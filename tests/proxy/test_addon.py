@@ -31,6 +31,7 @@ from cg.proxy.addon import (
     unknown_options,
 )
 from cg.wire.splice import Insert, Keep, Plan
+from tests import hooks
 
 MSGS = [
     {"role": "user", "content": "task"},
@@ -395,7 +396,7 @@ async def test_body_size_cap_boundary(extra: int, over: bool, toy_config: str) -
     with taddons.context(cg) as tctx:
         setup(tctx, cg, cg_config=toy_config, cg_max_body_mb=1)
         f = make_flow(content=raw)
-        cg.request(f)
+        await hooks.request(cg, f)  # (1 MiB, cold: read in the worker thread)
         assert (f.metadata[META]["outcome"] == "passed_through") is over
         assert Toy.calls == int(not over)
 
