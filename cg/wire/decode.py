@@ -13,7 +13,8 @@ every decoder is streamed and stops as soon as its output would pass `limit`:
                          cannot be reached, the Python binding fed a few bytes at a time, so
                          one call can overshoot by at most a few brotli meta-blocks (16 MiB
                          each)
-    zstd                 zstandard's stream reader, read to `limit + 1` bytes at most
+    zstd                 zstandard's decoder, frame after frame, fed a few hundred bytes
+                         at a time (a block decodes to 128 KiB at most)
     identity, none, ""   as they are
 
 A chain (`Content-Encoding: gzip, br`: applied left to right) is undone right to left, each
@@ -28,7 +29,6 @@ import ctypes
 import gzip
 import zlib
 from collections.abc import Callable
-from io import BytesIO
 
 import brotli
 import zstandard
@@ -36,6 +36,7 @@ import zstandard
 IDENTITY = frozenset({"", "identity", "none"})
 _OUT = 64 * 1024  # output buffer of one streamed decoder call
 _BR_STEP = 4  # input bytes per call of the Python brotli binding (the fallback)
+_ZSTD_STEP = 256  # input bytes per call of the zstd decoder
 
 
 class Undecodable(ValueError):
@@ -117,17 +118,25 @@ def _deflate(data: bytes, limit: int) -> bytes:
 
 
 def _zstd(data: bytes, limit: int) -> bytes:
+    """Frame after frame, fed `_ZSTD_STEP` bytes at a time: a zstd block holds at most
+    128 KiB, so one call yields at most a few MiB however the input was made."""
+    out = bytearray()
+    rest = data
     try:
-        reader = zstandard.ZstdDecompressor().stream_reader(BytesIO(data), read_across_frames=True)
-        out = bytearray()
-        while len(out) <= limit:
-            chunk = reader.read(min(_OUT * 16, limit + 1 - len(out)))
-            if not chunk:
-                return bytes(out)
-            out += chunk
+        while rest:
+            d = zstandard.ZstdDecompressor().decompressobj()
+            at = 0
+            while at < len(rest) and not d.eof:
+                out += d.decompress(rest[at : at + _ZSTD_STEP])
+                at += _ZSTD_STEP
+                if len(out) > limit:
+                    raise TooLarge("zstd", limit)
+            if not d.eof:
+                raise Undecodable("zstd: the compressed data ends before its frame does")
+            rest = d.unused_data + rest[at:]
     except zstandard.ZstdError as e:
         raise Undecodable(f"zstd: {e}") from None
-    raise TooLarge("zstd", limit)
+    return bytes(out)
 
 
 class _BrotliC:

@@ -45,7 +45,7 @@ from cg.billing.tap import DISABLED, UsageTap, usage_of_json
 from cg.pipeline.contract import RequestContext, Step
 from cg.pipeline.rewrite import rewrite_body
 from cg.summarize.span import leading_system, repair_orphans, select_span
-from cg.wire import answers
+from cg.wire import answers, decode
 from cg.wire.body import BodyRejected, index_body
 from cg.wire.dialects import DIALECTS, route
 from cg.wire.jsonspan import JsonSpanError, walk_document
@@ -381,6 +381,13 @@ def close_hooks() -> None:
 
 
 MARKER = re.compile(r"<<cg:([0-9a-f]{24})>>")
+ENCODED = b"\0ce="  # a hooks input whose body is content-encoded (`encoded_input`)
+
+
+def encoded_input(coding: str, body: bytes) -> bytes:
+    """The part of a hooks input after its two leading bytes for a body sent with
+    `Content-Encoding: coding` (`body` as sent, already in that coding); the answer follows."""
+    return ENCODED + coding.encode() + b"\0" + len(body).to_bytes(4, "big") + body
 
 
 def t_hooks(data: bytes, workdir: str | None = None) -> None:
@@ -396,8 +403,15 @@ def t_hooks(data: bytes, workdir: str | None = None) -> None:
     h = hooks(workdir or _workdir())
     dialect, rest = pick(data, DIALECT_NAMES)
     ctype, rest = pick(rest, ["application/json", "text/event-stream"])
-    cut = rest.find(b"\0\0")
-    raw, answer = (rest[:cut], rest[cut + 2 :]) if cut >= 0 else (rest, b"")
+    encoding = ""
+    end = rest.find(b"\0", len(ENCODED)) if rest.startswith(ENCODED) else -1
+    if end > 0:  # `\0ce=CODING\0`, the body's length (4 bytes), the body in that coding
+        encoding = rest[len(ENCODED) : end].decode("latin-1")
+        size = int.from_bytes(rest[end + 1 : end + 5], "big")
+        raw, answer = rest[end + 5 : end + 5 + size], rest[end + 5 + size :]
+    else:
+        cut = rest.find(b"\0\0")
+        raw, answer = (rest[:cut], rest[cut + 2 :]) if cut >= 0 else (rest, b"")
     path = PATHS.get(dialect, f"/v1/{dialect}")
     if route("POST", path) is None:
         return
@@ -410,9 +424,17 @@ def t_hooks(data: bytes, workdir: str | None = None) -> None:
         assert flow.response is not None
         flow.response.headers["content-type"] = ctype
         flow.client_conn.peername = ("127.0.0.1", 1)
-        h.addon.request(flow)  # a hook that raised fails the target here
+        if encoding:
+            flow.request.headers["content-encoding"] = encoding
+            flow.request.raw_content = raw
+        out = h.addon.request(flow)  # a hook that raised fails the target here
+        if out is not None:  # a large body, read in the addon's worker thread
+            await out
         record = flow.metadata.get("context_guru")
         assert isinstance(record, dict)
+        if record.get("bound") == "cg_max_body_mb":  # a body decoding past the cap: untouched
+            assert flow.request.raw_content is raw and record["outcome"] == "passed_through"
+            SEEN["hooks:over_the_cap"] += 1
         SEEN[f"hooks:{record['outcome']}"] += 1
         SEEN[f"hooks:{dialect}:{record['outcome']}"] += 1
         if record.get("expand", {}).get("injected"):
@@ -420,7 +442,8 @@ def t_hooks(data: bytes, workdir: str | None = None) -> None:
         sent = flow.request.raw_content
         if sent != raw:
             assert record["outcome"] == "rewritten", record
-            new = index_body(sent or b"", DIALECTS[dialect])
+            plain = decode.decode(sent or b"", encoding, 1 << 30) if encoding else sent
+            new = index_body(plain or b"", DIALECTS[dialect])
             if any(r.get("reused") for r in record.get("components", ())):
                 SEEN["hooks:spliced"] += 1
                 store = h.addon.store
@@ -714,12 +737,18 @@ def hook_bytes() -> st.SearchStrategy[bytes]:
     """The dialect byte, the answer's content type, a request of that dialect (or, sometimes, of
     another: a body sent to the wrong path), the answer."""
 
+    def encoded(body: bytes, coding: str) -> bytes:
+        return encoded_input(coding, decode.encode(body, coding))
+
     def for_dialect(k: int) -> st.SearchStrategy[bytes]:
         d = DIALECT_NAMES[k]
         body = st.one_of(request_bytes(d), request_bytes(d), *map(request_bytes, DIALECT_NAMES))
-        answer = st.one_of(answer_bytes(d, True), answer_bytes(d, False))
-        return st.tuples(st.integers(0, 1), body, answer).map(
-            lambda t: bytes([k, t[0]]) + t[1] + b"\0\0" + t[2]
+        codings = st.sampled_from(["gzip", "br", "zstd", "deflate", "gzip, br"])
+        plain = st.tuples(st.integers(0, 1), body, answer_bytes(d, True) | answer_bytes(d, False))
+        sent = st.tuples(st.integers(0, 1), request_bytes(d), codings, answer_bytes(d, False))
+        return st.one_of(
+            plain.map(lambda t: bytes([k, t[0]]) + t[1] + b"\0\0" + t[2]),
+            sent.map(lambda t: bytes([k, t[0]]) + encoded(t[1], t[2]) + t[3]),
         )
 
     return st.integers(0, len(DIALECT_NAMES) - 1).flatmap(for_dialect)

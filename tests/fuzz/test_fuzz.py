@@ -48,6 +48,19 @@ def corpus() -> list[Path]:
 def test_the_corpus_holds_what_was_found():
     assert {p.parent.name for p in corpus()} >= {"answer_json", "answer_sse", "hooks"}
     assert all(p.parent.name in TARGETS for p in corpus())
+    # The decompression bombs of SPEC §13: 1 GiB of br, zstd and gzip-in-br; 64 MiB of gzip.
+    bombs = {p.stem.rsplit("-", 1)[0] for p in corpus() if p.stem.startswith("bomb-")}
+    assert bombs == {"bomb-br", "bomb-zstd", "bomb-gzip", "bomb-gzip-br"}
+
+
+def test_the_bombs_pass_through_untouched_at_the_cap():
+    """Vacuity guard of the bombs' replay below: each got to the decoder and stopped at the
+    cap (the hooks target asserts their bytes went on untouched)."""
+    before = SEEN["hooks:over_the_cap"]
+    for p in corpus():
+        if p.stem.startswith("bomb-"):
+            TARGETS["hooks"].run(p.read_bytes())
+    assert SEEN["hooks:over_the_cap"] - before == 4
 
 
 @pytest.mark.parametrize("path", corpus(), ids=lambda p: f"{p.parent.name}/{p.stem}")

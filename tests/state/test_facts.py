@@ -101,3 +101,48 @@ def test_facts_expire_with_the_store_ttl(target: Path | str) -> None:
         clock[0] += 2 * 3600
         store.evict()
         assert store.get_facts([row[0]]) == {}
+
+
+ROUNDS = 100
+
+
+def test_the_memos_are_shared_safely_with_the_worker_thread() -> None:
+    """The event loop and the thread that reads large bodies use one FactsCache: with memos
+    smaller than what two threads churn through, and the interpreter switching threads every
+    microsecond, no read or eviction of one trips over the other's. (A race of the GIL-atomic
+    steps is rare enough that this seldom failed without the allowances; what it guards is a
+    memo operation that is not one C call, an iteration say, added later.)"""
+    import sys
+    import threading
+
+    facts = FactsCache(TokenCounter(), size=64)  # (120 messages churn through it)
+    bodies = []
+    for k in range(2):
+        msgs = [
+            {"role": "user", "content": f"thread {k} message {i} " * (k + 1)} for i in range(60)
+        ]
+        bodies.append(json.dumps({"model": "m", "messages": msgs}).encode())
+    errors: list[BaseException] = []
+    counts: list[int] = []
+
+    def work(raw: bytes) -> None:
+        try:
+            for _ in range(ROUNDS):
+                index = index_body(raw, ANTHROPIC)  # fresh views: every fact looked up anew
+                counts.append(sum(f.tokens for f in facts.all(index)))
+                facts.of(index, 0)
+        except BaseException as e:  # noqa: BLE001 - what the test is about
+            errors.append(e)
+
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    try:
+        threads = [threading.Thread(target=work, args=(b,)) for b in bodies]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    finally:
+        sys.setswitchinterval(interval)
+    assert not errors, errors[:3]
+    assert len(counts) == 2 * ROUNDS and len(set(counts)) == 2  # each body always counted the same

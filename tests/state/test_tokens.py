@@ -131,3 +131,44 @@ def test_an_unknown_encoding_name_falls_back_without_downloading():
     c = TokenCounter(encoding="no_such_encoding_offline")
     assert c.count("abcdefgh") == 2
     assert not c.exact
+
+
+# -- bounded (SPEC §13) ------------------------------------------------------------------------
+
+
+def test_no_text_past_the_bound_is_encoded(monkeypatch: pytest.MonkeyPatch):
+    """A text longer than MAX_EXACT_CHARS is estimated, never handed to tiktoken (whose cost
+    and memory grow with one unbroken run: a 1 GiB one aborted the process); at the bound it
+    is still exact."""
+    tc = TokenCounter()
+    tc.count("warm the encoder")
+    seen: list[int] = []
+    enc = tc._encoder()
+    assert enc is not None
+    real = enc.encode_ordinary
+
+    def spy(text: str) -> list[int]:
+        seen.append(len(text))
+        return real(text)
+
+    monkeypatch.setattr(enc, "encode_ordinary", spy)
+    at = "a" * cg.state.tokens.MAX_EXACT_CHARS
+    assert tc.count(at) == len(real(at)) and seen == [len(at)]
+    over = at + "a"
+    assert tc.count(over) == estimate(over) and seen == [len(at)]
+    assert tc.estimated == 1
+
+
+def test_a_budget_bounds_what_one_request_encodes(monkeypatch: pytest.MonkeyPatch):
+    """Within `budget(n)`, texts are encoded exactly until n characters are spent; a text past
+    what is left is estimated; outside any budget (or in another thread's) nothing is spent."""
+    tc = TokenCounter()
+    text = "hello world, " * 100  # 1300 characters
+    exact = tc.count(text)
+    with cg.state.tokens.budget(3000):
+        assert tc.count(text) == exact
+        assert tc.count(text) == exact  # 2600 spent
+        assert tc.count(text) == estimate(text) != exact  # 1300 more would pass 3000
+        assert tc.count("short") == tc.count("short")  # what is left still counts exactly
+    assert tc.count(text) == exact  # the budget ended with the block
+    assert tc.estimated == 1

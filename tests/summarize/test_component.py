@@ -688,3 +688,20 @@ def test_the_openai_round_trip_keeps_system_and_task_with_keep_first_2(store: St
     i, _, _ = restorable(r, raw, store)
     assert i == 2
     assert sources(r.body or b"", OPENAI)[:2] == sources(raw, OPENAI)[:2]
+
+
+def test_a_span_over_the_stash_bound_is_not_summarized(db: Path) -> None:
+    """SPEC §13: a stash holds at most a quarter of the stashes' share of `store.max_mb`; a
+    span over it commissions nothing (in `full` mode: its stash could not be kept), said in
+    the record; the same span under a larger store is summarized (the guard of the path)."""
+    turns = grow(fixture_body(CC16), 2, output_words=30)
+    small = Store(db, max_mb=0.05)  # a stash bound of ~6.5 KB: under the fixture's span
+    d = make(config(), small)
+    r = d.send(turns[0])
+    rec = record(r)
+    assert r.outcome == "passed_through" and not d.pending, rec
+    assert rec["bound"] == "stash" and "over the stash bound" in rec["commission"]
+    small.close()
+    big = Store(db.with_name("big.sqlite3"))
+    two_turns(make(config(), big), turns[0], turns[1])
+    big.close()

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from cg.wire.body import BodyIndex, BodyRejected, MessageCache, index_body
+from cg.wire.body import BodyIndex, BodyRejected, Deferred, MessageCache, OverBound, index_body
 from cg.wire.dialects import ANTHROPIC, DIALECTS, OPENAI, Dialect
 from cg.wire.shape import validate_index, validate_shape
 from cg.wire.splice import Cut, Keep, splice
@@ -347,3 +347,50 @@ def test_byte_ends_of_a_warm_chain_are_the_bodys_byte_offsets(mark: str) -> None
         role = "assistant" if n % 2 == 0 else "user"
         msgs = [*msgs, {"role": role, "content": f"turn {n}{mark}"}]
     assert warm == 5  # every turn after the first was read warm
+
+
+# -- bounded (SPEC §13) ------------------------------------------------------------------------
+
+
+def _tiny(n: int) -> bytes:
+    msgs = [{"role": "user" if i % 2 == 0 else "assistant", "content": f"m{i}"} for i in range(n)]
+    return json.dumps({"model": "m", "messages": msgs}).encode()
+
+
+def test_a_transcript_over_max_messages_is_refused_naming_the_bound():
+    assert len(index_body(_tiny(50), ANTHROPIC, max_messages=50).messages) == 50
+    with pytest.raises(OverBound) as e:
+        index_body(_tiny(51), ANTHROPIC, max_messages=50)
+    assert e.value.bound == "cg_max_messages" and "more than 50" in str(e.value)
+
+
+def test_a_warm_turn_over_max_messages_is_refused_too():
+    """The bound holds where a turn is read on its predecessor: the shared messages count."""
+    cache = MessageCache()
+    index_body(_tiny(49), ANTHROPIC, cache, max_messages=50)
+    first = json.loads(_tiny(49))
+    grown = dict(first, messages=[*first["messages"], {"role": "assistant", "content": "x"}])
+    body50 = json.dumps(grown).encode()
+    assert body50.startswith(_tiny(49)[: len(_tiny(49)) - 3])  # (shares the prefix: warm)
+    assert index_body(body50, ANTHROPIC, cache, max_messages=50).shared == 49
+    grown["messages"].append({"role": "user", "content": "y"})
+    with pytest.raises(OverBound):
+        index_body(json.dumps(grown).encode(), ANTHROPIC, cache, max_messages=50)
+
+
+def test_a_body_over_the_inline_limits_is_deferred_unread():
+    """Cold, a body longer than the inline limit (or holding more objects) is deferred; warm,
+    only the part no remembered turn repeats is measured, so a long session's next turn is
+    read where it came."""
+    raw = _tiny(300)
+    with pytest.raises(Deferred, match="new bytes"):
+        index_body(raw, ANTHROPIC, inline=(len(raw) - 1, 10_000))
+    with pytest.raises(Deferred, match="new objects"):
+        index_body(raw, ANTHROPIC, inline=(len(raw), 299))
+    cache = MessageCache()
+    index_body(raw, ANTHROPIC, cache)  # the previous turn, remembered
+    first = json.loads(raw)
+    grown = json.dumps(dict(first, messages=[*first["messages"], {"role": "user", "content": "z"}]))
+    warm = index_body(grown.encode(), ANTHROPIC, cache, inline=(200, 5))
+    assert warm.shared == 300 and len(warm.messages) == 301
+    assert cache.shared(grown.encode(), ANTHROPIC) > len(raw) - 10

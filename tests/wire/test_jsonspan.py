@@ -13,6 +13,8 @@ from hypothesis import strategies as st
 from cg.wire.jsonspan import (
     ArraySpan,
     JsonSpanError,
+    TooManyElements,
+    extend_array,
     loads,
     rebuild_array,
     skip_ws,
@@ -254,3 +256,24 @@ def test_loads_reads_a_small_answer_without_json_loads(monkeypatch: pytest.Monke
     assert called == []
     assert loads(b' {"a": 1}') == {"a": 1}
     assert called == [b' {"a": 1}']  # (the guard: the spy sees a fallback)
+
+
+def test_a_walk_stops_at_the_first_element_past_its_limit():
+    """`limit` elements are walked; one more raises TooManyElements before it is parsed (the
+    element after the limit is malformed here, and never read)."""
+    text = '{"m": [1, 2, 3, !!!]}'
+    with pytest.raises(TooManyElements) as e:
+        walk_document(text, arrays=("m",), limit=3)
+    assert e.value.limit == 3
+    members = walk_document('{"m": [1, 2, 3]}', arrays=("m",), limit=3)
+    assert [x.value for x in members[0].array.elements] == [1, 2, 3]  # type: ignore[union-attr]
+    assert walk_document('{"m": []}', arrays=("m",), limit=0)[0].value == []
+
+
+def test_an_extended_array_counts_its_known_elements_toward_the_limit():
+    text = "[1, 2, 3]"
+    arr = walk_array(text, 0)
+    two = list(arr.elements[:2])
+    assert len(extend_array(text, 0, list(two), two[-1].end, 0, limit=3).elements) == 3
+    with pytest.raises(TooManyElements):
+        extend_array(text, 0, list(two), two[-1].end, 0, limit=2)
