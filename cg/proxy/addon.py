@@ -55,7 +55,7 @@ from cg.settings import (
 )
 from cg.state.facts import FactsCache
 from cg.state.session import header
-from cg.state.store import Store, StoreError, valid_key
+from cg.state.store import Store, StoreClaimed, StoreError, valid_key
 from cg.state.tokens import TokenCounter
 from cg.summarize.client import HttpPool, Origin, SummarizerClient, timeout_from_env
 from cg.summarize.component import Summarize
@@ -224,6 +224,7 @@ class ContextGuru:
         # Provider flows whose request still holds its credential: redacted when done.
         self.live: dict[str, http.HTTPFlow] = {}
         self.store_error: str | None = None  # why the configured store could not be opened
+        self.started = False  # `running` was called: start-up is over
         self._store_retry_at = 0.0
         self.tokens = TokenCounter()
         self.facts = FactsCache(self.tokens)
@@ -512,11 +513,25 @@ class ContextGuru:
             return self.store
         if self.store is not None:
             self.store.close()
+        # A process reading a flow file (`-r`: mitmweb or mitmdump showing saved flows) serves
+        # no traffic of its own: it reads the store beside the proxy that holds it.
+        claim = not getattr(ctx.options, "rfile", None)
         try:
-            self.store = Store.open(config.store, cg_db or None, busy_timeout_ms=STORE_BUSY_MS)
+            self.store = Store.open(
+                config.store, cg_db or None, busy_timeout_ms=STORE_BUSY_MS, claim=claim
+            )
             if self.store_error is not None:
                 log.warning("context-guru: the store %s opened; acting again", self.store.path)
             self.store_error = None
+        except StoreClaimed as e:
+            # Another proxy holds the file: refused at start (mitmdump stops, saying so); a
+            # proxy already running passes through until the file is free.
+            self.store_error = str(e)
+            self._store_retry_at = time.monotonic() + STORE_RETRY
+            self.store = Store.memory()
+            self.store_note = path
+            if not self.started:
+                raise ValueError(f"cg_db: {e}") from None
         except StoreError as e:
             if self.store_error is None:
                 log.warning(
@@ -594,6 +609,7 @@ class ContextGuru:
         """Freeze the start-up heap: a full GC then skips it (~35 ms -> ~2 ms with 1 MiB bodies).
         Start the expand relay, unless requests go through an upstream proxy (which would
         never reach a relay on our loopback)."""
+        self.started = True
         gc.freeze()
         try:  # (here: every script's options are added by now, another's `cg_` ones too)
             unknown = unknown_options(ctx.options)

@@ -296,6 +296,42 @@ class StoreError(RuntimeError):
     """The store cannot be opened or an operation on it failed."""
 
 
+class StoreClaimed(StoreError):
+    """Another process holds this SQLite file (`claim_file`): one file serves one proxy."""
+
+
+def claim_file(path: str) -> int | None:
+    """Hold `path` + `.lock` exclusively while this process lives (the kernel lets go when it
+    ends, `kill -9` included): two proxies on one SQLite file would each summarize the same
+    conversations and splice different summaries into one session. Returns the descriptor
+    that holds it (None where `fcntl` does not exist). Raises StoreClaimed naming the holder."""
+    try:
+        import fcntl
+    except ImportError:  # (not POSIX: no claim)
+        return None
+    lock = path + ".lock"
+    try:
+        fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o600)
+    except OSError as e:
+        raise StoreError(f"cannot claim the store {path}: {lock}: {e.strerror or e}") from None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.pread(fd, 32, 0).decode("ascii", "replace").strip() or "unknown"
+        os.close(fd)
+        raise StoreClaimed(
+            f"the store {path} is in use by another context-guru process (pid {holder}): one "
+            "SQLite file serves one proxy, or both would summarize the same sessions; give "
+            "this one its own cg_db, or share a PostgreSQL store (store.url) between them"
+        ) from None
+    except OSError as e:
+        os.close(fd)
+        raise StoreError(f"cannot claim the store {path}: {e.strerror or e}") from None
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, str(os.getpid()).encode("ascii"), 0)
+    return fd
+
+
 def stash_key(span_sources: Sequence[str]) -> str:
     """A content hash of a span's message sources: 24 lowercase hex digits (`KEY_RE`)."""
     h = hashlib.blake2b(b"cg-stash-v1", digest_size=12)
@@ -506,11 +542,13 @@ class Store:
         busy_timeout_ms: int = DEFAULT_BUSY_TIMEOUT_MS,
         evict: bool = True,
         batch_delay: float = 0.0,
+        claim: bool = False,
     ) -> None:
         """`evict=False` opens the file as a reader would: nothing is ever evicted by this
         object (the CLI must not apply its default TTL to a store configured longer).
         `batch_delay`: seconds `record_usage` and `touch_session` may hold their rows to commit
-        them together (0: each call commits)."""
+        them together (0: each call commits). `claim`: the proxy's own store, held against a
+        second proxy (`claim_file`: StoreClaimed); readers (the CLI) claim nothing."""
         if ttl_hours <= 0 or max_mb <= 0:
             raise ValueError("ttl_hours and max_mb must be positive")
         raw = os.fspath(path)
@@ -551,7 +589,15 @@ class Store:
         self.error: str | None = None  # the last operation's error, until one succeeds
         self.error_at = 0.0  # time.monotonic() of that error
         self._conn: sqlite3.Connection | None = None
-        self._conn = self._open(busy_timeout_ms)
+        self._claim: int | None = None
+        if claim and self.persistent:
+            Path(self.path).parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+            self._claim = claim_file(self.path)
+        try:
+            self._conn = self._open(busy_timeout_ms)
+        except BaseException:
+            self._unclaim()
+            raise
         self._busy_ms = busy_timeout_ms
         self._inode = self._stat()
         self.journal_mode: str = self._conn.execute("PRAGMA journal_mode").fetchone()[0]
@@ -586,11 +632,13 @@ class Store:
         target: str | None = None,
         now: Callable[[], float] = time.time,
         busy_timeout_ms: int = DEFAULT_BUSY_TIMEOUT_MS,
+        claim: bool = False,
     ) -> Store:
         """The configured store, whichever the engine: `target` (option `cg_db`), else
         `store.url`, else `store.path`. A `postgresql://` URL opens the shared PostgreSQL store
         (`cg.state.pgstore`, imported only then, so the SQLite default never loads psycopg);
-        anything else is an SQLite file."""
+        anything else is an SQLite file, held against another proxy with `claim` (PostgreSQL
+        is shared by design: its claims are per conversation)."""
         where = target or cfg.url or cfg.path
         if is_url(where):
             from cg.state.pgstore import PgStore
@@ -605,6 +653,7 @@ class Store:
             max_mb=cfg.max_mb,
             now=now,
             busy_timeout_ms=busy_timeout_ms,
+            claim=claim,
         )
 
     @classmethod
@@ -853,6 +902,14 @@ class Store:
                     self._conn.execute("PRAGMA optimize")
                 self._conn.close()
                 self._conn = None
+        self._unclaim()
+
+    def _unclaim(self) -> None:
+        """Let go of the file (`claim_file`): another proxy may open it now."""
+        fd, self._claim = getattr(self, "_claim", None), None
+        if fd is not None:
+            with suppress(OSError):
+                os.close(fd)
 
     def __enter__(self) -> Store:
         return self

@@ -8,7 +8,6 @@ import asyncio
 import gzip
 import json
 import tracemalloc
-import zlib
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +17,7 @@ from mitmproxy.test import taddons
 
 from cg.proxy import offload
 from cg.proxy.addon import BYPASS_HEADER, META, ContextGuru
-from tests import hooks
+from tests import bombs, hooks
 from tests.proxy.test_addon import BODY, Toy, _home, make_flow, setup, toy_config
 
 __all__ = ["_home", "toy_config"]  # (fixtures, used by name)
@@ -88,31 +87,12 @@ async def test_bodies_past_what_may_wait_pass_through_unread(
         assert cg.offload.busy == 1
 
 
-def gzip_bomb(mib: int) -> bytes:
-    """`mib` MiB of zeros as one gzip member, built from one compressed 16 MiB block repeated."""
-    zeros = b"\0" * (16 << 20)
-    c = zlib.compressobj(9, zlib.DEFLATED, -15)
-    block = c.compress(zeros) + c.flush(zlib.Z_FULL_FLUSH)
-    n = mib // 16
-    crc = 0
-    for _ in range(n):
-        crc = zlib.crc32(zeros, crc)
-    size = (n << 24) & 0xFFFFFFFF
-    return (
-        b"\x1f\x8b\x08\x00\x00\x00\x00\x00\x02\xff"
-        + block * n
-        + b"\x03\x00"
-        + crc.to_bytes(4, "little")
-        + size.to_bytes(4, "little")
-    )
-
-
 async def test_a_body_that_decodes_past_the_cap_passes_through_byte_identical(
     toy_config: str,
 ) -> None:
     """cg_max_body_mb bounds what the body decodes to, not its compressed length: 256 MiB in
     260 KB of gzip passes through untouched, read no further than the cap."""
-    bomb = gzip_bomb(256)
+    bomb = bombs.gzip(16)
     assert len(bomb) < 300_000
     cg = ContextGuru()
     with taddons.context(cg) as tctx:
@@ -140,7 +120,7 @@ async def test_a_small_encoded_body_is_decoded_and_rewritten_on_the_loop(toy_con
 async def test_a_bypassed_bomb_is_not_decoded_whole_for_its_session(toy_config: str) -> None:
     """A bypassed body is indexed after its answer to find its session: within the same bound
     (mitmproxy's decoder would have made 1 GiB of it)."""
-    bomb = gzip_bomb(1024)
+    bomb = bombs.gzip(64)
     cg = ContextGuru()
     with taddons.context(cg) as tctx:
         setup(tctx, cg, cg_config=toy_config, cg_max_body_mb=8)

@@ -6,16 +6,16 @@ from __future__ import annotations
 import gzip
 import tracemalloc
 import zlib
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 
 import brotli
 import pytest
-import zstandard
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from mitmproxy.net import encoding as mitm
 
 from cg.wire import decode
+from tests import bombs as bombs_mod
 
 CODINGS = ["gzip", "deflate", "br", "zstd"]
 MIB = 1024 * 1024
@@ -93,50 +93,16 @@ def test_an_unknown_coding_is_undecodable() -> None:
 
 # -- bombs: a small body that decodes to 1 GiB, built streaming ---------------------------------
 
-ZEROS = b"\0" * (16 * MIB)
-
-
-def _stream(compress: Callable[[bytes], bytes], flush: Callable[[], bytes], n: int) -> bytes:
-    """`n` × 16 MiB of zeros through a streaming compressor (16 MiB in memory at a time)."""
-    return b"".join(compress(ZEROS) for _ in range(n)) + flush()
-
-
-def br_bomb(n: int = 64) -> bytes:
-    c = brotli.Compressor(quality=3, lgwin=24)
-    return _stream(c.process, c.finish, n)
-
-
-def zstd_bomb(n: int = 64) -> bytes:
-    c = zstandard.ZstdCompressor(level=3).compressobj()
-    return _stream(c.compress, c.flush, n)
-
-
-def gzip_bomb(n: int = 64) -> bytes:
-    """A gzip member of `n` × 16 MiB of zeros: one block compressed once, then repeated (a
-    full flush makes each repeat start afresh), with the trailer the whole decodes to."""
-    c = zlib.compressobj(9, zlib.DEFLATED, -15)
-    block = c.compress(ZEROS) + c.flush(zlib.Z_FULL_FLUSH)
-    crc = 0
-    for _ in range(n):
-        crc = zlib.crc32(ZEROS, crc)
-    header = b"\x1f\x8b\x08\x00\x00\x00\x00\x00\x02\xff"
-    tail = (
-        b"\x03\x00"
-        + crc.to_bytes(4, "little")
-        + ((n * 16 * MIB) & 0xFFFFFFFF).to_bytes(4, "little")
-    )
-    return header + block * n + tail
-
 
 @pytest.fixture(scope="module")
 def bombs() -> Iterator[dict[str, bytes]]:
-    built = {"br": br_bomb(), "zstd": zstd_bomb(), "gzip": gzip_bomb()}
+    built = {"br": bombs_mod.br(), "zstd": bombs_mod.zstd(), "gzip": bombs_mod.gzip()}
     yield built
 
 
 def test_the_gzip_bomb_is_a_real_gzip_stream() -> None:
     """Vacuity guard: the hand-assembled gzip bomb decodes (here 64 MiB) to what it claims."""
-    small = gzip_bomb(4)
+    small = bombs_mod.gzip(4)
     out = zlib.decompressobj(31).decompress(small)
     assert len(out) == 4 * 16 * MIB and not out.strip(b"\0")
 
@@ -145,7 +111,7 @@ def test_the_gzip_bomb_is_a_real_gzip_stream() -> None:
 def test_a_bomb_stops_at_the_limit_and_never_holds_more(
     bombs: dict[str, bytes], coding: str
 ) -> None:
-    """1 GiB of zeros in under 1.1 MB of input: decoding stops once past the 32 MiB limit, and
+    """1 GiB of zeros in under 1.1 MB of input (tests/bombs.py): decoding stops once past the 32 MiB limit, and
     the memory Python allocates meanwhile stays near the limit (mitmproxy's decoder would
     hold the whole GiB)."""
     data = bombs[coding]
@@ -163,7 +129,7 @@ def test_a_bomb_stops_at_the_limit_and_never_holds_more(
 
 def test_a_chain_bomb_stops_at_the_limit(bombs: dict[str, bytes]) -> None:
     """`Content-Encoding: gzip, br`: a few KB of br around the gzip bomb; each stage bounded."""
-    chained = brotli.compress(bombs["gzip"], quality=5)
+    chained = bombs_mod.gzip_in_br()
     assert len(chained) < 64 * 1024
     with pytest.raises(decode.TooLarge):
         decode.decode(chained, "gzip, br", 32 * MIB)
