@@ -76,10 +76,10 @@ def unbroken(size: int = 30 * MIB) -> bytes:
     return _body(iter([json.dumps({"role": "user", "content": "a" * size})]))
 
 
-def tiny_messages(n: int) -> bytes:
-    """`n` alternating tiny messages (900k: ~30 MB; 200k: ~6.5 MB)."""
+def tiny_messages(n: int, tag: str = "m") -> bytes:
+    """`n` alternating tiny messages (900k: ~30 MB; 200k: ~6.5 MB), each `tag` and its number."""
     roles = ("user", "assistant")
-    return _body(f'{{"role":"{roles[i % 2]}","content":"m{i}"}}' for i in range(n))
+    return _body(f'{{"role":"{roles[i % 2]}","content":"{tag}{i}"}}' for i in range(n))
 
 
 def ordinary(size: int) -> bytes:

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import sys
 from collections.abc import Callable
 from typing import TypeVar
 
@@ -33,6 +34,7 @@ from cg.wire.body import Inline
 ENCODED_INLINE = 64 * 1024  # compressed bytes decoded on the loop, at most
 INLINE: Inline = (256 * 1024, 2048)  # new bytes, new objects a turn may read on the loop
 WAITING_MAX = 8  # bodies read or waiting in the worker; past it, the next passes through
+SWITCH_S = 0.0005  # the interpreter's thread switch interval while the worker reads
 
 _T = TypeVar("_T")
 
@@ -45,20 +47,28 @@ class Offload:
         self.waiting = 0  # bodies in the worker or queued for it
         self.read = 0  # bodies read off the loop
         self.busy = 0  # bodies passed through because too many waited
+        self._interval = sys.getswitchinterval()  # restored once the worker is idle
 
     def full(self) -> bool:
         return self.waiting >= WAITING_MAX
 
     async def run(self, fn: Callable[..., _T], *args: object) -> _T:
-        """`fn(*args)` in the worker thread; the loop serves others meanwhile."""
+        """`fn(*args)` in the worker thread; the loop serves others meanwhile. While the
+        worker runs, the interpreter switches threads every SWITCH_S: a turn on the loop waits
+        that long for the GIL at each of its many system calls, not the default 5 ms."""
         if self._pool is None:
             self._pool = concurrent.futures.ThreadPoolExecutor(1, "cg-large-body")
+        if self.waiting == 0:
+            self._interval = sys.getswitchinterval()
+            sys.setswitchinterval(min(SWITCH_S, self._interval))
         self.waiting += 1
         try:
             return await asyncio.get_running_loop().run_in_executor(self._pool, fn, *args)
         finally:
             self.waiting -= 1
             self.read += 1
+            if self.waiting == 0:
+                sys.setswitchinterval(self._interval)
 
     def close(self) -> None:
         if self._pool is not None:

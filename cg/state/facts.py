@@ -238,6 +238,12 @@ class FactsCache:
 
     @staticmethod
     def _raw_key(index: BodyIndex, i: int) -> bytes:
+        """`_source_key` of message i's source. In an ASCII body a character position is a
+        byte offset, so the source's bytes are hashed where they lie in `raw` (no copy of a
+        long message, twice, and the hash runs without the GIL)."""
+        m = index.messages[i]
+        if index.chars.ascii:
+            return hashlib.blake2b(memoryview(index.raw)[m.start : m.end], digest_size=16).digest()
         return _source_key(index.source(i))
 
     def _memo_raw(self, raw: bytes, facts: MessageFacts) -> None:

@@ -247,6 +247,7 @@ def _facts_cap(max_bytes: int) -> int:
 # that one eviction makes room for several stashes rather than one; and further when the rest
 # of the file leaves them less room (`evict`).
 STASH_SHARE = 0.5
+STASH_MAX = 8 * 1024 * 1024  # bytes of one stash, at most (`max_stash_bytes`)
 EVICT_TO = 0.9
 ROOM_SHARE = 0.9  # of what the database may take: what is live in it, at most
 WAL_SHARE = 0.125
@@ -922,8 +923,9 @@ class Store:
     @property
     def max_stash_bytes(self) -> int:
         """The largest span one stash may hold: a quarter of the stashes' share of `max_mb`,
-        so that one summary never evicts most of what every other session stashed."""
-        return _stash_limits(self.max_bytes)[0] // 4
+        so that one summary never evicts most of what every other session stashed, and at
+        most STASH_MAX (a 1M-token window's transcript is ~4 MB)."""
+        return min(_stash_limits(self.max_bytes)[0] // 4, STASH_MAX)
 
     def put_stash(self, key: str, session: str, span_sources: Sequence[str], dialect: str) -> None:
         """Stash a span under `key` for `session`; putting it again only refreshes `last_used`.

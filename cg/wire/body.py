@@ -51,6 +51,9 @@ class OverBound(BodyRejected):
 
 
 MAX_MESSAGES = 20_000  # option cg_max_messages: the transcript array's elements, at most
+# The largest body a MessageCache keeps for its session's next turn: ~4 MB is a 1M-token
+# window's whole transcript, and a kept index costs about seven times its body.
+REMEMBERED_MAX = 8 * 1024 * 1024
 
 
 class Deferred(Exception):
@@ -205,8 +208,9 @@ class MessageCache:
     its next turn finds its previous one. Parsed values and views are shared read-only.
     """
 
-    def __init__(self, max_lists: int = 16) -> None:
+    def __init__(self, max_lists: int = 16, max_bytes: int = REMEMBERED_MAX) -> None:
         self.max_lists = max_lists
+        self.max_bytes = max_bytes  # a larger body is read, never kept for its next turn
         self._lists: OrderedDict[tuple[str, str], BodyIndex] = OrderedDict()
         self.hits = 0
         self.prefix_hits = 0  # turns indexed from a previous body's shared bytes
@@ -222,7 +226,7 @@ class MessageCache:
         return known
 
     def remember(self, index: BodyIndex) -> None:
-        if not index.messages:
+        if not index.messages or len(index.raw) > self.max_bytes:
             return
         key = (index.dialect.name, index.source(0))
         self._lists[key] = index
@@ -267,7 +271,10 @@ class MessageCache:
                 # Remembered under the key it was found by: its first message is prev's, byte
                 # for byte, so `remember` would slice that message out again and hash the copy
                 # (the key's string keeps its hash; ~6 KB of a Codex or OpenAI first message).
-                self._lists[key] = index
+                if len(raw) > self.max_bytes:
+                    del self._lists[key]  # past what is kept: its next turn is read whole
+                else:
+                    self._lists[key] = index
             return index
         return None
 
