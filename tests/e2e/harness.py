@@ -110,6 +110,7 @@ class Proxy:
     log: list[str] = field(default_factory=list)
     _reader: threading.Thread | None = None
     regular: bool = False  # a forward proxy: its own endpoints are reached through it
+    token: str = ""  # its cg_control_token, which every `/_cg/` request then needs
 
     @property
     def url(self) -> str:
@@ -119,6 +120,11 @@ class Proxy:
         """A client for the addon's `/_cg/` endpoints (and, in reverse mode, the upstream)."""
         if self.regular:
             kw = {"base_url": "http://context-guru.test", "proxy": self.url, **kw}
+        if self.token:
+            kw = {
+                **kw,
+                "headers": {"authorization": f"Bearer {self.token}", **kw.get("headers", {})},
+            }
         return httpx.Client(**{"base_url": self.url, "trust_env": False, "timeout": 30.0, **kw})
 
     @classmethod
@@ -177,7 +183,10 @@ class Proxy:
                 "PYTHONUNBUFFERED": "1",
             },
         )
-        proxy = cls(proc, 0, DecisionLog(record), regular=(mode or "").startswith("regular"))
+        given = [o.partition("=")[2] for o in options if o.startswith("cg_control_token=")]
+        token = given[-1] if given else (env or {}).get(environ.CONTROL_TOKEN_ENV, "")
+        regular = (mode or "").startswith("regular")
+        proxy = cls(proc, 0, DecisionLog(record), regular=regular, token=token)
         listening = threading.Event()
 
         def read() -> None:
