@@ -663,8 +663,10 @@ class ContextGuru:
                 self._hold(flow)  # count_tokens, /v1/models: its key is redacted once done
             return
         self.stats.requests += 1
-        self._hold(flow)
-        if req.data.host not in self.providers.seen:
+        self.live[flow.id] = flow
+        while len(self.live) > MAX_LIVE:
+            self._release(next(iter(self.live.values())))
+        if req.data.host not in self.providers.seen:  # its siblings are a provider's too
             self.providers.learn(req.data.host)
         t0 = time.perf_counter()
         record: dict[str, Any]

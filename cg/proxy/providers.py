@@ -41,7 +41,10 @@ class ProviderHosts:
     def __init__(self, cg_hosts: Sequence[str] = (), seen: Iterable[str] = ()) -> None:
         entries = {p.lower().rstrip(".") for p in (*KNOWN, *cg_hosts)}
         self.names = frozenset(p for p in entries if _WILD.isdisjoint(p))
-        self.patterns = tuple(sorted(entries - self.names))
+        wild = sorted(entries - self.names)
+        # `*.example.com` is a suffix (`str.endswith`, ~0.1 µs); anything else fnmatch (~1 µs).
+        self.suffixes = tuple(p[1:] for p in wild if p[:2] == "*." and _WILD.isdisjoint(p[2:]))
+        self.patterns = tuple(p for p in wild if p[1:] not in self.suffixes)
         self.seen: set[str] = set(seen)
 
     def learn(self, host: str) -> None:
@@ -50,7 +53,11 @@ class ProviderHosts:
             self.seen.add(host)
 
     def _named(self, name: str) -> bool:
-        return name in self.names or any(fnmatch.fnmatchcase(name, p) for p in self.patterns)
+        return (
+            name in self.names
+            or name.endswith(self.suffixes)
+            or any(fnmatch.fnmatchcase(name, p) for p in self.patterns)
+        )
 
     def __call__(self, flow: http.HTTPFlow) -> bool:
         """Whether `flow` (one the addon does not route) is a provider's."""

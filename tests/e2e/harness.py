@@ -2,7 +2,8 @@
 recorder's decision log.
 
 `Proxy.start(upstream, workdir)` has mitmdump listen on port 0, reads the port from mitmdump's startup line, then
-polls `/_cg/health` until the addon answers. `Proxy.stop()` terminates the process by PID (kill
+polls `/_cg/health` until the addon answers (with the `cg_control_token` its options or `env`
+give, which `Proxy.client` then sends on every request). `Proxy.stop()` terminates the process by PID (kill
 after a deadline); `with Proxy.start(...) as p:` stops it on leaving and then checks its log for
 addon errors. `start_summarize` adds the proxy's own SQLite file and a summarize config
 (`low(...)`: triggers a short transcript passes). Waits are bounded condition waits, never sleeps.
