@@ -42,7 +42,6 @@ from __future__ import annotations
 
 import base64
 import binascii
-import contextlib
 import fnmatch
 import functools
 import hmac
@@ -97,7 +96,6 @@ def host_name(value: str) -> str | None:
     and without a trailing dot; None when it is no host (an empty name, a port that is not
     digits, an unclosed bracket)."""
     v = value.strip()
-    port = ""
     if v.startswith("["):
         name, bracket, rest = v[1:].partition("]")
         if not bracket or (rest and not rest.startswith(":")):
@@ -159,11 +157,12 @@ def capture_client_host() -> bool:
 
     @functools.wraps(original)
     def state_wait_for_request_headers(self: Any, event: Any) -> Any:
-        req = getattr(event, "request", None)
-        data = getattr(req, "data", None)
-        if data is not None and data.path.startswith(_PREFIX_BYTES):
-            with contextlib.suppress(Exception):  # a hook of ours never breaks mitmproxy
-                setattr(req, CLIENT_HOST, req.host_header)  # type: ignore[union-attr]
+        try:  # (free when nothing raises) a hook of ours never breaks mitmproxy
+            req = event.request
+            if req.data.path.startswith(_PREFIX_BYTES):
+                setattr(req, CLIENT_HOST, req.host_header)
+        except Exception:  # noqa: BLE001 - not kept: the control request is refused
+            pass
         return original(self, event)
 
     state_wait_for_request_headers.cg_keeps_client_host = True  # type: ignore[attr-defined]
