@@ -3,7 +3,7 @@
     context-guru replay FILE [--preset P] [--config F] [--summary TEXT] [--json]
     context-guru expand KEY [--db PATH|URL] [--json]
     context-guru sessions [--db PATH|URL] [--config F] [--json]
-    context-guru stats [--db PATH|URL | --proxy URL] [--config F] [--json]
+    context-guru stats [--db PATH|URL | --proxy URL [--token T]] [--config F] [--json]
     context-guru simulate FILE… [--preset P]… [--config F] [--json] [--summary-ratio R]
                          [--summary-latency S] [--model NAME] [--plot OUT.png]
 
@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import sys
 import tempfile
 import time
@@ -329,9 +330,22 @@ def stats(args: argparse.Namespace) -> int:
     if args.proxy:
         import httpx
 
-        resp = httpx.get(args.proxy.rstrip("/") + "/_cg/stats", timeout=10, trust_env=False)
+        from cg.proxy.environ import CONTROL_TOKEN_ENV
+
+        token = args.token or os.environ.get(CONTROL_TOKEN_ENV, "")
+        headers = {"authorization": f"Bearer {token}"} if token else {}
+        resp = httpx.get(
+            args.proxy.rstrip("/") + "/_cg/stats", headers=headers, timeout=10, trust_env=False
+        )
         doc = resp.json()
         code = 0 if resp.status_code == 200 else EXIT_NOT_FOUND
+        if code and not args.json:
+            print(
+                f"context-guru: {args.proxy} answered {resp.status_code}: "
+                f"{doc.get('error', '') if isinstance(doc, dict) else ''}",
+                file=sys.stderr,
+            )
+            return code
     else:
         from cg.billing.savings import report
 
@@ -428,6 +442,11 @@ def parser() -> argparse.ArgumentParser:
     t = sub.add_parser("stats", help="usage and savings in the store, or a running proxy's")
     t.add_argument("--db", default=None)
     t.add_argument("--proxy", default=None, help="e.g. http://127.0.0.1:8080")
+    t.add_argument(
+        "--token",
+        default=None,
+        help="the proxy's cg_control_token (default: $CONTEXT_GURU_CONTROL_TOKEN)",
+    )
     t.add_argument("--config", default=None, help="a YAML config whose `prices` apply")
     t.add_argument("--json", action="store_true")
     t.set_defaults(func=stats)

@@ -187,8 +187,8 @@ def no_such(name: str, close: str | None, what: str) -> str:
 _PORT = re.compile(r"[^:]*:\d*")  # one colon, then digits: a port (an IPv6 address has more)
 
 
-def host_patterns(entries: Sequence[str]) -> tuple[str, ...]:
-    """`cg_hosts` as given (`--set cg_hosts=a,b` arrives as one entry "a,b": a comma list is
+def host_patterns(entries: Sequence[str], option: str = "cg_hosts") -> tuple[str, ...]:
+    """`cg_hosts` (or `option`, validated the same) as given (`--set cg_hosts=a,b` arrives as one entry "a,b": a comma list is
     what people write) made into patterns. A URL, a path or a port never equals a Host
     header's name, so such an entry would pass every request through without a word: it is
     refused, naming it. Raises ValueError."""
@@ -196,7 +196,7 @@ def host_patterns(entries: Sequence[str]) -> tuple[str, ...]:
     for h in out:
         if "://" in h or "/" in h or _PORT.fullmatch(h):
             raise ValueError(
-                f"cg_hosts: {h!r} is not a host name; give names or *.example.com, no scheme, "
+                f"{option}: {h!r} is not a host name; give names or *.example.com, no scheme, "
                 "path or port"
             )
     return out

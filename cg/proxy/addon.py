@@ -37,9 +37,10 @@ from cg.proxy import control, dashboard, malloc, offload
 from cg.proxy import view as views
 from cg.proxy.agents import CLAUDE_CODE, CODEX, claude_code, codex, codex_compaction
 from cg.proxy.calls import call_flow
-from cg.proxy.environ import unknown_variables, unused_cheap_model
+from cg.proxy.environ import CONTROL_TOKEN_ENV, unknown_variables, unused_cheap_model
 from cg.proxy.message import bounded_content, content, content_type, set_content
 from cg.proxy.meter import Meter, late_index
+from cg.proxy.providers import ProviderHosts
 from cg.proxy.relay import HEADER as RELAY_HEADER
 from cg.proxy.relay import Relay, RelayJob
 from cg.proxy.resend import resend
@@ -79,7 +80,10 @@ STORE_BUSY_MS = 250
 # error per period instead of one per call.
 STORE_RETRY = 2.0
 # The headers that carry a provider credential: replaced in a provider flow once its answer is
-# done (option cg_redact_credentials), so a saved flow, a viewer or a later addon never has them.
+# done (option cg_redact_credentials), so a saved flow, a viewer or a later addon never has them:
+# a turn the addon routed, and any other flow to a provider host (`cg.proxy.providers`). Our
+# `response` and `error` hooks run before mitmproxy's Save (`-w`) and Dumper (the printout) see
+# the finished flow: a script's hooks run at the script loader's place, ahead of both.
 CREDENTIAL_HEADERS = ("authorization", "x-api-key", "api-key", "x-goog-api-key")
 REDACTED = "[redacted by context-guru]"
 _CREDENTIAL_NAMES = frozenset(n.encode() for n in CREDENTIAL_HEADERS)
@@ -170,6 +174,19 @@ def _warn_unused_cheap_model(pipelines: dict[str, list[Component]]) -> None:
         )
 
 
+def control_token(given: str) -> str:
+    """`cg_control_token`, or `$CONTEXT_GURU_CONTROL_TOKEN` when the option is empty (a token
+    kept off the command line, which `ps` shows). One a client could not send as it is (a
+    space, a control character, beyond ASCII) is refused; never shown."""
+    token = given or os.environ.get(CONTROL_TOKEN_ENV, "")
+    source = "cg_control_token" if given else CONTROL_TOKEN_ENV
+    if token and not (token.isascii() and token.isprintable() and " " not in token):
+        raise ValueError(
+            f"{source}: must be printable ASCII without spaces (the value is not shown)"
+        )
+    return token
+
+
 def _passed(dialect: str, outcome: str, reason: str) -> dict[str, Any]:
     """The record of a request whose body was not read."""
     record: dict[str, Any] = {"dialect": dialect, "outcome": outcome, "reason": reason}
@@ -223,6 +240,7 @@ class ContextGuru:
         self.redact = True
         # Provider flows whose request still holds its credential: redacted when done.
         self.live: dict[str, http.HTTPFlow] = {}
+        self.providers = ProviderHosts()  # which flows the addon does not route are providers'
         self.store_error: str | None = None  # why the configured store could not be opened
         self.started = False  # `running` was called: start-up is over
         self._store_retry_at = 0.0
@@ -358,8 +376,19 @@ class ContextGuru:
             "cg_control_token",
             str,
             "",
-            "A bearer token that admits non-loopback clients to /_cg/ control endpoints "
-            "(Authorization: Bearer TOKEN), each scoped to the session it names. Never logged.",
+            "A token every /_cg/ control request must present, loopback included "
+            "(Authorization: Bearer TOKEN, or HTTP Basic with it as the password); it also "
+            "admits non-loopback clients, each scoped to the session it names. Empty: "
+            f"${CONTROL_TOKEN_ENV}, if set. Never logged.",
+        )
+        loader.add_option(
+            "cg_control_hosts",
+            Sequence[str],
+            list(control.DEFAULT_HOSTS),
+            "Host names, besides loopback addresses and localhost, that /_cg/ control "
+            "requests may be sent to (exact or *.example.com, comma-separated or repeated); "
+            "a request to any other Host is refused (DNS rebinding, pages through a regular "
+            "proxy).",
         )
         loader.add_option(
             "cg_redact_credentials",
@@ -367,7 +396,10 @@ class ContextGuru:
             True,
             "Replace the credential headers (authorization, x-api-key, …) of every provider "
             "flow with a placeholder once its answer is done (or at exit), so saved flows "
-            "(-w), mitmweb and later addons never hold the key.",
+            "(-w), mitmdump's printout, mitmweb and later addons never hold the key: the turns "
+            "the addon routes, and every other flow in reverse mode or to a provider host "
+            "(api.anthropic.com, api.openai.com, chatgpt.com, cg_hosts, or one that served a "
+            "provider request).",
         )
         loader.add_option(
             "cg_shared",
@@ -377,6 +409,11 @@ class ContextGuru:
             "and no key of its own never falls back to the process's provider key "
             "(ANTHROPIC_API_KEY, OPENAI_API_KEY).",
         )
+        if not control.capture_client_host():
+            log.warning(
+                "context-guru: this mitmproxy hides the Host a client sent in reverse mode; "
+                "/_cg/ requests through a reverse-mode listener are refused"
+            )
         try:
             repeated = repeated_options(loader.master.options)
         except Exception:  # noqa: BLE001 - mitmproxy's internals moved: no check, no harm
@@ -463,6 +500,8 @@ class ContextGuru:
         _warn_unused_cheap_model(pipelines)
         try:
             hosts = host_patterns(opts.cg_hosts)
+            control_hosts = control.control_hosts(opts.cg_control_hosts)
+            token = control_token(opts.cg_control_token)
         except ValueError as e:
             raise exceptions.OptionsError(str(e)) from None  # type: ignore[no-untyped-call]
         if opts.cg_expand_inject not in ("auto", "always", "never"):
@@ -476,10 +515,11 @@ class ContextGuru:
         self.meter.ledger = ledger
         self.expand = ExpandPolicy(opts.cg_expand_inject, store)
         self.hosts = hosts
+        self.providers = ProviderHosts(hosts, self.providers.seen)
         self.max_body = opts.cg_max_body_mb * 1024 * 1024
         self.max_messages = opts.cg_max_messages
         self.meter.max_messages = opts.cg_max_messages
-        self.control = control.ControlPolicy(opts.cg_control_remote, opts.cg_control_token)
+        self.control = control.ControlPolicy(opts.cg_control_remote, token, control_hosts)
         self.redact = opts.cg_redact_credentials
 
     @property
@@ -671,11 +711,16 @@ class ContextGuru:
         # By name (the Host header): in transparent/local mode, and in a CONNECT tunnel,
         # `req.host` is the address connected to, not the provider's name.
         if dialect is None or (self.hosts and not host_allowed(req.pretty_host, self.hosts)):
-            return None  # (`pretty_host` parses the Host header: only asked when cg_hosts is set)
+            # (`pretty_host` parses the Host header: only asked when cg_hosts is set)
+            if self.redact and self.providers(flow):
+                self._hold(flow)  # count_tokens, /v1/models: its key is redacted once done
+            return None
         self.stats.requests += 1
         self.live[flow.id] = flow
         while len(self.live) > MAX_LIVE:
             self._release(next(iter(self.live.values())))
+        if req.data.host not in self.providers.seen:  # its siblings are a provider's too
+            self.providers.learn(req.data.host)
         t0 = time.perf_counter()
         try:
             down = self._store_down() if any(self.pipelines.values()) else None
@@ -1139,10 +1184,18 @@ class ContextGuru:
             else:
                 self.facts.flush()
 
+    def _hold(self, flow: http.HTTPFlow) -> None:
+        """A provider flow in flight: its credential is redacted when it is done (or at exit,
+        or once MAX_LIVE newer ones are)."""
+        self.live[flow.id] = flow
+        while len(self.live) > MAX_LIVE:
+            self._release(next(iter(self.live.values())))
+
     def _release(self, flow: http.HTTPFlow) -> None:
-        """The flow is done with upstream: forget it, and redact its credential."""
-        self.live.pop(flow.id, None)
-        if self.redact and META in flow.metadata:
+        """The flow is done with upstream: forget it, and redact its credential (a turn's, or
+        another provider flow's)."""
+        held = self.live.pop(flow.id, None) is not None
+        if self.redact and (held or META in flow.metadata):
             redact(flow.request.headers)
             redact_backup(flow)
 

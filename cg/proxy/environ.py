@@ -20,7 +20,10 @@ from cg.summarize.client import TIMEOUT_ENV
 from cg.summarize.config import CHEAP_ENV
 
 PREFIXES = ("CONTEXT_GURU_", "CHEAP_MODEL")
-KNOWN = frozenset({TIMEOUT_ENV, *CHEAP_ENV})
+# The control token (`cg_control_token`) kept off the command line: the proxy reads it when the
+# option is empty, `context-guru stats --proxy` sends it.
+CONTROL_TOKEN_ENV = "CONTEXT_GURU_CONTROL_TOKEN"
+KNOWN = frozenset({TIMEOUT_ENV, CONTROL_TOKEN_ENV, *CHEAP_ENV})
 
 
 def unknown_variables(env: Mapping[str, str]) -> list[tuple[str, str | None]]:

@@ -2,7 +2,8 @@
 recorder's decision log.
 
 `Proxy.start(upstream, workdir)` has mitmdump listen on port 0, reads the port from mitmdump's startup line, then
-polls `/_cg/health` until the addon answers. `Proxy.stop()` terminates the process by PID (kill
+polls `/_cg/health` until the addon answers (with the `cg_control_token` its options or `env`
+give, which `Proxy.client` then sends on every request). `Proxy.stop()` terminates the process by PID (kill
 after a deadline); `with Proxy.start(...) as p:` stops it on leaving and then checks its log for
 addon errors. `start_summarize` adds the proxy's own SQLite file and a summarize config
 (`low(...)`: triggers a short transcript passes). Waits are bounded condition waits, never sleeps.
@@ -110,6 +111,7 @@ class Proxy:
     log: list[str] = field(default_factory=list)
     _reader: threading.Thread | None = None
     regular: bool = False  # a forward proxy: its own endpoints are reached through it
+    token: str = ""  # its cg_control_token, which every `/_cg/` request then needs
 
     @property
     def url(self) -> str:
@@ -119,6 +121,11 @@ class Proxy:
         """A client for the addon's `/_cg/` endpoints (and, in reverse mode, the upstream)."""
         if self.regular:
             kw = {"base_url": "http://context-guru.test", "proxy": self.url, **kw}
+        if self.token:
+            kw = {
+                **kw,
+                "headers": {"authorization": f"Bearer {self.token}", **kw.get("headers", {})},
+            }
         return httpx.Client(**{"base_url": self.url, "trust_env": False, "timeout": 30.0, **kw})
 
     @classmethod
@@ -177,7 +184,10 @@ class Proxy:
                 "PYTHONUNBUFFERED": "1",
             },
         )
-        proxy = cls(proc, 0, DecisionLog(record), regular=(mode or "").startswith("regular"))
+        given = [o.partition("=")[2] for o in options if o.startswith("cg_control_token=")]
+        token = given[-1] if given else (env or {}).get(environ.CONTROL_TOKEN_ENV, "")
+        regular = (mode or "").startswith("regular")
+        proxy = cls(proc, 0, DecisionLog(record), regular=regular, token=token)
         listening = threading.Event()
 
         def read() -> None:

@@ -1,12 +1,15 @@
-"""The control surface (`/_cg/*`): who is answered, what a remote caller may read, ids validated,
-the bearer token kept nowhere, and no request that makes the addon open a path.
+"""The control surface (`/_cg/*`): which Host and Origin are answered, the token every caller
+needs once set (Bearer or Basic), what a remote caller may read, ids validated, the token kept
+nowhere, and no request that makes the addon open a path.
 
 In-process: the addon under `mitmproxy.test.taddons` on a real SQLite file, control requests as
-mitmproxy flows from a loopback or a remote peer.
+mitmproxy flows from a loopback or a remote peer, sent to `Host: 127.0.0.1:8080` unless a test
+names another.
 """
 
 from __future__ import annotations
 
+import base64
 import json
 import sys
 import warnings
@@ -17,16 +20,20 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from mitmproxy import http
+from mitmproxy import exceptions, http
+from mitmproxy.proxy.mode_specs import ProxyMode
 
 with warnings.catch_warnings():
     warnings.simplefilter("ignore", DeprecationWarning)
     from mitmproxy.test import taddons, tflow, tutils
 
+from cg.proxy import control
 from cg.proxy.addon import ContextGuru
+from cg.proxy.environ import CONTROL_TOKEN_ENV
 from cg.state.store import stash_key
 
 LOCAL = ("127.0.0.1", 50000)
+HOST = "127.0.0.1:8080"  # what a client of a proxy on 127.0.0.1:8080 sends
 REMOTE = ("203.0.113.7", 50000)
 TOKEN = "cg-control-token-3f9a77c1"
 A, B = "session-a", "session-b"
@@ -54,14 +61,35 @@ async def addon(tmp_path: Path) -> AsyncIterator[tuple[ContextGuru, taddons.cont
         yield cg, tctx
 
 
-def ask(
-    cg: ContextGuru, path: str, peer: tuple[Any, ...] = LOCAL, **headers: str
-) -> tuple[http.HTTPFlow, int, Any]:
+def control_flow(path: str, peer: tuple[Any, ...] = LOCAL, **headers: str) -> http.HTTPFlow:
+    """A GET of `path` from `peer` with `headers` (`host` is HOST unless given)."""
     req = tutils.treq(method=b"GET", path=path.encode(), host="proxy.test", content=b"")
-    for k, v in headers.items():
+    for k, v in {"host": HOST, **headers}.items():
         req.headers[k.replace("_", "-")] = v
     f = tflow.tflow(req=req)
     f.client_conn.peername = peer
+    return f
+
+
+def http2(f: http.HTTPFlow) -> http.HTTPFlow:
+    """`f` in HTTP/2: its Host is the `:authority`, and no `host` header."""
+    f.request.http_version = "HTTP/2.0"
+    f.request.authority = f.request.headers.pop("host")
+    return f
+
+
+def no_host(f: http.HTTPFlow) -> http.HTTPFlow:
+    del f.request.headers["host"]
+    return f
+
+
+def ask(
+    cg: ContextGuru, path: str, peer: tuple[Any, ...] = LOCAL, **headers: str
+) -> tuple[http.HTTPFlow, int, Any]:
+    return answer(cg, control_flow(path, peer, **headers))
+
+
+def answer(cg: ContextGuru, f: http.HTTPFlow) -> tuple[http.HTTPFlow, int, Any]:
     cg.request(f)
     assert f.response is not None
     body = f.response.content or b""
@@ -109,6 +137,9 @@ async def test_a_token_admits_remote_callers_that_present_it_and_no_one_else(add
     # cg_control_remote without the token does not open the door once a token is set
     tctx.configure(cg, cg_control_remote=True)
     assert ask(cg, "/_cg/health", REMOTE)[1] == 401
+    # a token does not open it to a Host that is not ours either
+    auth = {"authorization": f"Bearer {TOKEN}"}
+    assert ask(cg, "/_cg/health", REMOTE, host="rebind.attacker.example", **auth)[1] == 421
 
 
 async def test_the_token_is_removed_from_every_control_flow(addon):
@@ -131,7 +162,7 @@ async def test_a_remote_caller_reads_only_its_own_session(addon, via):
         tctx.configure(cg, cg_control_remote=True)
         auth = {}
     # the guard: both sessions exist, and a local caller sees both
-    assert ids(ask(cg, "/_cg/sessions")[2]) == {A, B}
+    assert ids(ask(cg, "/_cg/sessions", LOCAL, **auth)[2]) == {A, B}
     _, status, doc = ask(cg, "/_cg/sessions", REMOTE, x_context_guru_session=A, **auth)
     assert status == 200 and ids(doc) == {A}
     _, status, doc = ask(cg, "/_cg/sessions", REMOTE, x_claude_code_session_id=B, **auth)
@@ -151,6 +182,261 @@ async def test_a_remote_caller_reads_only_its_own_session(addon, via):
         for path in ("/_cg/sessions", f"/_cg/expand?id={KEY_A}"):
             _, status, doc = ask(cg, path, REMOTE, **h, **auth)
             assert status == 400 and "x-context-guru-session" in doc["error"]
+
+
+# -- which Host and Origin are answered --------------------------------------------------------
+
+OURS = [
+    "127.0.0.1",
+    "127.0.0.1:8080",
+    "127.8.9.10:1",
+    "[::1]",
+    "[::1]:8080",
+    "[::ffff:127.0.0.1]:8080",
+    "localhost",
+    "LOCALHOST:8080",
+    "localhost.:8080",
+    "context-guru.test",
+    "Context-Guru.Test:80",
+]
+NOT_OURS = [
+    "rebind.attacker.example",
+    "rebind.attacker.example:8080",
+    "anything",
+    "0.0.0.0:8080",
+    "[::]:8080",
+    "10.0.0.1:8080",
+    "127.0.0.1.attacker.example",
+    "localhost.attacker.example",
+    "context-guru.test.attacker.example",
+    "evil.localhost",
+    "[::1",
+    "[::1]x",
+    "localhost:http",
+    "127.0.0.1:80:80",
+    ":8080",
+]
+
+
+def refused(status: int, doc: Any) -> bool:
+    """A refusal that reads nothing: no session, no stash, no store."""
+    text = json.dumps(doc)
+    return status >= 400 and "alpha" not in text and "sessions" not in doc and "store" not in doc
+
+
+@pytest.mark.parametrize("host", OURS)
+@pytest.mark.parametrize("h2", [False, True], ids=["host", "authority"])
+async def test_a_loopback_host_localhost_or_the_default_name_is_answered(addon, host, h2):
+    cg, _ = addon
+    f = control_flow("/_cg/sessions", host=host)
+    _, status, doc = answer(cg, http2(f) if h2 else f)
+    assert status == 200 and ids(doc) == {A, B}
+
+
+@pytest.mark.parametrize("host", NOT_OURS)
+@pytest.mark.parametrize("h2", [False, True], ids=["host", "authority"])
+async def test_any_other_host_is_refused_and_reads_nothing(addon, host, h2):
+    cg, tctx = addon
+    tctx.configure(cg, cg_control_remote=True)  # the peer rule would let anyone in
+    for peer in (LOCAL, REMOTE):
+        for path in ("/_cg/sessions", f"/_cg/expand?id={KEY_A}", "/_cg/", "/_cg/health"):
+            f = control_flow(path, peer, host=host, x_context_guru_session=A)
+            f, status, doc = answer(cg, http2(f) if h2 else f)
+            assert status == 421 and refused(status, doc), (path, doc)
+            assert "cg_control_hosts" in doc["error"]
+            assert f.request.host == "proxy.test"  # answered here: never forwarded
+
+
+async def test_a_request_that_names_no_host_is_judged_by_its_peer(addon):
+    """HTTP/1.0 without Host (a balancer's health check): no browser sends it."""
+    cg, _ = addon
+    assert answer(cg, no_host(control_flow("/_cg/health")))[1] == 200
+    assert answer(cg, no_host(control_flow("/_cg/health", REMOTE)))[1] == 403
+
+
+def reverse(f: http.HTTPFlow, sent: str | None = None) -> http.HTTPFlow:
+    """`f` as a reverse-mode listener hands it to the hooks: its Host replaced by the
+    upstream's, the one the client sent kept (`sent`) as `capture_client_host` keeps it."""
+    f.client_conn.proxy_mode = ProxyMode.parse("reverse:https://api.anthropic.com")
+    f.request.headers["host"] = "api.anthropic.com"
+    if sent is not None:
+        setattr(f.request, control.CLIENT_HOST, sent)
+    return f
+
+
+async def test_reverse_mode_judges_the_host_the_client_sent(addon):
+    cg, tctx = addon
+    _, status, doc = answer(cg, reverse(control_flow("/_cg/sessions"), "127.0.0.1:8080"))
+    assert status == 200 and ids(doc) == {A, B}
+    _, status, doc = answer(cg, reverse(control_flow("/_cg/sessions"), "rebind.attacker.example"))
+    assert status == 421 and refused(status, doc)
+    # not kept (the listener's rewrite was not seen): unknown, refused
+    _, status, doc = answer(cg, reverse(control_flow("/_cg/sessions")))
+    assert status == 421 and "not known" in doc["error"]
+    # with keep_host_header mitmproxy leaves the Host as sent: that is the one judged
+    tctx.options.add_option("keep_host_header", bool, True, "(proxyserver's, not loaded here)")
+    for sent, status in (("localhost:8080", 200), ("rebind.attacker.example:8080", 421)):
+        f = reverse(control_flow("/_cg/sessions"))
+        f.request.headers["host"] = sent
+        assert answer(cg, f)[1] == status, sent
+
+
+def test_the_client_host_is_kept_by_this_mitmproxy():
+    """Vacuity guard for the reverse-mode tests above: the wrapper is in place, once."""
+    from mitmproxy.proxy.layers.http import HttpStream
+
+    assert control.capture_client_host() and control.capture_client_host()
+    method = HttpStream.state_wait_for_request_headers
+    assert getattr(method, "cg_keeps_client_host", False)
+    assert not getattr(getattr(method, "__wrapped__", None), "cg_keeps_client_host", False)
+
+
+async def test_the_option_names_the_hosts_answered(addon):
+    cg, tctx = addon
+    tctx.configure(cg, cg_control_hosts=["cg.corp.example, *.proxies.example"])
+    for host in ("cg.corp.example:8080", "a.proxies.example", "B.Proxies.Example."):
+        assert ask(cg, "/_cg/health", host=host)[1] == 200, host
+    for host in ("context-guru.test", "proxies.example", "cg.corp.example.evil"):
+        assert ask(cg, "/_cg/health", host=host)[1] == 421, host
+    assert ask(cg, "/_cg/health", host="[::1]:8080")[1] == 200  # loopback whatever it says
+    tctx.configure(cg, cg_control_hosts=[])
+    assert ask(cg, "/_cg/health", host="localhost")[1] == 200
+    assert ask(cg, "/_cg/health", host="context-guru.test")[1] == 421
+
+
+@pytest.mark.parametrize(
+    "entry",
+    [
+        "http://cg.example",
+        "cg.example/_cg",
+        "cg.example:8080",
+        "[::1]:8080",
+        "*",
+        "*.*",
+        "?",
+        "a:b",
+    ],
+)
+async def test_a_control_host_that_is_no_name_is_refused_naming_the_option(addon, entry):
+    cg, tctx = addon
+    with pytest.raises(exceptions.OptionsError, match="cg_control_hosts"):
+        tctx.configure(cg, cg_control_hosts=[entry])
+
+
+@pytest.mark.parametrize(
+    "origin",
+    [
+        "http://127.0.0.1:8080",
+        "http://localhost:3000",
+        "http://[::1]:8080",
+        "https://context-guru.test",
+    ],
+)
+async def test_an_origin_of_ours_is_answered(addon, origin):
+    cg, _ = addon
+    f, status, doc = ask(cg, "/_cg/sessions", origin=origin)
+    assert status == 200 and ids(doc) == {A, B}
+    assert f.response is not None
+    assert not [k for k in f.response.headers if k.lower().startswith("access-control-")]
+
+
+@pytest.mark.parametrize(
+    "origin",
+    [
+        "null",
+        "http://rebind.attacker.example:8080",
+        "https://evil.example",
+        "http://127.0.0.1.evil.example",
+        "http://localhost:http",
+        "127.0.0.1",
+        "",
+        "file://",
+    ],
+)
+async def test_a_foreign_or_null_origin_is_refused(addon, origin):
+    cg, _ = addon
+    for host in (HOST, "localhost:8080"):
+        for path in ("/_cg/sessions", f"/_cg/expand?id={KEY_A}", "/_cg/"):
+            f, status, doc = ask(cg, path, host=host, origin=origin)
+            assert status == 403 and refused(status, doc), (path, origin)
+            assert f.response is not None
+            assert not [k for k in f.response.headers if k.lower().startswith("access-control-")]
+
+
+async def test_every_origin_a_request_carries_is_judged(addon):
+    cg, _ = addon
+    f = control_flow("/_cg/sessions")
+    f.request.headers.set_all("origin", ["http://127.0.0.1:8080", "https://evil.example"])
+    assert answer(cg, f)[1] == 403
+
+
+# -- the token, for everyone once set -------------------------------------------------------------
+
+
+def basic(user: str, password: str) -> str:
+    return "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()
+
+
+async def test_a_token_is_needed_from_loopback_too(addon):
+    cg, tctx = addon
+    tctx.configure(cg, cg_control_token=TOKEN)
+    for path in ("/_cg/health", "/_cg/stats", "/_cg/sessions", f"/_cg/expand?id={KEY_A}"):
+        f, status, doc = ask(cg, path)
+        assert status == 401 and refused(status, doc), path
+        assert f.response is not None
+        assert f.response.headers.get_all("www-authenticate") == [
+            'Bearer realm="context-guru"',
+            'Basic realm="context-guru"',
+        ]
+    # the dashboard asks a person's browser for Basic credentials
+    f, status, _ = ask(cg, "/_cg/")
+    assert status == 401 and f.response is not None
+    assert f.response.headers.get_all("www-authenticate") == ['Basic realm="context-guru"']
+    # with it, a loopback caller reads every session, as without a token
+    _, status, doc = ask(cg, "/_cg/sessions", authorization=f"Bearer {TOKEN}")
+    assert status == 200 and ids(doc) == {A, B}
+
+
+@pytest.mark.parametrize(
+    ("authorization", "status"),
+    [
+        (basic("anyone", TOKEN), 200),
+        (basic("", TOKEN), 200),
+        (basic("x", TOKEN + ":more"), 401),
+        (basic(TOKEN, "wrong"), 401),
+        (basic("anyone", TOKEN[:-1]), 401),
+        ("Basic !!notbase64!!", 401),
+        (f"basic {base64.b64encode(f'u:{TOKEN}'.encode()).decode()}", 200),
+        (f"bearer {TOKEN}", 200),
+        (f"Bearer  {TOKEN} ", 200),
+        (f"Token {TOKEN}", 401),
+    ],
+)
+async def test_basic_auth_carries_the_token_as_its_password(addon, authorization, status):
+    cg, tctx = addon
+    tctx.configure(cg, cg_control_token=TOKEN)
+    for path in ("/_cg/", "/_cg/sessions"):
+        f, got, _ = ask(cg, path, authorization=authorization)
+        assert got == status, (path, authorization)
+        assert "authorization" not in f.request.headers
+
+
+async def test_the_token_can_come_from_the_environment(addon, monkeypatch):
+    cg, tctx = addon
+    monkeypatch.setenv(CONTROL_TOKEN_ENV, TOKEN)
+    tctx.configure(cg, cg_control_token="")
+    assert ask(cg, "/_cg/health")[1] == 401
+    assert ask(cg, "/_cg/health", authorization=f"Bearer {TOKEN}")[1] == 200
+    tctx.configure(cg, cg_control_token="other-token")  # the option wins
+    assert ask(cg, "/_cg/health", authorization=f"Bearer {TOKEN}")[1] == 401
+
+
+@pytest.mark.parametrize("token", ["two words", "tab\there", "é-token", "new\nline"])
+async def test_a_token_no_client_could_send_is_refused_unshown(addon, token):
+    cg, tctx = addon
+    with pytest.raises(exceptions.OptionsError, match="cg_control_token") as e:
+        tctx.configure(cg, cg_control_token=token)
+    assert token not in str(e.value)
 
 
 @pytest.mark.parametrize(

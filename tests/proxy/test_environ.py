@@ -9,6 +9,7 @@ from cg.proxy.environ import KNOWN, unknown_variables, unused_cheap_model
 def test_every_variable_context_guru_reads_is_known() -> None:
     assert {
         "CONTEXT_GURU_SUMMARIZE_TIMEOUT",
+        "CONTEXT_GURU_CONTROL_TOKEN",
         "CHEAP_MODEL",
         "CHEAP_MODEL_PROVIDER",
         "CHEAP_MODEL_BASE_URL",
