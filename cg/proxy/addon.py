@@ -56,6 +56,7 @@ from cg.settings import (
 from cg.state.facts import FactsCache
 from cg.state.session import header
 from cg.state.store import Store, StoreError, valid_key
+from cg.state.tenant import ANONYMOUS, fingerprint
 from cg.state.tokens import TokenCounter
 from cg.summarize.client import HttpPool, Origin, SummarizerClient, timeout_from_env
 from cg.summarize.component import Summarize
@@ -645,6 +646,7 @@ class ContextGuru:
             record = {"dialect": dialect.name, "outcome": outcome, "reason": reason}
         else:
             preset, components, why = self.pipeline_for(req.headers, dialect.name)
+            tenant = self.tenant_of(req.headers)
             result = rewrite_body(
                 raw,
                 dialect,
@@ -653,6 +655,7 @@ class ContextGuru:
                 cache=self.cache,
                 expand=self.expand,
                 agent_compaction=codex_compaction(req.headers),
+                tenant=tenant,
             )
             record = result.record
             index = result.index
@@ -681,7 +684,7 @@ class ContextGuru:
                 self._commission(result.commissions, origin, sent, flow.id)
             # Last: the summary's origin above is the provider, never the relay.
             try:
-                self._relay(flow, record)
+                self._relay(flow, record, tenant)
             except Exception as e:  # noqa: BLE001 - without the relay the answer is buffered
                 log.warning("context-guru: relay not used: %s", type(e).__name__)
         self.stats.count(record["outcome"])
@@ -715,7 +718,13 @@ class ContextGuru:
             return "passed_through", f"body of {len(req.raw_content)} bytes is over cg_max_body_mb"
         return None
 
-    def _relay(self, flow: http.HTTPFlow, record: dict[str, Any]) -> None:
+    def tenant_of(self, headers: Any) -> str:
+        """Who a request is (`cg.state.tenant`): its credential's fingerprint under the
+        store's key; anonymous without a store (nothing is kept then)."""
+        store = self.store
+        return fingerprint(store.tenant_key, headers) if store is not None else ANONYMOUS
+
+    def _relay(self, flow: http.HTTPFlow, record: dict[str, Any], tenant: str) -> None:
         """A streamed turn offered our tool goes to the relay (`cg.proxy.relay`), so its answer
         streams and is held only if it calls the tool; without a relay it is buffered."""
         expand = record.get("expand")
@@ -737,7 +746,7 @@ class ContextGuru:
             ),
             record["dialect"],
             upstream_sni(req),
-            self._resolver(record.get("session")),
+            self._resolver(record.get("session"), tenant),
             (req.data.scheme, req.data.host, req.data.port),
         )
         job.times.append(time.perf_counter())
@@ -757,15 +766,16 @@ class ContextGuru:
         self.relayed[flow.id] = job
         expand["relayed"] = True
 
-    def _resolver(self, session: str | None) -> Callable[[str], str]:
+    def _resolver(self, session: str | None, tenant: str) -> Callable[[str], str]:
         """What answers the model's `context_guru_expand` calls for `session`: the stashed span
-        from the store as it is now (none: the id is no longer available)."""
+        from the store as it is now, when `tenant` (the credential that carries the answer
+        upstream) may read it (none: the id is no longer available)."""
         store = self.store
 
         def resolve(key: str) -> str:
             if store is None:
                 return f"context_guru_expand: id {key!r} is no longer available."
-            return expand_mod.resolve(store, key, session)
+            return expand_mod.resolve(store, key, session, tenant)
 
         return resolve
 
@@ -1063,7 +1073,8 @@ class ContextGuru:
             sent,
             first,
             bool(record.get("stream")) or ctype.startswith("text/event-stream"),
-            self._resolver(record.get("session")),
+            # The credential the rounds go upstream with is the one the ids must resolve for.
+            self._resolver(record.get("session"), self.tenant_of(flow.request.headers)),
             sni=sni,
             on_round=functools.partial(self._expand_round, flow, record),
         )
