@@ -70,7 +70,7 @@ def checkpoint(conv: str, key: str | None, tenant: str) -> Checkpoint:
 def test_the_fingerprint_is_a_keyed_hash_of_the_first_credential_never_the_credential():
     one = fingerprint(KEY, {"x-api-key": "sk-user-one"})
     assert len(one) == FINGERPRINT_HEX and int(one, 16) >= 0
-    assert one == fingerprint(KEY, Headers(**{"X-Api-Key": "sk-user-one"}))  # either headers
+    assert one == fingerprint(KEY, Headers([(b"X-Api-Key", b"sk-user-one")]))  # either headers
     assert one != fingerprint(b"another key".ljust(32), {"x-api-key": "sk-user-one"})
     assert one != fingerprint(KEY, {"x-api-key": "sk-user-two"})
     # The header's name is part of it: one value under two names is two credentials.
