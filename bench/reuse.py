@@ -423,7 +423,7 @@ def part_lines(sc: Scenario) -> list[Line]:
             "input validate_shape, all 400 (a cold body's; a warm one re-checks its tail)",
             lambda: validate_shape(views, d),
         ),
-        ("tenant fingerprint (the credential's HMAC, in the addon)", lambda: sc.tenant),
+        ("tenant fingerprint (the credential's MAC, in the addon)", lambda: sc.tenant),
         ("session_of (header)", lambda: session_of(sc.headers, ix, tenant)),
         (
             "apply · store.touch_session (the store)",

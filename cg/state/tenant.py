@@ -2,12 +2,16 @@
 
 A session id is whatever a request says it is (a header, a hash of its opening), so it cannot be
 what keeps one user's stashes and checkpoints from another's: anyone who sends `x-context-guru-
-session: A` would read A's. The tenant is what the request proves instead: an HMAC-SHA256 of its
+session: A` would read A's. The tenant is what the request proves instead: a MAC of its
 credential, the first present (non-empty) of `x-api-key`, `authorization`, `api-key` and
 `x-goog-api-key`, name and value, under a key the store generates once and keeps
 (`Store.tenant_key`: an SQLite file's `meta` table, PostgreSQL's `cg_keys`, shared by every
 instance so a fleet agrees; a store in memory has a key of its own). The credential itself is
 never written anywhere; its fingerprint, `FINGERPRINT_HEX` hex digits, is.
+
+The MAC is keyed BLAKE2b (BLAKE2's own MAC mode, RFC 7693; the keyed hash SPEC §13 calls an
+HMAC) rather than HMAC-SHA256: it runs on every request, and HMAC-SHA256 costs several times as
+much (measured: docs/reliability.md, tenancy).
 
 Every stash and checkpoint records the tenant that wrote it, and a request reads only rows of
 its own tenant or rows written before tenancy existed (`UNBOUND`, the migration's mark: they stay
@@ -18,7 +22,7 @@ requests are one tenant, as every request was before. The decision record says w
 
 from __future__ import annotations
 
-import hmac
+import hashlib
 import os
 from collections.abc import Mapping
 
@@ -41,14 +45,14 @@ def new_key() -> bytes:
 
 
 def fingerprint(key: bytes, headers: Mapping[str, str]) -> str:
-    """The tenant of a request with `headers`: its credential's HMAC under `key`, as hex, or
+    """The tenant of a request with `headers`: its credential's MAC under `key`, as hex, or
     ANONYMOUS when it carries none. An empty value is no credential (two users who both send
     an empty `x-api-key` beside their real `authorization` must not be one tenant)."""
     for name, prefix in _NAMES:
         value = header(headers, name)
         if value is not None and value.strip():
             msg = prefix + value.encode("utf-8", "surrogateescape")
-            return hmac.digest(key, msg, "sha256").hex()[:FINGERPRINT_HEX]
+            return hashlib.blake2b(msg, key=key, digest_size=FINGERPRINT_HEX // 2).hexdigest()
     return ANONYMOUS
 
 
