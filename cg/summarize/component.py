@@ -352,7 +352,7 @@ class Summarize:
         based_on = cp.covered_hash if cp is not None else None
         legacy = None
         if cp is None and req.tenant:
-            legacy = self._legacy(req.session, stats[0].digest)
+            legacy = self._legacy(req.session, stats[0].digest, req.tenant)
         if legacy is not None:
             # A checkpoint from before tenancy, under the key it had: reused (it is unbound:
             # any tenant of its session reads it, as before), never replaced or deleted here;
@@ -362,9 +362,9 @@ class Summarize:
         if cp is not None:
             ce = cp.head_count + cp.covered_count
             if ce > n or self._covered_hash(index, stats, ce) != cp.covered_hash:
-                if not legacy:
+                if legacy is None:
                     self.store.delete_checkpoint(conv)
-                detail["checkpoint"] = "diverged: invalidated" if not legacy else "diverged"
+                detail["checkpoint"] = "diverged: invalidated" if legacy is None else "diverged"
                 detail["conversation"] = conv
                 cp = based_on = None
             elif ce > span.end:
@@ -440,10 +440,11 @@ class Summarize:
                 step.reason = "commissioned a summary; this turn forwards untouched"
         return step
 
-    def _legacy(self, session: str, first: bytes) -> Checkpoint | None:
+    def _legacy(self, session: str, first: bytes, tenant: str) -> Checkpoint | None:
         """The conversation's checkpoint from before tenancy (key without a tenant, unbound),
-        for a credentialed request that has none of its own."""
-        cp = self.store.get_checkpoint(conversation_key(session, first))
+        for a credentialed request that has none of its own (an anonymous request's, under the
+        same key, is not read: `get_checkpoint` checks the tenant before it marks anything)."""
+        cp = self.store.get_checkpoint(conversation_key(session, first), tenant)
         return cp if cp is not None and cp.tenant == UNBOUND else None
 
     def _splice(

@@ -214,3 +214,21 @@ def test_no_credential_reaches_the_store_or_the_record(db: Path):
         path = Path(str(db) + suffix)
         if path.exists():
             assert ONE.encode() not in path.read_bytes()
+
+
+def test_a_request_without_a_credential_and_one_with_one_keep_apart(db: Path):
+    """No credential is a tenant too (`anonymous`): its checkpoint sits under the key from
+    before tenancy, and a credentialed request of the session does not take it for an unbound
+    one (nor the other way round)."""
+    with Store(db) as store:
+        turns = grow(fixture_body(CC16), 4, output_words=30)
+        one, nobody = pair(store)
+        nobody.tenant = ""
+        r = two_turns(nobody, turns[0], turns[1])
+        assert r.record["tenant"] == "anonymous" and "@" not in record(r)["conversation"]
+        theirs = one.send(turns[1])
+        assert theirs.body is None and len(one.pending) == 1  # none of the anonymous one's
+        assert one.drain() == ["completed"]
+        mine = summary_of(one.send(turns[2]))[1]
+        assert f"written for {one.tenant[:8]}" in mine
+        assert "written for nobody" in summary_of(nobody.send(turns[3]))[1]
