@@ -14,7 +14,10 @@ rest), and the expand tool is injected because the summary's marker resolves. Ev
 - then the timed call, on the 1 MiB, 400-message body of `bench/corpus.py`:
 
       rewrite_body(raw, dialect, [comp], headers=..., now=..., cache=..., expand=ExpandPolicy(
-          "auto", store))
+          "auto", store), tenant=fingerprint(store.tenant_key, headers))
+
+  with the request's credential (`x-api-key`) fingerprinted in the timed call, as the addon does
+  before it (the checkpoint and its stash are that tenant's);
 
 Three lines per body:
 
@@ -70,6 +73,7 @@ from cg.settings import StoreConfig
 from cg.state.pgstore import redact_url
 from cg.state.session import session_of
 from cg.state.store import Checkpoint, Store
+from cg.state.tenant import fingerprint
 from cg.state.tokens import TokenCounter
 from cg.summarize.component import Commission, Summarize, conversation_key, prefix_hash
 from cg.summarize.config import SummarizeConfig, parse_summarize
@@ -149,6 +153,11 @@ class Scenario:
         self.now += 1.0
         return self.now
 
+    @property
+    def tenant(self) -> str:
+        """The request's tenant, as the addon makes it before `rewrite_body`."""
+        return fingerprint(self.store.tenant_key, self.headers)
+
     def call(self, cache: MessageCache, comp: Summarize | None = None) -> Rewrite:
         return rewrite_body(
             self.raw,
@@ -158,6 +167,7 @@ class Scenario:
             now=self.tick(),
             cache=cache,
             expand=self.expand,
+            tenant=self.tenant,
         )
 
     def fresh_component(self) -> Summarize:
@@ -184,7 +194,10 @@ def setup(name: str, raw: bytes, dialect: Dialect, db: Path | str) -> Scenario:
         store=store,
         comp=Summarize(config(), store, TokenCounter()),
         # A fresh session each run: a database outlives the run (a file in a temp dir does not).
-        headers={"x-context-guru-session": f"bench-reuse-{name}-{uuid.uuid4().hex[:8]}"},
+        headers={
+            "x-context-guru-session": f"bench-reuse-{name}-{uuid.uuid4().hex[:8]}",
+            "x-api-key": "sk-bench-reuse-0000000000000000000000000000",
+        },
         expand=ExpandPolicy("auto", store),
         now=time.time(),  # the store's own clock (eviction, stash use) is real time too
     )
@@ -192,7 +205,7 @@ def setup(name: str, raw: bytes, dialect: Dialect, db: Path | str) -> Scenario:
     t0 = time.perf_counter()
     r1 = rewrite_body(
         prev_raw, dialect, [sc.comp], headers=sc.headers, now=sc.tick(), cache=cache,
-        expand=sc.expand,
+        expand=sc.expand, tenant=sc.tenant,
     )  # fmt: skip
     first_ms = (time.perf_counter() - t0) * 1000
     assert r1.outcome == "passed_through" and r1.body is None, r1.record
@@ -215,7 +228,7 @@ def setup(name: str, raw: bytes, dialect: Dialect, db: Path | str) -> Scenario:
     # previous body once more, now a reuse turn, is the warm line's previous turn.
     again = rewrite_body(
         prev_raw, dialect, [sc.comp], headers=sc.headers, now=sc.tick(), cache=MessageCache(),
-        expand=sc.expand,
+        expand=sc.expand, tenant=sc.tenant,
     )  # fmt: skip
     assert again.outcome == "rewritten" and again.index is not None, again.record
     sc.prev = again.index
@@ -256,7 +269,7 @@ def check_reuse(sc: Scenario, r: Rewrite) -> None:
     assert got[head] == cp.message, "summary message not the stored bytes"
     assert got[head + 1 :] == src[ce:], "tail not byte-identical"
     assert out.text[out.array.start : out.array.end].count(HEADER) == 1
-    assert list(markers(got[head])) == [cp.key] and sc.store.has_stash(cp.key)
+    assert list(markers(got[head])) == [cp.key] and sc.store.has_stash(cp.key, None, sc.tenant)
     # Outside `messages`, only the appended expand tool differs.
     tool = "," + TOOL_JSON[d.name]
     assert out.text.count(tool) == 1
@@ -358,21 +371,22 @@ def part_lines(sc: Scenario) -> list[Line]:
     cfg = comp.cfg
     n = len(ix.messages)
     views = ix.views
-    sid = session_of(sc.headers, ix).id
+    tenant = sc.tenant
+    sid = session_of(sc.headers, ix, tenant).id
     span = select_span(views, cfg.keep_first, cfg.keep_last)
     assert isinstance(span, Span)
     stats = comp.facts.all(ix)
     digests = [s.digest for s in stats]
     ce = cp.head_count + cp.covered_count
     assert prefix_hash(digests[:ce]) == cp.covered_hash
-    step = comp._splice(ix, cp, ce, {})
+    step = comp._splice(ix, cp, ce, {}, tenant)
     plan = step.plan
     assert plan is not None
     before = validate_shape(views, d)
     start, end, array = splice_array_bytes(ix, plan)
     raw = memoryview(ix.raw)
     sent = (raw[:start], *array, raw[end:])
-    tool = _inject(ix, sent, sc.expand, sid, {})
+    tool = _inject(ix, sent, sc.expand, sid, {}, tenant)
     assert tool is not None
     at, part = tool
     edits = [(start, end, array), (at, at, (part,))]
@@ -401,15 +415,16 @@ def part_lines(sc: Scenario) -> list[Line]:
         return introduced(before, after, plan_sources(plan))
 
     def get_checkpoint() -> object:
-        conv = conversation_key(sid, digests[0])
-        return store.get_checkpoint(conv)
+        conv = conversation_key(sid, digests[0], tenant)
+        return store.get_checkpoint(conv, tenant)
 
     steps: list[tuple[str, Callable[[], object]]] = [
         (
             "input validate_shape, all 400 (a cold body's; a warm one re-checks its tail)",
             lambda: validate_shape(views, d),
         ),
-        ("session_of (header)", lambda: session_of(sc.headers, ix)),
+        ("tenant fingerprint (the credential's MAC, in the addon)", lambda: sc.tenant),
+        ("session_of (header)", lambda: session_of(sc.headers, ix, tenant)),
         (
             "apply · store.touch_session (the store)",
             lambda: store.touch_session(sid, sc.tick(), ttl),
@@ -427,7 +442,7 @@ def part_lines(sc: Scenario) -> list[Line]:
         ("apply · prefix_hash of the covered prefix", lambda: prefix_hash(digests[:ce])),
         (
             "apply · _splice: summary view, plan, repair_orphans",
-            lambda: comp._splice(ix, cp, ce, {}),
+            lambda: comp._splice(ix, cp, ce, {}, tenant),
         ),
         ("apply · request facts (running totals memoised on the index, window remembered)", facts),
         (
@@ -439,7 +454,7 @@ def part_lines(sc: Scenario) -> list[Line]:
         ("validate: plan views + introduced", validate),
         (
             "inject: marker scan + store.has_stash + tool_insertion",
-            lambda: _inject(ix, sent, sc.expand, sid, {}),
+            lambda: _inject(ix, sent, sc.expand, sid, {}, tenant),
         ),
         (
             "check_wire_array, every message read (a first reuse turn)",

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from cg.pipeline.rewrite import Rewrite, rewrite_body
+from cg.pipeline.rewrite import ExpandPolicy, Rewrite, rewrite_body
 from cg.state.facts import strip_cache_control
 from cg.state.store import Store
 from cg.state.tokens import TokenCounter
@@ -227,6 +227,8 @@ class Driver:
     pending: list[Commission] = field(default_factory=list)
     headers: dict[str, str] = field(default_factory=dict)
     cache: MessageCache | None = None  # the proxy's warm index, when a test wants one
+    tenant: str = ""  # who sends (`cg.state.tenant.fingerprint`), as the addon passes it
+    expand: ExpandPolicy | None = None  # when the expand tool may go in (None: never asked)
 
     def send(self, body: bytes | dict[str, Json], **headers: str) -> Rewrite:
         raw = body if isinstance(body, bytes) else cc_dumps(body)
@@ -235,8 +237,9 @@ class Driver:
             h["x-context-guru-session"] = self.session
         h.update(headers)
         r = rewrite_body(
-            raw, self.dialect, [self.component], headers=h, now=self.now, cache=self.cache
-        )
+            raw, self.dialect, [self.component], headers=h, now=self.now, cache=self.cache,
+            expand=self.expand, tenant=self.tenant,
+        )  # fmt: skip
         self.now += self.tick
         for comp, job in r.commissions:
             assert comp is self.component

@@ -5,6 +5,11 @@ the bytes are identical on every turn (the provider's prompt cache keeps its pre
 mode it is injected only when the request already declares tools, carries a marker that resolves
 in a store that persists, and does not force a tool choice.
 
+What an id resolves to is the request's own: a stash of its session that its tenant (the keyed
+fingerprint of its credential, `cg.state.tenant`) wrote, or one from before tenancy. A marker
+copied into another user's request, under another credential, resolves to nothing there: the
+tool is not offered for it, and a call with its id is answered "no longer available".
+
 Markers are matched in the raw bytes in both spellings a JSON encoder may produce: `<<cg:KEY>>`
 and `\\u003c\\u003ccg:KEY\\u003e\\u003e` (mixed case, or mixed spellings, too).
 """
@@ -141,9 +146,11 @@ def inject_reason(
     sent: bytes | str | Sequence[bytes | memoryview],
     store: Store | None,
     session: str,
+    tenant: str = "",
 ) -> tuple[bool, str]:
     """Whether to append the expand tool to the request about to be sent, and why (not).
-    `sent` is its body, or the body's parts in order (a marker lies within one message)."""
+    `sent` is its body, or the body's parts in order (a marker lies within one message); a
+    marker counts when it resolves for `session` and `tenant`."""
     if mode == "never":
         return False, "cg_expand_inject: never"
     if declares(dialect, tools):
@@ -158,7 +165,7 @@ def inject_reason(
         return False, "the store does not persist"
     for part in (sent,) if isinstance(sent, (bytes, str)) else sent:
         for key in markers(part):
-            if store.has_stash(key, session):
+            if store.has_stash(key, session, tenant):
                 return True, f"marker {key} resolves"
     return False, "no resolvable marker"
 
@@ -209,9 +216,10 @@ def render_stash(stash: Stash, cap: int = MAX_EXPANSION_CHARS) -> str:
     return "".join(parts)
 
 
-def resolve(store: Store, key: str, session: str | None) -> str:
-    """What a call with `key` answers: the span, or an explicit 'no longer available'."""
-    stash = store.get_stash(key, session) if store.persistent else None
+def resolve(store: Store, key: str, session: str | None, tenant: str | None = None) -> str:
+    """What a call with `key` answers: the span, or an explicit 'no longer available' (also
+    when the stash is another tenant's: that it exists is not told)."""
+    stash = store.get_stash(key, session, tenant) if store.persistent else None
     if stash is None:
         return (
             f"context_guru_expand: id {key!r} is no longer available (it expired from the "

@@ -1,11 +1,11 @@
 """What a pipeline component is, and what it is told and answers: the bottom of `cg.pipeline`.
 
 A component (`summarize`, or one of yours) gets a `RequestContext` — the indexed request, its
-session, its headers (never persisted), the clock — and the plan so far, and answers a `Step`:
-a new `Plan` of the messages (`cg.wire.splice`: Keep, Cut, Insert) or None to skip, with a
-reason either way, what it stashed, and any work to run off the hot path (`commission`, run by a
-`Commissioner`'s `complete`). Components import this module; the runner and `rewrite_body`
-above it never import a component.
+session, its tenant, its headers (never persisted), the clock — and the plan so far, and
+answers a `Step`: a new `Plan` of the messages (`cg.wire.splice`: Keep, Cut, Insert) or None to
+skip, with a reason either way, what it stashed, and any work to run off the hot path
+(`commission`, run by a `Commissioner`'s `complete`). Components import this module; the
+runner and `rewrite_body` above it never import a component.
 """
 
 from __future__ import annotations
@@ -20,12 +20,15 @@ from cg.wire.splice import Plan
 
 @dataclass(slots=True)
 class RequestContext:
-    """What a component may know about a request. `headers` are never persisted."""
+    """What a component may know about a request. `headers` are never persisted. `tenant` is
+    who sent it (`cg.state.tenant.fingerprint` of its credential; "" for none): state a
+    component keeps for the request is written with it and read back only by it."""
 
     index: BodyIndex
     session: str = ""
     headers: Mapping[str, str] = field(default_factory=dict)
     now: float = 0.0
+    tenant: str = ""
 
 
 @dataclass(slots=True)

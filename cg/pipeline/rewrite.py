@@ -16,6 +16,7 @@ from cg.pipeline.contract import Component, Invalidates, RequestContext
 from cg.pipeline.runner import PipelineResult, run_pipeline
 from cg.state.session import session_of
 from cg.state.store import Store
+from cg.state.tenant import describe
 from cg.state.tokens import REQUEST_BUDGET_CHARS, budget
 from cg.wire.body import (
     BodyIndex,
@@ -78,8 +79,13 @@ def rewrite_body(
     agent_compaction: str | None = None,
     max_messages: int | None = None,
     inline: Inline | None = None,
+    tenant: str = "",
 ) -> Rewrite:
     """Run one request body through the pipeline. `headers` are read, never stored.
+
+    `tenant`: who sent it (`cg.state.tenant.fingerprint` of its credential, made by the caller,
+    which holds the store's key; "" for none). The head-hash session includes it, the state the
+    components keep is its own, and the expand tool goes in only for markers it may expand.
 
     `agent_compaction`: the request is the agent compacting its own history (why we know): it
     passes through untouched, and each component that keeps per-conversation state forgets it
@@ -102,6 +108,7 @@ def rewrite_body(
             agent_compaction,
             max_messages,
             inline,
+            tenant,
         )
 
 
@@ -116,6 +123,7 @@ def _rewrite(
     agent_compaction: str | None,
     max_messages: int | None,
     inline: Inline | None,
+    tenant: str,
 ) -> Rewrite:
     t0 = time.perf_counter()
     timings: dict[str, float] = {}
@@ -159,13 +167,16 @@ def _rewrite(
             record["input_violations"] = [v.to_json() for v in before]
 
         # Resolved here even with no pipeline: the usage ledger books the answer under it.
-        sid = session_of(headers or {}, index)
+        sid = session_of(headers or {}, index, tenant)
         record["session"] = sid.id
+        record["tenant"] = describe(tenant)
         if sid.skipped:  # an explicit id not usable: said, or the user's name is lost unseen
             record["session_skipped"] = list(sid.skipped)
         if not components and agent_compaction is None:
             return done("passed_through", "no components in the pipeline")
-        req = RequestContext(index, sid.id, headers or {}, time.time() if now is None else now)
+        req = RequestContext(
+            index, sid.id, headers or {}, time.time() if now is None else now, tenant
+        )
         if agent_compaction is not None:
             forgot = [c.invalidate(req) for c in components if isinstance(c, Invalidates)]
             record["invalidated"] = [f for f in forgot if f]
@@ -177,6 +188,8 @@ def _rewrite(
             )
         result = run_pipeline(components, req)
         record["components"] = result.records
+        if any(r.get("tenant") == "unbound" for r in result.records):
+            record["tenant"] = describe(tenant, unbound=True)
         t = lap("pipeline", t)
         # The new body as edits of the client's bytes: the rebuilt array (if spliced) and the
         # expand tool (if it goes in), joined once at the end; every other byte is the client's.
@@ -206,7 +219,7 @@ def _rewrite(
             # markers are searched where they lie, nothing joined for it.
             view = memoryview(index.raw)
             sent = (view[: edits[0][0]], *array, view[edits[0][1] :]) if edits else (index.raw,)
-            tool = _inject(index, sent, expand, sid.id, record)
+            tool = _inject(index, sent, expand, sid.id, record, tenant)
             if tool is not None:
                 at, part = tool
                 edits.append((at, at, (part,)))
@@ -234,10 +247,12 @@ def _inject(
     policy: ExpandPolicy,
     session: str,
     record: dict[str, Any],
+    tenant: str = "",
 ) -> tuple[int, bytes] | None:
     """Where the expand tool goes into the client's bytes, and what goes there, when the
     policy says it goes in (None: not); records why (not). `sent` is the body about to go
-    upstream, in parts, searched for markers where it lies."""
+    upstream, in parts, searched for markers where it lies; a marker counts only when it
+    resolves for `session` and `tenant`."""
     tools = index.members.get("tools")
     choice = index.members.get("tool_choice")
     if tools is not None and not isinstance(tools.value, list):
@@ -264,6 +279,7 @@ def _inject(
         sent,
         policy.store,
         session,
+        tenant,
     )
     record["expand"] = {"injected": ok, "reason": why}
     return tool_insertion(index) if ok else None

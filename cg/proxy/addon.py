@@ -57,6 +57,7 @@ from cg.settings import (
 from cg.state.facts import FactsCache
 from cg.state.session import header
 from cg.state.store import Store, StoreClaimed, StoreError, valid_key
+from cg.state.tenant import ANONYMOUS, fingerprint
 from cg.state.tokens import TokenCounter
 from cg.summarize.client import HttpPool, Origin, SummarizerClient, timeout_from_env
 from cg.summarize.component import Summarize
@@ -744,6 +745,7 @@ class ContextGuru:
             )
             return None
         preset, components, why = self.pipeline_for(req.headers, dialect.name)
+        tenant = self.tenant_of(req.headers)
         result = rewrite_body(
             raw,
             dialect,
@@ -754,10 +756,11 @@ class ContextGuru:
             agent_compaction=codex_compaction(req.headers),
             max_messages=self.max_messages,
             inline=offload.INLINE,
+            tenant=tenant,
         )
         if result.deferred is not None:
             return self._aside(flow, dialect, t0, raw, result.deferred)
-        self._conclude(flow, t0, result.record, raw, result, preset, why)
+        self._conclude(flow, t0, result.record, raw, result, preset, why, tenant)
         return None
 
     def _aside(
@@ -787,6 +790,7 @@ class ContextGuru:
     ) -> None:
         req = flow.request
         preset, components, reason = self.pipeline_for(req.headers, dialect.name)
+        tenant = self.tenant_of(req.headers)
         started = time.perf_counter()
         try:
             raw, result = await self.offload.run(
@@ -798,6 +802,7 @@ class ContextGuru:
                 components,
                 req.headers,
                 codex_compaction(req.headers),
+                tenant,
             )
         except Exception as e:  # noqa: BLE001 - a hook never raises: pass through, say why
             record = _passed(
@@ -814,7 +819,7 @@ class ContextGuru:
         result.record["read_aside"] = why
         if result.index is not None:
             self.cache.remember(result.index)  # (on the loop: the cache is the loop's alone)
-        self._conclude(flow, t0, result.record, raw, result, preset, reason)
+        self._conclude(flow, t0, result.record, raw, result, preset, reason, tenant)
 
     def _read_whole(
         self,
@@ -825,6 +830,7 @@ class ContextGuru:
         components: list[Component],
         headers: Any,
         compaction: str | None,
+        tenant: str,
     ) -> tuple[bytes | None, Rewrite | dict[str, Any]]:
         """In the worker thread: the body decoded (bounded) unless it was, and rewritten, read
         whole (no message cache: it is the loop's). Returns the decoded body and the rewrite,
@@ -844,6 +850,7 @@ class ContextGuru:
             expand=self.expand,
             agent_compaction=compaction,
             max_messages=self.max_messages,
+            tenant=tenant,
         )
 
     def _conclude(
@@ -855,6 +862,7 @@ class ContextGuru:
         result: Rewrite | None = None,
         preset: str = "",
         why: str = "",
+        tenant: str = ANONYMOUS,
     ) -> None:
         """The request's end, on the loop: a rewrite assigned once (or the original left
         untouched), its summaries commissioned, its record kept, its usage metered."""
@@ -887,7 +895,7 @@ class ContextGuru:
                 self._commission(result.commissions, origin, sent, flow.id)
             # Last: the summary's origin above is the provider, never the relay.
             try:
-                self._relay(flow, record)
+                self._relay(flow, record, tenant)
             except Exception as e:  # noqa: BLE001 - without the relay the answer is buffered
                 log.warning("context-guru: relay not used: %s", type(e).__name__)
         self.stats.count(record["outcome"])
@@ -922,7 +930,13 @@ class ContextGuru:
             return "passed_through", f"body of {len(req.raw_content)} bytes is over cg_max_body_mb"
         return None
 
-    def _relay(self, flow: http.HTTPFlow, record: dict[str, Any]) -> None:
+    def tenant_of(self, headers: Any) -> str:
+        """Who a request is (`cg.state.tenant`): its credential's fingerprint under the
+        store's key; anonymous without a store (nothing is kept then)."""
+        store = self.store
+        return fingerprint(store.tenant_key, headers) if store is not None else ANONYMOUS
+
+    def _relay(self, flow: http.HTTPFlow, record: dict[str, Any], tenant: str) -> None:
         """A streamed turn offered our tool goes to the relay (`cg.proxy.relay`), so its answer
         streams and is held only if it calls the tool; without a relay it is buffered."""
         expand = record.get("expand")
@@ -944,7 +958,7 @@ class ContextGuru:
             ),
             record["dialect"],
             upstream_sni(req),
-            self._resolver(record.get("session")),
+            self._resolver(record.get("session"), tenant),
             (req.data.scheme, req.data.host, req.data.port),
         )
         job.times.append(time.perf_counter())
@@ -964,15 +978,16 @@ class ContextGuru:
         self.relayed[flow.id] = job
         expand["relayed"] = True
 
-    def _resolver(self, session: str | None) -> Callable[[str], str]:
+    def _resolver(self, session: str | None, tenant: str) -> Callable[[str], str]:
         """What answers the model's `context_guru_expand` calls for `session`: the stashed span
-        from the store as it is now (none: the id is no longer available)."""
+        from the store as it is now, when `tenant` (the credential that carries the answer
+        upstream) may read it (none: the id is no longer available)."""
         store = self.store
 
         def resolve(key: str) -> str:
             if store is None:
                 return f"context_guru_expand: id {key!r} is no longer available."
-            return expand_mod.resolve(store, key, session)
+            return expand_mod.resolve(store, key, session, tenant)
 
         return resolve
 
@@ -1292,7 +1307,8 @@ class ContextGuru:
             sent,
             first,
             bool(record.get("stream")) or ctype.startswith("text/event-stream"),
-            self._resolver(record.get("session")),
+            # The credential the rounds go upstream with is the one the ids must resolve for.
+            self._resolver(record.get("session"), self.tenant_of(flow.request.headers)),
             sni=sni,
             on_round=functools.partial(self._expand_round, flow, record),
         )

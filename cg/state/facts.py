@@ -17,12 +17,14 @@ import json
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
-from cg.state.store import FactRow
 from cg.state.tokens import TokenCounter
 from cg.wire.body import BodyIndex
 from cg.wire.dialects import MessageView
+
+if TYPE_CHECKING:  # (a type only: the store imports the session module, which imports this)
+    from cg.state.store import FactRow
 
 MEMO_SIZE = 50_000
 PENDING_MAX = 20_000  # facts not yet written back are flushed at this many at the latest

@@ -63,6 +63,7 @@ from cg.state.store import (
     LEDGER_TTL_DAYS,
     NO_TURNS,
     TOUCH_INTERVAL,
+    Candidate,
     Checkpoint,
     EvictResult,
     FactRow,
@@ -76,22 +77,27 @@ from cg.state.store import (
     UsageRow,
     _check_kinds,
     _checkpoint,
+    _excess,
     _fact_params,
     _fact_row,
     _facts_cap,
     _ledger_turns,
-    _lru_victims,
     _meta_json,
+    _quotas,
     _stamped,
+    _stash,
+    _stash_filter,
     _stash_limits,
+    _take,
     _usage_row,
     owner,
     span_bytes,
     valid_key,
 )
+from cg.state.tenant import ANONYMOUS, UNBOUND, new_key, readable
 from cg.wire.usage import Usage
 
-PG_SCHEMA_VERSION = 2
+PG_SCHEMA_VERSION = 3
 CHANNEL = "cg_store"
 LEASE_SECONDS = 30.0  # a claim's lease; renewed every third of it while its job runs
 CONNECT_TIMEOUT = 2  # seconds; a database that is down is noticed at once on loopback
@@ -182,8 +188,26 @@ CREATE TABLE IF NOT EXISTS cg_facts (
 );
 CREATE INDEX IF NOT EXISTS cg_facts_seen ON cg_facts (seen)
 """
+# v3, tenancy (`cg.state.tenant`): the tenant that wrote each stash and checkpoint, `*`
+# (unbound) on the rows from before; the stashes keyed by it too (two tenants stashing one span
+# in one session get a row each); the quota eviction's index (per session and tenant, by last
+# use), the one that tells a stash a checkpoint names, and the fingerprint key every instance
+# shares. The defaults fill the old rows and go: every write names its tenant.
+_SCHEMA_V3 = """
+ALTER TABLE cg_stashes ADD COLUMN tenant TEXT NOT NULL DEFAULT '*';
+ALTER TABLE cg_stashes ALTER COLUMN tenant DROP DEFAULT;
+ALTER TABLE cg_stashes DROP CONSTRAINT cg_stashes_pkey;
+ALTER TABLE cg_stashes ADD PRIMARY KEY (key, session, tenant);
+DROP INDEX IF EXISTS cg_stashes_session;
+CREATE INDEX cg_stashes_session ON cg_stashes (session, tenant, last_used, size);
+ALTER TABLE cg_checkpoints ADD COLUMN tenant TEXT NOT NULL DEFAULT '*';
+ALTER TABLE cg_checkpoints ALTER COLUMN tenant DROP DEFAULT;
+CREATE INDEX cg_checkpoints_key ON cg_checkpoints (key);
+CREATE TABLE cg_keys (k TEXT PRIMARY KEY, v BYTEA NOT NULL)
+"""
 # schema version reached -> the DDL that takes the database from the one before to it
-MIGRATIONS = {1: _SCHEMA_V1, 2: _SCHEMA_V2}
+MIGRATIONS = {1: _SCHEMA_V1, 2: _SCHEMA_V2, 3: _SCHEMA_V3}
+TENANT_KEY = "tenant"  # its row in `cg_keys`
 _T = TypeVar("_T")
 _DB_NOW = "extract(epoch from clock_timestamp())::double precision"
 
@@ -228,7 +252,7 @@ class _Cache:
         self.gen = 0  # bumped by every invalidation: a read that raced one is not cached
         self.cps: _Lru = _Lru()  # conversation -> Checkpoint | None
         self.sessions: _Lru = _Lru()  # session -> SessionRecord | None
-        self.stashes: _Lru = _Lru()  # (key, session) -> True (known to exist)
+        self.stashes: _Lru = _Lru()  # (key, session, tenant) -> True (known to exist)
         self.hits = 0
         self.misses = 0
         self.notices = 0
@@ -311,7 +335,7 @@ class PgStore(Store):
         self.cache = _Cache()
         self.dropped = 0  # queued writes dropped (queue full, or refused by the database)
         self._held: set[str] = set()  # conversations this instance holds a claim on
-        self._touched: dict[tuple[str, str], float] = {}
+        self._touched: dict[tuple[str, str, str], float] = {}
         self._closed = threading.Event()
         self._live = threading.Event()  # LISTEN went up at least once
         self._stale = threading.Event()  # the server went away since the reader connected
@@ -323,6 +347,7 @@ class PgStore(Store):
         self._conn = self._connect("open")
         try:
             self._migrate_pg(self._conn)
+            self.tenant_key = self._load_tenant_key(self._conn)
         except BaseException:
             self._conn.close()
             raise
@@ -400,6 +425,20 @@ class PgStore(Store):
                     )
             except self._pg.Error as e:
                 raise self._fail("cannot open the store (migration)", e) from None
+
+    def _load_tenant_key(self, conn: Any) -> bytes:
+        """The fingerprint key every instance shares: the first instance to open the database
+        makes it; the others, and every later start, read that one."""
+        try:
+            with conn.transaction():
+                conn.execute(
+                    "INSERT INTO cg_keys (k, v) VALUES (%s, %s) ON CONFLICT (k) DO NOTHING",
+                    (TENANT_KEY, new_key()),
+                )
+                row = conn.execute("SELECT v FROM cg_keys WHERE k = %s", (TENANT_KEY,)).fetchone()
+        except self._pg.Error as e:
+            raise self._fail("cannot open the store (tenant key)", e) from None
+        return bytes(row[0])
 
     @contextmanager
     def _read(self, what: str) -> Iterator[Any]:
@@ -790,7 +829,14 @@ class PgStore(Store):
 
     # -- stashes ------------------------------------------------------------------------------
 
-    def put_stash(self, key: str, session: str, span_sources: Sequence[str], dialect: str) -> None:
+    def put_stash(
+        self,
+        key: str,
+        session: str,
+        span_sources: Sequence[str],
+        dialect: str,
+        tenant: str = ANONYMOUS,
+    ) -> None:
         if not valid_key(key):
             raise ValueError(f"put_stash: malformed key {key!r}")
         span = span_bytes(span_sources)
@@ -804,79 +850,81 @@ class PgStore(Store):
         self._submit(
             _Op(
                 lambda conn: conn.execute(
-                    f"INSERT INTO cg_stashes ({_STASH_COLS}) VALUES (%s, %s, %s, %s, %s, %s, %s, %s) "
-                    "ON CONFLICT (key, session) DO UPDATE SET last_used = excluded.last_used",
-                    (key, session, t, t, len(span), dialect, n, span),
+                    f"INSERT INTO cg_stashes ({_STASH_COLS}) "
+                    "VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s) "
+                    "ON CONFLICT (key, session, tenant) DO UPDATE SET "
+                    "last_used = excluded.last_used",
+                    (key, session, t, t, len(span), dialect, n, span, tenant),
                 ),
                 "put_stash",
                 mode="single",
             )
         )
         with self.cache.lock:
-            self.cache.stashes.put((key, session), True)
+            self.cache.stashes.put((key, session, tenant), True)
 
-    def get_stash(self, key: str, session: str | None = None) -> Stash | None:
+    def get_stash(
+        self, key: str, session: str | None = None, tenant: str | None = None
+    ) -> Stash | None:
         if not valid_key(key):
             return None
         t = self.now()
         self._drain()
+        where, args = _stash_filter(key, session, tenant, "%s")
+        order = "tenant = '*', last_used DESC" if tenant is not None else "last_used DESC"
         with self._read("get_stash") as conn:
-            if session is None:
-                row = conn.execute(
-                    f"SELECT {_STASH_COLS} FROM cg_stashes WHERE key = %s "
-                    "ORDER BY last_used DESC LIMIT 1",
-                    (key,),
-                ).fetchone()
-            else:
-                row = conn.execute(
-                    f"SELECT {_STASH_COLS} FROM cg_stashes WHERE key = %s AND session = %s",
-                    (key, session),
-                ).fetchone()
+            row = conn.execute(
+                f"SELECT {_STASH_COLS} FROM cg_stashes WHERE {where} ORDER BY {order} LIMIT 1",
+                args,
+            ).fetchone()
         if row is None:
             return None
-        k, s = row[0], row[1]
+        k, s, tn = row[0], row[1], row[8]
         with suppress(StoreError):
             self._submit(
                 _Op(
                     lambda conn: conn.execute(
-                        "UPDATE cg_stashes SET last_used = %s WHERE key = %s AND session = %s",
-                        (t, k, s),
+                        "UPDATE cg_stashes SET last_used = %s WHERE key = %s AND session = %s "
+                        "AND tenant = %s",
+                        (t, k, s, tn),
                     ),
                     "get_stash: mark used",
                     mode="single",
                 )
             )
-        return Stash(row[0], row[1], row[2], t, row[4], row[5], row[6], bytes(row[7]))
+        return _stash(row, t)
 
-    def has_stash(self, key: str, session: str | None = None) -> bool:
+    def has_stash(self, key: str, session: str | None = None, tenant: str | None = None) -> bool:
         if not valid_key(key):
             return False
         c = self.cache
         with c.lock:
             if c.live:
-                if session is not None and (key, session) in c.stashes:
-                    c.hits += 1
-                    return True
-                if session is None and any(k[0] == key for k in c.stashes):
+                if session is not None and tenant is not None:
+                    unbound = (key, session, UNBOUND)
+                    known = (key, session, tenant) in c.stashes or unbound in c.stashes
+                else:  # not the hot path's question: the operator's, or a test's
+                    known = any(
+                        k[0] == key
+                        and session in (None, k[1])
+                        and (tenant is None or readable(k[2], tenant))
+                        for k in c.stashes
+                    )
+                if known:
                     c.hits += 1
                     return True
             c.misses += 1
             gen = c.gen
         self._catch_up()
+        where, args = _stash_filter(key, session, tenant, "%s")
         with self._read("has_stash") as conn:
-            if session is None:
-                row = conn.execute(
-                    "SELECT session FROM cg_stashes WHERE key = %s LIMIT 1", (key,)
-                ).fetchone()
-            else:
-                row = conn.execute(
-                    "SELECT session FROM cg_stashes WHERE key = %s AND session = %s",
-                    (key, session),
-                ).fetchone()
+            row = conn.execute(
+                f"SELECT session, tenant FROM cg_stashes WHERE {where} LIMIT 1", args
+            ).fetchone()
         if row is not None:
             with c.lock:
                 if c.live and c.gen == gen:
-                    c.stashes.put((key, row[0]), True)
+                    c.stashes.put((key, row[0], row[1]), True)
         return row is not None
 
     def delete_stash(self, key: str, session: str | None = None) -> int:
@@ -913,15 +961,15 @@ class PgStore(Store):
             conn.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (conv,))
             conn.execute(
                 f"INSERT INTO cg_checkpoints ({_CP_COLS}) "
-                "VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s) "
+                "VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s) "
                 "ON CONFLICT (session) DO UPDATE SET summary = excluded.summary, "
                 "head_count = excluded.head_count, covered_count = excluded.covered_count, "
                 "covered_hash = excluded.covered_hash, key = excluded.key, "
                 "message = excluded.message, updated = excluded.updated, meta = excluded.meta, "
-                "version = cg_checkpoints.version + 1",
+                "tenant = excluded.tenant, version = cg_checkpoints.version + 1",
                 (
                     conv, cp.summary, cp.head_count, cp.covered_count, cp.covered_hash,
-                    cp.key, cp.message, created, t, meta,
+                    cp.key, cp.message, created, t, meta, cp.tenant,
                 ),
             )  # fmt: skip
             conn.execute("SELECT pg_notify(%s, %s)", (CHANNEL, f"c {conv}"))
@@ -938,7 +986,7 @@ class PgStore(Store):
         """Mark a live checkpoint's stash used, at most once a TOUCH_INTERVAL, off the hot path."""
         if cp.key is None:
             return
-        k = (cp.key, owner(cp.session))
+        k = (cp.key, owner(cp.session), cp.tenant)
         if t - self._touched.get(k, float("-inf")) < TOUCH_INTERVAL:
             return
         self._touched[k] = t
@@ -948,8 +996,8 @@ class PgStore(Store):
             _Op(
                 lambda conn: conn.execute(
                     "UPDATE cg_stashes SET last_used = %s WHERE key = %s AND session = %s "
-                    "AND last_used < %s",
-                    (t, k[0], k[1], t - TOUCH_INTERVAL),
+                    "AND tenant = %s AND last_used < %s",
+                    (t, k[0], k[1], k[2], t - TOUCH_INTERVAL),
                 ),
                 "get_checkpoint: mark used",
                 mode="single",
@@ -982,11 +1030,12 @@ class PgStore(Store):
             ).fetchone()
         return _checkpoint(row) if row is not None else None
 
-    def get_checkpoint(self, session: str) -> Checkpoint | None:
+    def get_checkpoint(self, session: str, tenant: str | None = None) -> Checkpoint | None:
         t = self.now()
         cp = self._read_through(self.cache.cps, session, self._load_checkpoint)
-        if cp is not None:
-            self._touch_stash(cp, t)
+        if cp is None or (tenant is not None and not readable(cp.tenant, tenant)):
+            return None
+        self._touch_stash(cp, t)
         return cp
 
     def checkpoints_of(self, session: str) -> list[Checkpoint]:
@@ -1285,17 +1334,28 @@ class PgStore(Store):
         lru = 0
         budget, target = _stash_limits(self.max_bytes)  # as the SQLite store shares `max_mb`
         if total > budget:
-            victims, _ = _lru_victims(
-                conn.execute(
-                    "SELECT key, session, size FROM cg_stashes ORDER BY last_used, created"
-                ).fetchall(),
-                total,
-                target,
-            )
+            # By quota, as the SQLite store evicts (`cg.state.store._quotas`).
+            usage = {
+                (tn, s): int(n)
+                for s, tn, n in conn.execute(
+                    "SELECT session, tenant, SUM(size) FROM cg_stashes GROUP BY session, tenant"
+                ).fetchall()
+            }
+            candidates: list[Candidate] = []
+            for (tenant, session), cap in _quotas(usage, target).items():
+                rows = conn.execute(
+                    "SELECT key, size, EXISTS (SELECT 1 FROM cg_checkpoints c "
+                    "WHERE c.key = s.key), last_used FROM cg_stashes s "
+                    "WHERE session = %s AND tenant = %s ORDER BY last_used, created",
+                    (session, tenant),
+                ).fetchall()
+                excess = _excess(rows, usage[(tenant, session)] - cap)
+                candidates += [(nm, u, k, session, tenant, n) for nm, u, k, n in excess]
+            victims, _ = _take(candidates, total, target)
             with conn.cursor() as cur:
                 cur.executemany(
-                    "DELETE FROM cg_stashes WHERE key = %s AND session = %s",
-                    [(k, s) for k, s, _ in victims],
+                    "DELETE FROM cg_stashes WHERE key = %s AND session = %s AND tenant = %s",
+                    [(k, s, tn) for k, s, tn, _ in victims],
                 )
             lru = len(victims)
         result = EvictResult(expired, lru, cps, sess)

@@ -16,7 +16,10 @@ The first usable of, in order:
    are keyed by session and first message);
 6. a hash of the conversation head: the system prompt plus the first user message, as
    `h:` + 32 hex digits. `cache_control` markers are left out of the hash, since a client moves
-   them from message to message as the conversation grows.
+   them from message to message as the conversation grows. The request's tenant (the keyed
+   fingerprint of its credential, `cg.state.tenant`) goes into it too (`tenant_head`), so two
+   users who open with the same system prompt and first message never share a session; a
+   request without a credential keeps the plain hash.
 
 An explicit id is used only when it is allow-listed (ASCII letters, digits and `._:-`, 1 to 128
 characters, surrounding whitespace ignored); anything else falls through to the next source, and
@@ -144,6 +147,14 @@ def head_hash(system: object, first_user: object) -> str:
     return "h:" + hashlib.blake2b(canon.encode("ascii"), digest_size=16).hexdigest()
 
 
+def tenant_head(head: str, tenant: str) -> str:
+    """The head-hash session of `tenant` (its fingerprint; "" for none: the hash unchanged)."""
+    if not tenant:
+        return head
+    mixed = f"{head}@{tenant}".encode("ascii")
+    return "h:" + hashlib.blake2b(mixed, digest_size=16).hexdigest()
+
+
 def resolve_session(
     headers: Mapping[str, str],
     metadata: object = None,
@@ -151,6 +162,7 @@ def resolve_session(
     first_user: object = None,
     cache_key: object = None,
     head: Callable[[], str] | None = None,
+    tenant: str = "",
 ) -> SessionId:
     """The session of one request; never fails.
 
@@ -160,6 +172,7 @@ def resolve_session(
     developer) and `first_user` the parsed first user message; `conversation_head` finds the last
     two for any dialect. `cache_key` is a Responses request's `prompt_cache_key`. `head`, when
     given, is called for the head hash instead (computed only when no explicit id is found).
+    `tenant` is the request's (`cg.state.tenant.fingerprint`), mixed into the head hash.
     """
     skipped: list[str] = []
     for name in (HEADER_CG, HEADER_CLAUDE_CODE, HEADER_CODEX):
@@ -179,7 +192,7 @@ def resolve_session(
             return SessionId(cache_key.strip(), SOURCE_CACHE_KEY, tuple(skipped))
         skipped.append(SOURCE_CACHE_KEY)
     h = head() if head is not None else head_hash(system, first_user)
-    return SessionId(h, SOURCE_HEAD, tuple(skipped))
+    return SessionId(tenant_head(h, tenant), SOURCE_HEAD, tuple(skipped))
 
 
 def conversation_head(
@@ -236,9 +249,11 @@ class _Values(Sequence[Any]):
         return (m.value for m in self._messages)
 
 
-def session_of(headers: Mapping[str, str], index: BodyIndex) -> SessionId:
+def session_of(headers: Mapping[str, str], index: BodyIndex, tenant: str = "") -> SessionId:
     """`resolve_session` for an indexed body (`metadata.user_id` is read for anthropic only,
-    `prompt_cache_key` for responses only)."""
+    `prompt_cache_key` for responses only), for the request's `tenant`. The head hash memoised
+    on the index is the plain one (an index may be inherited from another tenant's
+    byte-identical body), mixed with the tenant per call."""
     name = index.dialect.name
     metadata = index.members.get("metadata") if name == "anthropic" else None
     cache_key = index.members.get("prompt_cache_key") if name == "responses" else None
@@ -247,6 +262,7 @@ def session_of(headers: Mapping[str, str], index: BodyIndex) -> SessionId:
         metadata.value if metadata is not None else None,
         cache_key=cache_key.value if cache_key is not None else None,
         head=lambda: _head_of(index),
+        tenant=tenant,
     )
 
 

@@ -2,11 +2,13 @@
 
 Tables (schema version in `PRAGMA user_version`):
 
-    stashes      (key, session) -> the original span: `[` + the messages' exact source text
-                 joined by `,` + `]`, UTF-8. `key` is `stash_key(span)`, a content hash, so the
-                 same span stashed by two sessions (a resumed conversation) is one key, two rows.
-    checkpoints  session -> the summary that replaced a covered prefix, and the exact serialised
-                 summary message, so reuse re-emits byte-identical bytes.
+    stashes      (key, session, tenant) -> the original span: `[` + the messages' exact source
+                 text joined by `,` + `]`, UTF-8. `key` is `stash_key(span)`, a content hash, so
+                 the same span stashed by two sessions (a resumed conversation), or by two
+                 tenants in one session, is one key, two rows.
+    checkpoints  conversation -> the summary that replaced a covered prefix, and the exact
+                 serialised summary message, so reuse re-emits byte-identical bytes; and the
+                 tenant that wrote it.
     sessions     session -> when its last request was seen and the cache TTL it asked for.
     usage        (session, kind, model, tier) -> summed token buckets of the provider's own
                  `usage` (kind `agent`, `summarizer`, or `estimate`: what the agent's turns would
@@ -18,14 +20,22 @@ Tables (schema version in `PRAGMA user_version`):
                  restart reads its token counts instead of tokenising ~1 MB again (v3); ~100
                  bytes a message, expired by the store TTL after it was first seen and capped
                  at a quarter of `max_mb` (oldest first)
+    meta         k -> v: the tenant fingerprint key (`cg.state.tenant`), made once (v4)
+
+Tenancy (v4, `cg.state.tenant`): a stash or checkpoint records the tenant (the keyed fingerprint
+of the credential) that wrote it, and a read that names a tenant gets only that tenant's rows
+and those written before v4 (tenant `*`, unbound: readable by their session as before).
 
 Migrations: v1 (stashes, checkpoints, sessions) -> v2 adds `usage` and `ledger` -> v3 adds
-`facts`; each step runs
-in one transaction, so a killed migration leaves the file as it was.
+`facts` -> v4 rebuilds `stashes` with the tenant in its key (old rows `*`), adds the tenant to
+`checkpoints` (old rows `*`) and `meta`; each step runs in one transaction, so a killed
+migration leaves the file as it was.
 
 Safe under concurrent processes (WAL, `busy_timeout`, every write one `BEGIN IMMEDIATE`
 transaction) and a killed process (a transaction is all or nothing). Bounded by a TTL on
-`last_used` and a total stash size, evicted least recently used first; eviction runs on open and
+`last_used` and a total stash size, evicted by quota (`_quotas`: the tenants over their fair share
+of it first, and within a tenant the sessions over theirs, each session's least recently used
+stashes first and those a checkpoint names last); eviction runs on open and
 opportunistically after writes, at most once per `evict_interval` seconds. Session clocks expire by
 the same TTL, and a checkpoint with its session (reading a checkpoint marks its stash used).
 The file is held to `max_mb` (see `STASH_SHARE`; a day-long soak with a 32 MB cap peaked at
@@ -41,7 +51,8 @@ the prompt-cache state a row keeps while its session is live (~2 KB) is cleared 
 its last answer, when every entry in it has expired.
 
 Credentials never reach this module: its API takes only session ids (allow-listed, `cg.state.session`),
-message text, summaries and times, never headers, API keys or model settings.
+tenants (fingerprints, `cg.state.tenant`), message text, summaries and times, never headers, API
+keys or model settings.
 
 Errors: every failure is a `StoreError` (a `RuntimeError`) saying what failed and on which file.
 The last one is kept in `error` (`error_at`, monotonic) until an operation succeeds, so the caller
@@ -67,12 +78,13 @@ from typing import Any, TypeVarTuple
 
 from cg.settings import StoreConfig
 from cg.state.pending import CacheState, HeldWrites
+from cg.state.tenant import ANONYMOUS, UNBOUND, new_key, readable
 from cg.wire.jsonspan import JsonSpanError, walk_array
 from cg.wire.usage import Usage
 
 Ts = TypeVarTuple("Ts")  # a held write's arguments, typed against its method
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 LEDGER_TTL_DAYS = 30.0
 # A ledger row's prompt-cache state outlives its last turn by twice the longest cache TTL (1 h):
 # by then every entry has expired. Cleared at most this many rows per eviction.
@@ -181,8 +193,37 @@ CREATE TABLE IF NOT EXISTS facts (
 ) WITHOUT ROWID;
 CREATE INDEX IF NOT EXISTS facts_seen ON facts (seen);
 """
+# v4, tenancy: the stashes rebuilt with the tenant in their key (SQLite cannot change a primary
+# key in place), rows from before it unbound (`*`); the checkpoints' tenant, the same for old
+# rows (the default stays in SQLite's schema; every write names the tenant); the index the
+# quota eviction reads (per session and tenant, by last use, with the size: summed without a
+# row read), the one that tells a stash a checkpoint names; and the fingerprint key's table.
+_SCHEMA_V4 = """
+CREATE TABLE stashes_v4 (
+    key TEXT NOT NULL,
+    session TEXT NOT NULL,
+    tenant TEXT NOT NULL,
+    created REAL NOT NULL,
+    last_used REAL NOT NULL,
+    size INTEGER NOT NULL,
+    dialect TEXT NOT NULL,
+    count INTEGER NOT NULL,
+    span BLOB NOT NULL,
+    PRIMARY KEY (key, session, tenant)
+);
+INSERT INTO stashes_v4 (key, session, tenant, created, last_used, size, dialect, count, span)
+    SELECT key, session, '*', created, last_used, size, dialect, count, span FROM stashes;
+DROP TABLE stashes;
+ALTER TABLE stashes_v4 RENAME TO stashes;
+CREATE INDEX stashes_lru ON stashes (last_used, size);
+CREATE INDEX stashes_session ON stashes (session, tenant, last_used, size);
+ALTER TABLE checkpoints ADD COLUMN tenant TEXT NOT NULL DEFAULT '*';
+CREATE INDEX checkpoints_key ON checkpoints (key);
+CREATE TABLE IF NOT EXISTS meta (k TEXT PRIMARY KEY, v BLOB NOT NULL);
+"""
 # schema version reached -> the DDL that takes the file from the one before to it
-_MIGRATIONS = {1: _SCHEMA, 2: _SCHEMA_V2, 3: _SCHEMA_V3}
+_MIGRATIONS = {1: _SCHEMA, 2: _SCHEMA_V2, 3: _SCHEMA_V3, 4: _SCHEMA_V4}
+TENANT_KEY = "tenant_key"  # its row in `meta`
 FACTS_BATCH = 500  # raw digests per SELECT (well under SQLite's bound on parameters)
 # (raw digest, canonical digest, tokens, tool output tokens, flags: 1 breakpoint, 2 ttl 1h)
 FactRow = tuple[bytes, bytes, int, tuple[int, ...], int]
@@ -261,36 +302,118 @@ def _stash_limits(max_bytes: int) -> tuple[int, int]:
     return budget, int(budget * EVICT_TO)
 
 
-StashRow = tuple[str, str, int]  # key, session, size
+StashRow = tuple[str, str, str, int]  # key, session, tenant, size
+Group = tuple[str, str]  # (tenant, session): the stashes one quota holds
 
 
-def _lru_victims(
-    rows: Iterable[tuple[str, str, Any]], total: int, target: int
-) -> tuple[list[StashRow], int]:
-    """The stashes to drop, from `rows` (key, session, size) least recently used first, until
-    `total` bytes are within `target`; and the total left. `rows` is read no further than that
-    (a cursor stops there)."""
+def _fair_level(sizes: Iterable[int], room: int) -> int:
+    """The max-min fair share of `room` among holders of `sizes` bytes: the largest level L
+    with sum(min(size, L)) <= room. A holder under L keeps everything, and what it leaves
+    unused is shared by the others (an equal split would cut a large session that nobody else
+    crowds)."""
+    ordered = sorted(sizes)
+    left = room
+    for i, size in enumerate(ordered):
+        share = left // (len(ordered) - i)
+        if size > share:
+            return share
+        left -= size
+    return ordered[-1] if ordered else room
+
+
+def _quotas(usage: dict[Group, int], target: int) -> dict[Group, int]:
+    """The cap of each (tenant, session) over its quota when `usage` must come down to
+    `target` bytes: the tenants share `target` fairly (`_fair_level`), then each tenant over
+    its share shares that among its sessions the same way. The caps sum to at most `target`,
+    so cutting every group to its cap is enough, and a group within its cap loses nothing:
+    one session's flood (or one credential's flood of sessions) evicts only its own stashes."""
+    sessions: dict[str, dict[str, int]] = {}
+    for (tenant, session), n in usage.items():
+        sessions.setdefault(tenant, {})[session] = n
+    totals = {t: sum(by.values()) for t, by in sessions.items()}
+    level = _fair_level(totals.values(), target)
+    caps: dict[Group, int] = {}
+    for tenant, by in sessions.items():
+        if totals[tenant] <= level:
+            continue
+        inner = _fair_level(by.values(), level)
+        caps.update({(tenant, s): inner for s, n in by.items() if n > inner})
+    return caps
+
+
+# A stash that may go: (whether a checkpoint names it, last used, key, session, tenant, size).
+Candidate = tuple[bool, float, str, str, str, int]
+
+
+def _excess(
+    rows: Iterable[tuple[str, Any, Any, Any]], over: int
+) -> list[tuple[bool, float, str, int]]:
+    """The stashes of one group over its quota that take it back within it, from `rows` (key,
+    size, whether a checkpoint names it, last used) least recently used first: the unnamed ones
+    first, then the named (a checkpoint's stash goes last: its marker is live). `rows` is read
+    no further than that (a cursor stops there). As (named, last used, key, size)."""
+    out: list[tuple[bool, float, str, int]] = []
+    named: list[tuple[bool, float, str, int]] = []
+    for key, size, is_named, used in rows:
+        if over <= 0:
+            break
+        if is_named:
+            named.append((True, float(used), key, int(size)))
+            continue
+        out.append((False, float(used), key, int(size)))
+        over -= int(size)
+    for c in named:
+        if over <= 0:
+            break
+        out.append(c)
+        over -= c[3]
+    return out
+
+
+def _take(candidates: list[Candidate], total: int, target: int) -> tuple[list[StashRow], int]:
+    """The candidates that go, unnamed before named and least recently used first across the
+    groups, until `total` bytes are within `target`; and the total left. Every group's excess
+    together always gets there; a stash is whole, so cutting each group all the way to its
+    share could drop more than the bound needs (two sessions of one stash each, over a budget
+    that holds one, would lose both)."""
     victims: list[StashRow] = []
-    for key, session, size in rows:
+    for _, _, key, session, tenant, size in sorted(candidates):
         if total <= target:
             break
-        victims.append((key, session, int(size)))
-        total -= int(size)
+        victims.append((key, session, tenant, size))
+        total -= size
     return victims, total
 
 
-def _chunks(victims: list[StashRow], limit: int) -> list[list[tuple[str, str]]]:
-    """The `(key, session)` of `victims` in runs of at most `limit` bytes of stash each (one
-    victim at least)."""
-    out: list[list[tuple[str, str]]] = []
+def _chunks(victims: list[StashRow], limit: int) -> list[list[tuple[str, str, str]]]:
+    """The `(key, session, tenant)` of `victims` in runs of at most `limit` bytes of stash
+    each (one victim at least)."""
+    out: list[list[tuple[str, str, str]]] = []
     acc = 0
-    for key, session, n in victims:
+    for key, session, tenant, n in victims:
         if not out or acc + n > limit:
             out.append([])
             acc = 0
-        out[-1].append((key, session))
+        out[-1].append((key, session, tenant))
         acc += n
     return out
+
+
+def _stash_filter(
+    key: str, session: str | None, tenant: str | None, mark: str = "?"
+) -> tuple[str, tuple[str, ...]]:
+    """The WHERE clause (and its arguments) of the stashes `key` resolves to: every row of it,
+    its session's (`session`), and of those the ones `tenant` may read (its own, and unbound
+    ones: `cg.state.tenant.readable`). `mark` is the engine's placeholder."""
+    sql = f"key = {mark}"
+    args: tuple[str, ...] = (key,)
+    if session is not None:
+        sql += f" AND session = {mark}"
+        args += (session,)
+    if tenant is not None:
+        sql += f" AND tenant IN ({mark}, '{UNBOUND}')"
+        args += (tenant,)
+    return sql, args
 
 
 class StoreError(RuntimeError):
@@ -362,6 +485,7 @@ class Stash:
     dialect: str
     count: int
     span: bytes
+    tenant: str = ANONYMOUS  # who stashed it (`cg.state.tenant`; `*`: before tenancy)
 
     @property
     def text(self) -> str:
@@ -388,7 +512,8 @@ class Checkpoint:
 
     `covered_hash` identifies the covered prefix, `key` the stash of the replaced span (None when
     nothing was stashed), `message` the exact serialised summary message. `created`/`updated` are
-    stamped by `Store.put_checkpoint`; `meta` is free JSON for the caller.
+    stamped by `Store.put_checkpoint`; `meta` is free JSON for the caller; `tenant` the tenant
+    that wrote it (`cg.state.tenant`; `*`: before tenancy), who alone reads it back.
     """
 
     session: str
@@ -401,6 +526,7 @@ class Checkpoint:
     created: float = 0.0
     updated: float = 0.0
     meta: dict[str, Any] = field(default_factory=dict, hash=False)
+    tenant: str = ANONYMOUS
 
 
 @dataclass(frozen=True, slots=True)
@@ -479,23 +605,25 @@ class StoreStats:
         return asdict(self)
 
 
-def _stash(row: tuple[Any, ...]) -> Stash:
-    key, session, created, last_used, size, dialect, count, span = row
-    return Stash(key, session, created, last_used, size, dialect, count, bytes(span))
+def _stash(row: Sequence[Any], last_used: float | None = None) -> Stash:
+    """A `_STASH_COLS` row (marked used at `last_used`, when given)."""
+    key, session, created, used, size, dialect, count, span, tenant = row
+    used = used if last_used is None else last_used
+    return Stash(key, session, created, used, size, dialect, count, bytes(span), tenant)
 
 
-_STASH_COLS = "key, session, created, last_used, size, dialect, count, span"
+_STASH_COLS = "key, session, created, last_used, size, dialect, count, span, tenant"
 _CP_COLS = (
     "session, summary, head_count, covered_count, covered_hash, key, message, created, "
-    "updated, meta"
+    "updated, meta, tenant"
 )
 
 
 def _checkpoint(row: Sequence[Any]) -> Checkpoint:
-    session, summary, head, covered, chash, key, message, created, updated, meta = row
+    session, summary, head, covered, chash, key, message, created, updated, meta, tenant = row
     return Checkpoint(
         session, summary, head, covered, chash, key, message, created, updated,
-        json.loads(meta) if meta else {},
+        json.loads(meta) if meta else {}, tenant,
     )  # fmt: skip
 
 
@@ -572,8 +700,8 @@ class Store:
         # What the stashes may hold until the next eviction: their share of `max_bytes`, or
         # less when the rest of the file needs the room (`evict`).
         self._stash_budget = _stash_limits(self.max_bytes)[0]
-        # (stash key, owner) -> when this process last refreshed its `last_used`
-        self._touched: dict[tuple[str, str], float] = {}
+        # (stash key, owner, tenant) -> when this process last refreshed its `last_used`
+        self._touched: dict[tuple[str, str, str], float] = {}
         # What a reuse turn reads every time (its checkpoint, whether its stash is there), as
         # last read: valid while no other connection has committed (`PRAGMA data_version`)
         # and this store has not written a checkpoint or a stash since (`_forget_reads`).
@@ -590,6 +718,7 @@ class Store:
         self.error: str | None = None  # the last operation's error, until one succeeds
         self.error_at = 0.0  # time.monotonic() of that error
         self._conn: sqlite3.Connection | None = None
+        self.tenant_key = b""  # the fingerprint key (`cg.state.tenant`), read by `_open`
         self._claim: int | None = None
         if claim and self.persistent:
             Path(self.path).parent.mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -695,6 +824,7 @@ class Store:
                 self._wal_pragmas(conn)
             conn.execute("PRAGMA foreign_keys = OFF")
             self._migrate(conn)
+            self.tenant_key = self._load_tenant_key(conn)
         except sqlite3.Error as e:
             conn.close()
             raise StoreError(f"cannot open the store {where}: {e}") from None
@@ -728,6 +858,25 @@ class Store:
                 if conn.in_transaction:
                     conn.execute("ROLLBACK")
                 raise
+
+    def _load_tenant_key(self, conn: sqlite3.Connection) -> bytes:
+        """The file's fingerprint key, made the first time (`INSERT OR IGNORE`: two processes
+        opening a new file at once keep the first one's). Read without a write when it is
+        there: a read-only file with one opens."""
+        row = conn.execute("SELECT v FROM meta WHERE k = ?", (TENANT_KEY,)).fetchone()
+        if row is None:
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                conn.execute(
+                    "INSERT OR IGNORE INTO meta (k, v) VALUES (?, ?)", (TENANT_KEY, new_key())
+                )
+                row = conn.execute("SELECT v FROM meta WHERE k = ?", (TENANT_KEY,)).fetchone()
+                conn.execute("COMMIT")
+            except BaseException:
+                if conn.in_transaction:
+                    conn.execute("ROLLBACK")
+                raise
+        return bytes(row[0])
 
     # -- plumbing ---------------------------------------------------------------------------
 
@@ -927,9 +1076,16 @@ class Store:
         most STASH_MAX (a 1M-token window's transcript is ~4 MB)."""
         return min(_stash_limits(self.max_bytes)[0] // 4, STASH_MAX)
 
-    def put_stash(self, key: str, session: str, span_sources: Sequence[str], dialect: str) -> None:
-        """Stash a span under `key` for `session`; putting it again only refreshes `last_used`.
-        A span over `max_stash_bytes` is refused (ValueError)."""
+    def put_stash(
+        self,
+        key: str,
+        session: str,
+        span_sources: Sequence[str],
+        dialect: str,
+        tenant: str = ANONYMOUS,
+    ) -> None:
+        """Stash a span under `key` for `session` and `tenant`; putting it again only refreshes
+        `last_used`. A span over `max_stash_bytes` is refused (ValueError)."""
         if not valid_key(key):
             raise ValueError(f"put_stash: malformed key {key!r}")
         span = span_bytes(span_sources)
@@ -942,57 +1098,50 @@ class Store:
         self._forget_reads()
         with self._tx("put_stash") as conn:
             conn.execute(
-                f"INSERT INTO stashes ({_STASH_COLS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?) "
-                "ON CONFLICT (key, session) DO UPDATE SET last_used = excluded.last_used",
-                (key, session, t, t, len(span), dialect, len(span_sources), span),
+                f"INSERT INTO stashes ({_STASH_COLS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) "
+                "ON CONFLICT (key, session, tenant) DO UPDATE SET last_used = excluded.last_used",
+                (key, session, t, t, len(span), dialect, len(span_sources), span, tenant),
             )
         self._stashed += len(span)
         self._maybe_evict()
 
-    def get_stash(self, key: str, session: str | None = None) -> Stash | None:
-        """The stash under `key` (owned by `session` when given), marked used; None if absent.
-        A store that cannot be written (full, read-only, locked) still reads it back: marking
-        it used is best effort."""
+    def get_stash(
+        self, key: str, session: str | None = None, tenant: str | None = None
+    ) -> Stash | None:
+        """The stash under `key` (owned by `session`, and readable by `tenant`, when given: the
+        tenant's own before an unbound one), marked used; None if absent. A store that cannot
+        be written (full, read-only, locked) still reads it back: marking it used is best
+        effort."""
         if not valid_key(key):
             return None
         t = self.now()
+        where, args = _stash_filter(key, session, tenant)
+        order = "tenant = '*', last_used DESC" if tenant is not None else "last_used DESC"
         with self._op("get_stash") as conn:
-            if session is None:
-                row = conn.execute(
-                    f"SELECT {_STASH_COLS} FROM stashes WHERE key = ? "
-                    "ORDER BY last_used DESC LIMIT 1",
-                    (key,),
-                ).fetchone()
-            else:
-                row = conn.execute(
-                    f"SELECT {_STASH_COLS} FROM stashes WHERE key = ? AND session = ?",
-                    (key, session),
-                ).fetchone()
+            row = conn.execute(
+                f"SELECT {_STASH_COLS} FROM stashes WHERE {where} ORDER BY {order} LIMIT 1", args
+            ).fetchone()
         if row is None:
             return None
         with suppress(StoreError), self._tx("get_stash: mark used") as conn:
             conn.execute(
-                "UPDATE stashes SET last_used = ? WHERE key = ? AND session = ?",
-                (t, row[0], row[1]),
+                "UPDATE stashes SET last_used = ? WHERE key = ? AND session = ? AND tenant = ?",
+                (t, row[0], row[1], row[8]),
             )
-        st = _stash(row)
-        return Stash(st.key, st.session, st.created, t, st.size, st.dialect, st.count, st.span)
+        return _stash(row, t)
 
-    def has_stash(self, key: str, session: str | None = None) -> bool:
-        """Whether `key` resolves (for `session` when given); does not mark it used."""
+    def has_stash(self, key: str, session: str | None = None, tenant: str | None = None) -> bool:
+        """Whether `key` resolves (for `session`, and `tenant`, when given); does not mark it
+        used."""
         if not valid_key(key):
             return False
         with self._op("has_stash") as conn:
             reads = self._current_reads(conn)
-            known = reads.get(("stash", key, session), _UNREAD)
+            known = reads.get(("stash", key, session, tenant), _UNREAD)
             if known is _UNREAD:
-                if session is None:
-                    row = conn.execute("SELECT 1 FROM stashes WHERE key = ?", (key,)).fetchone()
-                else:
-                    row = conn.execute(
-                        "SELECT 1 FROM stashes WHERE key = ? AND session = ?", (key, session)
-                    ).fetchone()
-                known = reads[("stash", key, session)] = row is not None
+                where, args = _stash_filter(key, session, tenant)
+                row = conn.execute(f"SELECT 1 FROM stashes WHERE {where} LIMIT 1", args).fetchone()
+                known = reads[("stash", key, session, tenant)] = row is not None
         return bool(known)
 
     def _current_reads(self, conn: sqlite3.Connection) -> dict[tuple[str | None, ...], Any]:
@@ -1086,18 +1235,19 @@ class Store:
             created = row[0] if row else t
             conn.execute(
                 f"INSERT OR REPLACE INTO checkpoints ({_CP_COLS}) "
-                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 (
                     cp.session, cp.summary, cp.head_count, cp.covered_count, cp.covered_hash,
-                    cp.key, cp.message, created, t, meta,
+                    cp.key, cp.message, created, t, meta, cp.tenant,
                 ),
             )  # fmt: skip
         self._maybe_evict()
         return _stamped(cp, created, t)
 
-    def get_checkpoint(self, session: str) -> Checkpoint | None:
-        """The session's checkpoint. Reading it marks its stash used, so a live checkpoint's
-        marker keeps resolving while older stashes are evicted first."""
+    def get_checkpoint(self, session: str, tenant: str | None = None) -> Checkpoint | None:
+        """The conversation's checkpoint (`session`: its key), when `tenant` (if given) may
+        read it. Reading it marks its stash used, so a live checkpoint's marker keeps resolving
+        while older stashes are evicted first."""
         t = self.now()
         with self._op("get_checkpoint") as conn:
             reads = self._current_reads(conn)
@@ -1110,7 +1260,9 @@ class Store:
         if known is None:
             return None
         cp: Checkpoint = known
-        k = (cp.key or "", owner(session))
+        if tenant is not None and not readable(cp.tenant, tenant):
+            return None
+        k = (cp.key or "", owner(session), cp.tenant)
         # At most once a minute (the row holds the blob, and SQLite rewrites it whole), and only
         # then a write transaction: a reuse turn within the minute reads without the write lock.
         # Asked once a minute whether or not it was due: a stash written less than a minute
@@ -1119,8 +1271,8 @@ class Store:
             with self._tx("get_checkpoint") as conn:
                 conn.execute(
                     "UPDATE stashes SET last_used = ? WHERE key = ? AND session = ? "
-                    "AND last_used < ?",
-                    (t, cp.key, k[1], t - TOUCH_INTERVAL),
+                    "AND tenant = ? AND last_used < ?",
+                    (t, cp.key, k[1], k[2], t - TOUCH_INTERVAL),
                 )
             if len(self._touched) > TOUCHED_MAX:
                 self._touched.clear()
@@ -1344,8 +1496,39 @@ class Store:
             self.ttl / 3600.0, self.max_bytes / (1024 * 1024), self.evicted,
         )  # fmt: skip
 
+    def _quota_victims(
+        self, conn: sqlite3.Connection, cutoff: float, total: int, target: int
+    ) -> tuple[list[StashRow], int]:
+        """The live stashes that go to bring their `total` bytes within `target`, by quota
+        (`_quotas`, `_take`), and the total left. The sums per session and tenant come from
+        the `stashes_session` index alone; rows are read only for the groups over their quota,
+        least recently used first, and no further than their excess."""
+        usage = {
+            (tn, s): int(n)
+            for s, tn, n in conn.execute(
+                "SELECT session, tenant, SUM(size) FROM stashes WHERE last_used >= ? "
+                "GROUP BY session, tenant",
+                (cutoff,),
+            )
+        }
+        candidates: list[Candidate] = []
+        for (tenant, session), cap in _quotas(usage, target).items():
+            rows = conn.execute(
+                "SELECT key, size, EXISTS (SELECT 1 FROM checkpoints c WHERE c.key = s.key), "
+                "last_used FROM stashes s WHERE session = ? AND tenant = ? AND last_used >= ? "
+                "ORDER BY last_used",
+                (session, tenant, cutoff),
+            )
+            try:  # read only until enough has gone
+                excess = _excess(rows, usage[(tenant, session)] - cap)
+            finally:
+                rows.close()
+            candidates += [(nm, u, k, session, tenant, n) for nm, u, k, n in excess]
+        return _take(candidates, total, target)
+
     def evict(self) -> EvictResult:
-        """Drop what outlived the TTL, then the least recently used stashes over the size cap.
+        """Drop what outlived the TTL, then, over the size cap, the stashes of the sessions
+        over their quota (`_quotas`): another session's stashes, within theirs, are not touched.
 
         Stashes are deleted after the rest, in runs of half a WAL share each, every run after a
         checkpoint that cuts the WAL back to nothing: SQLite as Debian builds it has
@@ -1406,9 +1589,9 @@ class Store:
             ).fetchone()
             stashed, total = int(stashed), int(total)
             stale: list[StashRow] = [
-                (k, s, int(n))
-                for k, s, n in conn.execute(
-                    "SELECT key, session, size FROM stashes WHERE last_used < ? "
+                (k, s, tn, int(n))
+                for k, s, tn, n in conn.execute(
+                    "SELECT key, session, tenant, size FROM stashes WHERE last_used < ? "
                     "ORDER BY last_used, created",
                     (cutoff,),
                 )
@@ -1433,20 +1616,14 @@ class Store:
                 target = min(target, int(budget * EVICT_TO))
             victims: list[StashRow] = []
             if total > budget:
-                live = conn.execute(
-                    "SELECT key, session, size FROM stashes WHERE last_used >= ? "
-                    "ORDER BY last_used, created",
-                    (cutoff,),
-                )
-                try:  # read only until enough has gone
-                    victims, total = _lru_victims(live, total, target)
-                finally:
-                    live.close()
+                victims, total = self._quota_victims(conn, cutoff, total, target)
         expired, lru = len(stale), len(victims)
         for chunk in _chunks(stale + victims, self._wal_limit() // 2):
             self._checkpoint()
             with suppress(StoreError), self._tx("evict: stashes") as conn:
-                conn.executemany("DELETE FROM stashes WHERE key = ? AND session = ?", chunk)
+                conn.executemany(
+                    "DELETE FROM stashes WHERE key = ? AND session = ? AND tenant = ?", chunk
+                )
         self._last_evict = t
         self._stash_bytes, self._stashed = int(total), 0
         self._stash_budget = budget

@@ -39,6 +39,7 @@ from cg.pipeline.contract import RequestContext, Step
 from cg.state.facts import FactsCache, MessageFacts, canonical_digest
 from cg.state.session import header
 from cg.state.store import Checkpoint, Store, StoreError, owner, stash_key
+from cg.state.tenant import CONVERSATION_HEX, UNBOUND
 from cg.state.tokens import TokenCounter
 from cg.summarize.config import SummarizeConfig
 from cg.summarize.prompt import build_prompt, extract_summary, has_summary, summary_text
@@ -143,6 +144,9 @@ class Commission:
     # its first call's flow is to have (named in the commissioning flow's comment up front).
     flow_id: str | None = None
     call_flow_id: str | None = None
+    # The commissioning request's tenant (`cg.state.tenant`): the stash and the checkpoint are
+    # written with it, and only its requests read them back.
+    tenant: str = ""
 
     def answer_began(self, status: int | None) -> None:
         """The commissioning turn's answer began with `status` (None: the flow failed first)."""
@@ -199,9 +203,12 @@ def span_bytes(index: BodyIndex, span: Span) -> int:
     return ends[span.end - 1] - start
 
 
-def conversation_key(session: str, first: bytes) -> str:
-    """The checkpoint key of a conversation: its session and its first message."""
-    return f"{session}#{first.hex()[:12]}"
+def conversation_key(session: str, first: bytes, tenant: str = "") -> str:
+    """The checkpoint key of a conversation: its session, its first message and (a prefix of)
+    its tenant, so that one tenant's checkpoint never replaces another's in a session both
+    name; a request without a credential keeps the key from before tenancy."""
+    key = f"{session}#{first.hex()[:12]}"
+    return f"{key}@{tenant[:CONVERSATION_HEX]}" if tenant else key
 
 
 def prefix_hash(digests: Sequence[bytes]) -> str:
@@ -277,7 +284,7 @@ class Summarize:
         index = req.index
         if not index.messages:
             return None
-        conv = conversation_key(req.session, self.facts.of(index, 0).digest)
+        conv = conversation_key(req.session, self.facts.of(index, 0).digest, req.tenant)
         return f"checkpoint of {conv}" if self.store.delete_checkpoint(conv) else None
 
     def _outside_ttl(self, index: BodyIndex) -> float:
@@ -348,8 +355,9 @@ class Summarize:
         if isinstance(span, str):
             return Step(None, span)
         # One session id can carry several conversations (an agent and its subagents): each
-        # conversation, told apart by its first message, has its own checkpoint.
-        conv = conversation_key(req.session, stats[0].digest)
+        # conversation, told apart by its first message, has its own checkpoint; and each
+        # tenant has its own in a session another names too.
+        conv = conversation_key(req.session, stats[0].digest, req.tenant)
         detail: dict[str, Any] = {
             "session": req.session,
             "conversation": conv,
@@ -357,20 +365,30 @@ class Summarize:
         }
 
         step = Step(None, "no checkpoint", detail)
-        cp = self.store.get_checkpoint(conv)
+        cp = self.store.get_checkpoint(conv, req.tenant)
         based_on = cp.covered_hash if cp is not None else None
+        legacy = None
+        if cp is None and req.tenant:
+            legacy = self._legacy(req.session, stats[0].digest, req.tenant)
+        if legacy is not None:
+            # A checkpoint from before tenancy, under the key it had: reused (it is unbound:
+            # any tenant of its session reads it, as before), never replaced or deleted here;
+            # this tenant's next summary goes under its own key.
+            cp, detail["conversation"] = legacy, legacy.session
         middle_tokens = 0
         if cp is not None:
             ce = cp.head_count + cp.covered_count
             if ce > n or self._covered_hash(index, stats, ce) != cp.covered_hash:
-                self.store.delete_checkpoint(conv)
-                detail["checkpoint"] = "diverged: invalidated"
+                if legacy is None:
+                    self.store.delete_checkpoint(conv)
+                detail["checkpoint"] = "diverged: invalidated" if legacy is None else "diverged"
+                detail["conversation"] = conv
                 cp = based_on = None
             elif ce > span.end:
                 detail["checkpoint"] = "covers into the tail: not reused this turn"
                 cp = None
             else:
-                step = self._splice(index, cp, ce, detail)
+                step = self._splice(index, cp, ce, detail, req.tenant)
                 middle_tokens = between(ce, span.end)
                 detail["middle_tokens"] = middle_tokens
 
@@ -453,9 +471,24 @@ class Summarize:
                 step.reason = "commissioned a summary; this turn forwards untouched"
         return step
 
-    def _splice(self, index: BodyIndex, cp: Checkpoint, ce: int, detail: dict[str, Any]) -> Step:
+    def _legacy(self, session: str, first: bytes, tenant: str) -> Checkpoint | None:
+        """The conversation's checkpoint from before tenancy (key without a tenant, unbound),
+        for a credentialed request that has none of its own (an anonymous request's, under the
+        same key, is not read: `get_checkpoint` checks the tenant before it marks anything)."""
+        cp = self.store.get_checkpoint(conversation_key(session, first), tenant)
+        return cp if cp is not None and cp.tenant == UNBOUND else None
+
+    def _splice(
+        self, index: BodyIndex, cp: Checkpoint, ce: int, detail: dict[str, Any], tenant: str
+    ) -> Step:
         mode = self.marker_mode
-        if mode == "full" and cp.key and not self.store.has_stash(cp.key, owner(cp.session)):
+        if cp.tenant == UNBOUND:
+            detail["tenant"] = "unbound"  # the state used is from before tenancy
+        if (
+            mode == "full"
+            and cp.key
+            and not self.store.has_stash(cp.key, owner(cp.session), tenant)
+        ):
             # Degrade honestly: the marker now says the original expired, and stays so.
             text = summary_text(cp.summary, mode, cp.key, cp.covered_count, expired=True)
             msg = Insert.message(index.dialect.user_message(text), index.dialect)
@@ -525,6 +558,7 @@ class Summarize:
         model = index.members["model"].value if "model" in index.members else None
         return Commission(
             session=req.session,
+            tenant=req.tenant,
             conversation=conv,
             dialect=index.dialect.name,
             model=model if isinstance(model, str) else None,
@@ -576,7 +610,7 @@ class Summarize:
             key: str | None = None
             if mode == "full":
                 key = stash_key(job.sources)
-                self.store.put_stash(key, job.session, job.sources, job.dialect)
+                self.store.put_stash(key, job.session, job.sources, job.dialect, job.tenant)
             dialect = DIALECTS[job.dialect]
             text = summary_text(summary, mode, key, len(job.sources))
             message = Insert.message(dialect.user_message(text), dialect)
@@ -591,6 +625,7 @@ class Summarize:
                     message=message.json,
                     created=0.0,
                     updated=0.0,
+                    tenant=job.tenant,
                 )
             )
             # Counted complete once other instances can see it (PostgreSQL writes are queued).

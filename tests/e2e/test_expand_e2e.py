@@ -73,6 +73,10 @@ OPENAI_TOOLS = [
         },
     }
 ]
+# The credential an `Agent` sends (the SDKs' own header for it, `SdkClient`'s default key): a
+# raw request continuing an agent's session sends it too, since the session's state is that
+# credential's (SPEC §13 tenancy).
+CREDENTIAL = {"anthropic": {"x-api-key": "sk-e2e"}, "openai": {"authorization": "Bearer sk-e2e"}}
 # What turn 1 commissions: messages[HEAD:CUT] of its transcript are summarized and stashed.
 SPAN = {"anthropic": (1, 4), "openai": (1, 5)}
 FIRST_LEN = {"anthropic": 7, "openai": 8}
@@ -478,6 +482,7 @@ def test_sse_of_a_rewritten_flow_without_the_tool_still_streams(xproxy, provider
         "x-e2e-id": eid,
         "x-context-guru-session": session,
         "content-type": "application/json",
+        **CREDENTIAL["anthropic"],
     }
     with (
         xproxy.client() as c,
@@ -514,7 +519,7 @@ def stream_turn(
     else:
         body["stream_options"] = {"include_usage": True}
     eid = new_id()
-    headers = {"x-e2e-id": eid, "x-context-guru-session": session}
+    headers = {"x-e2e-id": eid, "x-context-guru-session": session, **CREDENTIAL[dialect]}
     seen = []
     with (
         proxy.client() as c,
@@ -587,7 +592,7 @@ def test_a_relayed_answer_that_says_its_length_passes_framed_by_it(xproxy, provi
         r = c.post(
             PATHS["anthropic"],
             json=body,
-            headers={"x-e2e-id": eid, "x-context-guru-session": session},
+            headers={"x-e2e-id": eid, "x-context-guru-session": session, **CREDENTIAL["anthropic"]},
         )
     assert r.status_code == status and r.content == sent
     assert r.headers.get("content-length") == str(len(sent))

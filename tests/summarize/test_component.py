@@ -475,7 +475,8 @@ def test_an_evicted_stash_degrades_honestly_and_stays_byte_stable(db: Path) -> N
     r = two_turns(d, turns[0], turns[1])
     _, before, key = restorable(r, cc_dumps(turns[1]), store)
     assert key is not None and store.has_stash(key)
-    # the stash goes (expired, or evicted under the size cap: tests/state/test_store.py)
+    # The stash goes (expired, or evicted with its own session over its quota: another
+    # session's flood cannot take it, tests/state/test_tenancy.py).
     assert store.delete_stash(key) == 1
     assert not store.has_stash(key)
     r = d.send(turns[2])
