@@ -56,19 +56,24 @@ class Offload:
         """`fn(*args)` in the worker thread; the loop serves others meanwhile. While the
         worker runs, the interpreter switches threads every SWITCH_S: a turn on the loop waits
         that long for the GIL at each of its many system calls, not the default 5 ms."""
-        if self._pool is None:
-            self._pool = concurrent.futures.ThreadPoolExecutor(1, "cg-large-body")
         if self.waiting == 0:
             self._interval = sys.getswitchinterval()
             sys.setswitchinterval(min(SWITCH_S, self._interval))
         self.waiting += 1
         try:
-            return await asyncio.get_running_loop().run_in_executor(self._pool, fn, *args)
+            return await self.chore(fn, *args)
         finally:
             self.waiting -= 1
             self.read += 1
             if self.waiting == 0:
                 sys.setswitchinterval(self._interval)
+
+    async def chore(self, fn: Callable[..., _T], *args: object) -> _T:
+        """`fn(*args)` in the worker thread, after what is there: bookkeeping (a large batch of
+        token counts written back) that no request waits for and no bound counts."""
+        if self._pool is None:
+            self._pool = concurrent.futures.ThreadPoolExecutor(1, "cg-large-body")
+        return await asyncio.get_running_loop().run_in_executor(self._pool, fn, *args)
 
     def close(self) -> None:
         if self._pool is not None:

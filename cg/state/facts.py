@@ -28,6 +28,7 @@ if TYPE_CHECKING:  # (a type only: the store imports the session module, which i
 
 MEMO_SIZE = 50_000
 PENDING_MAX = 20_000  # facts not yet written back are flushed at this many at the latest
+FLUSH_ROWS = 500  # facts written back in one store transaction
 PRELUDE_MEMO_SIZE = 256
 # Request members that shape the provider's prompt cache besides `messages` (or a Responses
 # request's `input`): changing any of them invalidates the cached prefix (Anthropic renders
@@ -229,12 +230,15 @@ class FactsCache:
         return len(self._pending)
 
     def flush(self) -> None:
-        """Write the facts computed since the last flush to the store (best effort)."""
+        """Write the facts computed since the last flush to the store (best effort), at most
+        FLUSH_ROWS a transaction: a large body's 20,000 in one held the store's lock (and every
+        turn's store call on the event loop) for ~200 ms."""
         pending, self._pending = self._pending, []
         if not pending or self.backing is None:
             return
         try:
-            self.backing.put_facts(pending)
+            for at in range(0, len(pending), FLUSH_ROWS):
+                self.backing.put_facts(pending[at : at + FLUSH_ROWS])
         except Exception:  # noqa: BLE001 - lost facts are only counted again after a restart
             return
 

@@ -70,6 +70,7 @@ ANSWER_WAIT = 60.0
 # event loop serves every turn meanwhile (SPEC §13).
 OFF_LOOP_BYTES = 256 * 1024
 OFF_LOOP_MESSAGES = 2000
+FACTS_INLINE = 200  # token counts a job writes back on the loop, at most
 
 
 class SummarizerError(Exception):
@@ -642,7 +643,7 @@ class Summarize:
             job.origin = None
             job.forwarded = None
             # The covered history's counts, for a restarted proxy (many: off the loop).
-            if self.facts.pending() > OFF_LOOP_MESSAGES:
+            if self.facts.pending() > FACTS_INLINE:
                 await asyncio.to_thread(self.facts.flush)
             else:
                 self.facts.flush()
