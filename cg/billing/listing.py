@@ -54,7 +54,7 @@ def page_key(cursor: str) -> PageKey:
     try:
         raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))
         value = json.loads(raw.decode("utf-8"))
-    except (binascii.Error, ValueError):
+    except (binascii.Error, ValueError, RecursionError):
         raise bad from None
     if not (isinstance(value, list) and len(value) == 2):
         raise bad
