@@ -188,16 +188,16 @@ class Ledger:
         """Each session's latest turns (one session's, when given): what each was billed (with
         the summarizer calls since the turn before) and, ESTIMATE, what it would have been
         unrewritten."""
-        return chart_of(self.history_copy(session), self.prices)
+        return chart_of(self.history_copy(None if session is None else [session]), self.prices)
 
-    def history_copy(self, session: str | None = None) -> dict[str, list[_Point]]:
-        """The chart's points as they stand (one session's, when given), copied: the event
+    def history_copy(self, sessions: Iterable[str] | None = None) -> dict[str, list[_Point]]:
+        """The chart's points as they stand (those of `sessions`, when given), copied: the event
         loop appends to them while the dashboard prices them in a worker thread
         (`chart_of`)."""
-        if session is not None:
-            points = self.history.get(session)
-            return {session: list(points)} if points is not None else {}
-        return {sid: list(points) for sid, points in self.history.items()}
+        if sessions is None:
+            return {sid: list(points) for sid, points in self.history.items()}
+        found = ((sid, self.history.get(sid)) for sid in sessions)
+        return {sid: list(points) for sid, points in found if points is not None}
 
     def summarizer_call(self, session: str, model: str, usage: Usage) -> None:
         """Record one summarizer answer's usage (SummarizerClient's `on_usage`)."""

@@ -1135,18 +1135,20 @@ class ContextGuru:
         if isinstance(page, http.Response):
             return page
         limit, cursor = page
-        # Copied here, on the loop, which counts and appends to them.
+        # Copied here, on the loop, which counts (the chart's points: once the page is known).
         counters = self.stats.to_json() if scope is None else None
         ledger, meter, count = self.meter.ledger, self.meter, self.tokens.count_text
-        history = ledger.history_copy(scope) if ledger is not None else {}
 
-        def render() -> http.Response:
+        def read() -> tuple[dict[str, Any], dict[str, Any]]:
             doc = pages.sessions_doc(ledger, count, scope, limit, cursor)
+            return doc, ({**counters, **meter.report()} if counters is not None else {})
+
+        def render(doc: dict[str, Any], totals: dict[str, Any], history: Any) -> http.Response:
             listed = [str(s.get("id")) for s in doc["sessions"]]
             charts = chart_of(history, ledger.prices, listed) if ledger is not None else {}
             nxt = doc.get("next")
             html = dashboard.render(
-                {**counters, **meter.report()} if counters is not None else {},
+                totals,
                 doc["sessions"],
                 charts,
                 error=doc.get("error"),
@@ -1164,7 +1166,13 @@ class ContextGuru:
                 },
             )
 
-        return self.off_loop.run(render)
+        async def board() -> http.Response:
+            doc, totals = await self.off_loop.run(read)
+            listed = [str(s.get("id")) for s in doc["sessions"]]
+            history = ledger.history_copy(listed) if ledger is not None else {}  # on the loop
+            return await self.off_loop.run(functools.partial(render, doc, totals, history))
+
+        return board()
 
     def _health_endpoint(self, flow: http.HTTPFlow, caller: control.Caller) -> http.Response:
         """`{"ok": true, …, "store": {"ok": …}}`: `ok` says the addon answers (it serves, as a

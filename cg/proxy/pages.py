@@ -18,7 +18,7 @@ import asyncio
 import urllib.parse
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import Any, TypeVar
 
 from mitmproxy import http
 
@@ -29,6 +29,7 @@ from cg.proxy import control
 WORKERS = 2  # control answers read at once; more wait their turn (each takes milliseconds)
 
 Page = tuple[int, str | None]  # (limit, cursor)
+T = TypeVar("T")
 
 
 class OffLoop:
@@ -38,7 +39,7 @@ class OffLoop:
         self.workers = workers
         self._pool: ThreadPoolExecutor | None = None
 
-    async def run(self, work: Callable[[], http.Response]) -> http.Response:
+    async def run(self, work: Callable[[], T]) -> T:
         """`work()` in a worker thread; the loop serves other flows meanwhile."""
         if self._pool is None:
             self._pool = ThreadPoolExecutor(self.workers, thread_name_prefix="cg-control")

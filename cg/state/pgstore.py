@@ -21,7 +21,9 @@ modes, is docs/postgres.md; in short:
   fails for a connection reason is retried after a reconnect (a restarted database gets the
   ledger rows it missed), a bad one is dropped and recorded. Reads that go to the database for
   a whole-table answer (`sessions`, `usage_rows`, `stats`, …) first wait for the queue to drain,
-  so a process reads its own writes.
+  so a process reads its own writes. The control answers' reads (a page of the session list,
+  the ledger's totals: `session_page`, `usage_totals`) run in the addon's worker thread on a
+  connection of their own (`_view`), never on the one the hot path's read-throughs take.
 - **One summary per conversation across instances**: `claim()` takes a row in `cg_claims` with a
   lease on the database's clock, under a per-conversation advisory lock, only if nobody else
   holds a live lease and the conversation's checkpoint is still the one the commission was

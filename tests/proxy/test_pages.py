@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import json
 import re
+import threading
 import warnings
 from collections import deque
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -134,18 +135,30 @@ async def test_only_the_answers_that_read_pages_leave_the_loop(addon) -> None:
     assert cg.request(turn) is None  # a provider turn: handled in the hook, at once
 
 
-async def test_what_the_loop_counts_is_read_as_it_stood_when_asked(addon) -> None:
+class Watched(deque[Any]):
+    """A chart history that notes which threads iterate it."""
+
+    threads: set[str]
+
+    def __iter__(self) -> Iterator[Any]:
+        self.threads.add(threading.current_thread().name)
+        return super().__iter__()
+
+
+async def test_what_the_loop_mutates_is_read_on_the_loop(addon) -> None:
+    """The counters as they stood when the request came; the chart's points copied on the
+    loop's thread, never iterated by the worker that prices them."""
     cg, _ = addon
     ledger = cg.meter.ledger
     assert ledger is not None
-    ledger.history["s4"] = deque([(1.0, False, [], 0.0)])
+    points = Watched([(1.0, False, [], 0.0), (2.0, True, [], 0.0)])
+    points.threads = set()
+    ledger.history["s4"] = points
     before = cg.stats.requests
     stats = make_flow(path="/_cg/stats", method="GET", content=b"")
     board = make_flow(path="/_cg/", method="GET", content=b"")
     pending = [cg.request(stats), cg.request(board)]
-    # The loop counts on, and books a rewritten turn, while the answers are read.
-    cg.stats.requests += 7
-    ledger.history["s4"].append((2.0, True, [], 0.0))
+    cg.stats.requests += 7  # the loop counts on while the answers are read
     for p in pending:
         assert p is not None
         await p
@@ -153,8 +166,8 @@ async def test_what_the_loop_counts_is_read_as_it_stood_when_asked(addon) -> Non
     assert json.loads(stats.response.content or b"")["requests"] == before
     page = (board.response.content or b"").decode()
     assert f'data-figure="requests" data-value="{before}"' in page
-    assert 'data-chart="s4"' in page  # drawn, without the rewritten point booked after
-    assert page.count("<circle") == 0
+    assert 'data-chart="s4"' in page and page.count("<circle") == 1  # drawn from the copy
+    assert points.threads == {threading.current_thread().name}
 
 
 async def test_the_sessions_command_takes_a_cursor_and_a_limit(addon) -> None:
