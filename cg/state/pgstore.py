@@ -1201,6 +1201,8 @@ class PgStore(Store):
 
     def session_details(self, sessions: Sequence[str]) -> list[SessionDetail]:
         ids = list(sessions)
+        if not ids:
+            return []
         with self._view("session_details") as conn:
             rows = conn.execute(f"{_LEDGER_SELECT} WHERE session = ANY(%s)", (ids,)).fetchall()
             turns = {r[0]: _ledger_turns(r[1:]) for r in rows}

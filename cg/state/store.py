@@ -617,7 +617,7 @@ class Store:
         self.error: str | None = None  # the last operation's error, until one succeeds
         self.error_at = 0.0  # time.monotonic() of that error
         self._conn: sqlite3.Connection | None = None
-        # The control answers' own connection (`_view`), opened on their first read.
+        # The control answers' own connection (`_view`): a file's is opened with the store.
         self._view_conn: sqlite3.Connection | None = None
         self._view_lock = threading.Lock()
         self._conn = self._open(busy_timeout_ms)

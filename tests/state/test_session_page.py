@@ -144,7 +144,7 @@ def test_a_page_has_each_sessions_newest_checkpoint_count_and_usage(target: Targ
 
 def test_a_page_of_an_empty_store_and_past_the_last_session_is_empty(target: Target) -> None:
     with make(target) as st:
-        assert st.session_page(50) == []
+        assert st.session_page(50) == [] and st.session_details([]) == []
         book(st, "only")
         (d,) = st.session_page(50)
         assert st.session_page(50, d.key) == []
