@@ -1236,35 +1236,38 @@ class Store:
         """Every session the store knows of, most recently seen first: the CLI's full read
         (offline; the whole of four tables, where the control answers read pages by key:
         `session_page`). A session's conversations (checkpoint keys `session#…`) are one
-        session; its newest checkpoint is the one reported."""
+        session; its newest checkpoint is the one reported, found by `checkpoints_owner`
+        (`+ids.session`: without affinity, as the index's expression, or no index serves the
+        comparison and each session scans every checkpoint)."""
         self._flushed()
         with self._op("sessions") as conn:
             rows = conn.execute(
                 f"""
-                WITH cp AS (
-                    SELECT {_OWNER_SQL} AS owner, updated, covered_count,
-                           ROW_NUMBER() OVER (PARTITION BY {_OWNER_SQL}
-                                              ORDER BY updated DESC) AS k
-                    FROM checkpoints
-                ), ids AS (
+                WITH ids AS (
                     SELECT session FROM sessions
-                    UNION SELECT owner FROM cp
+                    UNION SELECT {_OWNER_SQL} FROM checkpoints
                     UNION SELECT session FROM stashes
                     UNION SELECT session FROM ledger
                 ), st AS (
                     SELECT session, COUNT(*) AS n, SUM(size) AS bytes, MAX(last_used) AS used
                     FROM stashes GROUP BY session
+                ), one AS (
+                    SELECT ids.session, s.last_request, s.cache_ttl,
+                           (SELECT rowid FROM checkpoints WHERE {_OWNER_SQL} = +ids.session
+                            ORDER BY updated DESC LIMIT 1) AS newest,
+                           COALESCE(st.n, 0) AS n, COALESCE(st.bytes, 0) AS bytes, st.used,
+                           l.last_seen
+                    FROM ids
+                    LEFT JOIN sessions s ON s.session = ids.session
+                    LEFT JOIN st ON st.session = ids.session
+                    LEFT JOIN ledger l ON l.session = ids.session
                 )
-                SELECT ids.session, s.last_request, s.cache_ttl, c.updated, c.covered_count,
-                       COALESCE(st.n, 0), COALESCE(st.bytes, 0),
-                       MAX(COALESCE(s.last_request, 0), COALESCE(c.updated, 0),
-                           COALESCE(st.used, 0), COALESCE(l.last_seen, 0)) AS seen
-                FROM ids
-                LEFT JOIN sessions s ON s.session = ids.session
-                LEFT JOIN cp c ON c.owner = ids.session AND c.k = 1
-                LEFT JOIN st ON st.session = ids.session
-                LEFT JOIN ledger l ON l.session = ids.session
-                ORDER BY seen DESC, ids.session
+                SELECT one.session, one.last_request, one.cache_ttl, c.updated, c.covered_count,
+                       one.n, one.bytes,
+                       MAX(COALESCE(one.last_request, 0), COALESCE(c.updated, 0),
+                           COALESCE(one.used, 0), COALESCE(one.last_seen, 0)) AS seen
+                FROM one LEFT JOIN checkpoints c ON c.rowid = one.newest
+                ORDER BY seen DESC, one.session
                 """
             ).fetchall()
         return [

@@ -184,10 +184,15 @@ class Recording:
 
 
 def read_a_page(st: Store, monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, tuple[Any, ...]]]:
-    """Every statement behind the first page, a later one, and a named session's details."""
+    """Every statement behind the first page, a later one, a named session's details, and a
+    session's checkpoints (`checkpoints_of`, on the connection the hot path uses)."""
     st.session_page(1)  # the connection opened (PostgreSQL opens it on the first read)
     rec = Recording(st._view_conn)
     monkeypatch.setattr(st, "_view_conn", rec)
+    hot = Recording(st._conn)
+    monkeypatch.setattr(st, "_conn", hot)
+    assert len(st.checkpoints_of(session_id(0))) == 3
+    assert [cp.session.split("#")[0] for cp in st.checkpoints_of(session_id(2))] == [session_id(2)]
     first = st.session_page(51)
     assert ids(first) == [session_id(i) for i in range(51)]
     later = st.session_page(51, first[-1].key)
@@ -199,7 +204,8 @@ def read_a_page(st: Store, monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, t
     tables = " ".join(sql for sql, _ in rec.statements)
     for table in ("ledger", "usage", "checkpoints"):  # vacuity: each kind of read was made
         assert f"FROM {table}" in tables or f"FROM cg_{table}" in tables, tables
-    return rec.statements
+    assert len(hot.statements) == 2 and "checkpoints" in hot.statements[0][0], hot.statements
+    return rec.statements + hot.statements
 
 
 def sqlite_plan(conn: sqlite3.Connection, sql: str, params: tuple[Any, ...]) -> list[str]:
@@ -226,6 +232,26 @@ def test_every_query_behind_a_page_is_index_served_on_sqlite(
         # Vacuity: the check sees a scan, as the owner filter was before its index.
         was = "SELECT * FROM checkpoints WHERE substr(session, 1, 12) = ?"
         assert full_scans(sqlite_plan(conn, was, ("bench-000000",)))
+
+
+def test_the_clis_full_read_finds_each_sessions_checkpoint_by_index(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`Store.sessions` (`context-guru sessions`) reads every session, but each one's newest
+    checkpoint by the owner index, not a scan of every checkpoint per session."""
+    db = tmp_path / "big.sqlite3"
+    populate(db, BIG)
+    with Store(db, evict=False) as st:
+        hot = Recording(st._conn)
+        monkeypatch.setattr(st, "_conn", hot)
+        infos = st.sessions()
+        monkeypatch.undo()
+        assert len(infos) == BIG and sum(i.covered_count is not None for i in infos) == BIG // 2
+        ((sql, params),) = hot.statements
+        assert st._view_conn is not None
+        plan = sqlite_plan(st._view_conn, sql, params)
+    assert "SEARCH checkpoints USING INDEX checkpoints_owner (<expr>=?)" in plan, plan
+    assert "SCAN checkpoints" not in plan, plan
 
 
 def test_every_query_behind_a_page_is_index_served_on_postgresql(
