@@ -38,7 +38,8 @@ test: lint typecheck pytest
 # In-process, then through real mitmdumps (direct, plain, the addon: c=1 and c=16, the same and
 # a growing body, both dialects, pass-through and checkpoint reuse), the small turn beside the
 # floor, lean and spin scripts with each one's hooks timed inside its proxy, the size sweep and its plot
-# (docs/bench-latency-vs-size.png, matplotlib from the test extras), and the peer when installed.
+# (docs/bench-latency-vs-size.png, matplotlib from the test extras), the peer when installed, and
+# the session list at 10k sessions with a small turn sent meanwhile.
 bench: $(VENV)/.installed-test
 	uptime
 	$(BIN)/python -m bench.hotpath
@@ -51,6 +52,7 @@ bench: $(VENV)/.installed-test
 	$(BIN)/python -m bench.ttfb
 	$(BIN)/python -m bench.sizes
 	$(BIN)/python -m bench.peers
+	$(BIN)/python -m bench.session_page
 	uptime
 
 clean:

@@ -281,14 +281,22 @@ def _savings_lines(s: Any, indent: str = "  ") -> list[str]:
 
 
 def sessions(args: argparse.Namespace) -> int:
-    from cg.billing.savings import sessions_report
+    """Every session the store holds anything of (offline: the whole store, not a page; also
+    sessions with no answer booked yet, which `/_cg/sessions` does not list), most recently
+    seen by any of its parts first."""
+    from cg.billing.listing import PAGE_MAX, entry
     from cg.state.tokens import TokenCounter
 
     prices = _prices(args.config)
     store = _store(args.db)
+    count = TokenCounter().count_text
+    rows: list[dict[str, Any]] = []
     try:
         infos = {r.session: r for r in store.sessions()}
-        rows = sessions_report(store, prices, TokenCounter().count_text)
+        ids = list(infos)
+        for i in range(0, len(ids), PAGE_MAX):
+            for d in store.session_details(ids[i : i + PAGE_MAX]):
+                rows.append(entry(d, prices, count, infos[d.session].last_seen))
     finally:
         store.close()
     if args.json:

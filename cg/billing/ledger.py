@@ -29,7 +29,7 @@ import functools
 import heapq
 import json
 from collections import OrderedDict, deque
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -188,26 +188,16 @@ class Ledger:
         """Each session's latest turns (one session's, when given): what each was billed (with
         the summarizer calls since the turn before) and, ESTIMATE, what it would have been
         unrewritten."""
-        out: dict[str, list[dict[str, Any]]] = {}
-        for sid, points in list(self.history.items()):
-            if session is None or sid == session:
-                out[sid] = [self._priced(session=sid, point=p) for p in list(points)]
-        return out
+        return chart_of(self.history_copy(None if session is None else [session]), self.prices)
 
-    def _priced(self, session: str, point: _Point) -> dict[str, Any]:
-        at, rewritten, rows, summ = point
-        ledger = [UsageRow(session, *row) for row in rows]
-        billed = rows_cost((r for r in ledger if r.kind == "agent"), self.prices)
-        without = rows_cost((r for r in ledger if r.kind == "estimate"), self.prices)
-        if billed is not None:
-            billed = None if summ is None else billed + summ
-        return {
-            "at": at,
-            "rewritten": rewritten,
-            "billed_usd": billed,
-            "without_rewrite_usd": without,
-            "summarizer_usd": summ,
-        }
+    def history_copy(self, sessions: Iterable[str] | None = None) -> dict[str, list[_Point]]:
+        """The chart's points as they stand (those of `sessions`, when given), copied: the event
+        loop appends to them while the dashboard prices them in a worker thread
+        (`chart_of`)."""
+        if sessions is None:
+            return {sid: list(points) for sid, points in self.history.items()}
+        found = ((sid, self.history.get(sid)) for sid in sessions)
+        return {sid: list(points) for sid, points in found if points is not None}
 
     def summarizer_call(self, session: str, model: str, usage: Usage) -> None:
         """Record one summarizer answer's usage (SummarizerClient's `on_usage`)."""
@@ -318,6 +308,33 @@ class Ledger:
         while len(self._caches) > self.max_sessions:
             self._caches.popitem(last=False)  # its state is in the store already
         return cache
+
+
+def chart_of(
+    history: Mapping[str, Sequence[_Point]],
+    prices: PriceTable,
+    sessions: Iterable[str] | None = None,
+) -> dict[str, list[dict[str, Any]]]:
+    """The chart's points priced (`Ledger.history_copy`): every session's, or those named, in
+    that order."""
+    order = list(history) if sessions is None else [s for s in sessions if s in history]
+    return {sid: [_priced(sid, p, prices) for p in history[sid]] for sid in order}
+
+
+def _priced(session: str, point: _Point, prices: PriceTable) -> dict[str, Any]:
+    at, rewritten, rows, summ = point
+    ledger = [UsageRow(session, *row) for row in rows]
+    billed = rows_cost((r for r in ledger if r.kind == "agent"), prices)
+    without = rows_cost((r for r in ledger if r.kind == "estimate"), prices)
+    if billed is not None:
+        billed = None if summ is None else billed + summ
+    return {
+        "at": at,
+        "rewritten": rewritten,
+        "billed_usd": billed,
+        "without_rewrite_usd": without,
+        "summarizer_usd": summ,
+    }
 
 
 def _dump(cache: PromptCache, now: float) -> str:

@@ -11,9 +11,7 @@ A model with no price makes every figure it enters `None` (unknown, never zero),
 
 from __future__ import annotations
 
-import json
-from collections import defaultdict
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from typing import Any
 
 from cg.billing.prices import PriceTable
@@ -101,49 +99,13 @@ def total_turns(turns: Iterable[LedgerTurns]) -> LedgerTurns:
 
 
 def report(store: Store, prices: PriceTable, session: str | None = None) -> dict[str, Any]:
-    """`{"usage": {agent, summarizer}, "savings": {…}}` over the store's whole ledger, or one
+    """`{"usage": {agent, summarizer}, "savings": {…}}` over the store's whole ledger (summed in
+    the database: one row per model and tier is priced, not every session's), or one
     session's."""
-    rows = store.usage_rows(session)
-    turns = total_turns(store.ledger_turns(session).values())
+    if session is None:
+        rows = store.usage_totals()
+        turns = store.ledger_totals()
+    else:
+        rows = store.usage_rows(session)
+        turns = total_turns(store.ledger_turns(session).values())
     return {"usage": usage_split(rows), "savings": savings(rows, turns, prices)}
-
-
-def sessions_report(
-    store: Store, prices: PriceTable, count_tokens: Callable[[str], int]
-) -> list[dict[str, Any]]:
-    """`GET /_cg/sessions`: every session the store knows, most recently seen first — its id,
-    when it was last seen, its newest checkpoint (messages covered, the summary's tokens by our
-    count), its usage split agent / summarizer, and its savings."""
-    rows: dict[str, list[UsageRow]] = defaultdict(list)
-    for r in store.usage_rows():
-        rows[r.session].append(r)
-    turns = store.ledger_turns()
-    out: list[dict[str, Any]] = []
-    for info in store.sessions():
-        sid = info.session
-        cps = store.checkpoints_of(sid)
-        checkpoint = None
-        if cps:
-            cp = cps[-1]
-            try:
-                text = json.loads(cp.message).get("content")
-            except (ValueError, AttributeError):
-                text = None
-            checkpoint = {
-                "covered_messages": cp.covered_count,
-                "head_messages": cp.head_count,
-                "summary_tokens": count_tokens(text if isinstance(text, str) else cp.summary),
-                "updated": cp.updated,
-                "conversations": len(cps),
-            }
-        mine = rows.get(sid, [])
-        out.append(
-            {
-                "id": sid,
-                "last_seen": info.last_seen,
-                "checkpoint": checkpoint,
-                "usage": usage_split(mine),
-                "savings": savings(mine, turns.get(sid, LedgerTurns()), prices),
-            }
-        )
-    return out

@@ -25,16 +25,16 @@ from mitmproxy.net import encoding as net_encoding
 
 from cg import __version__
 from cg.billing.cache import prompt_of
-from cg.billing.ledger import Ledger
+from cg.billing.ledger import Ledger, chart_of
+from cg.billing.listing import PAGE_DEFAULT, BadPage, page_key, page_limit
 from cg.billing.prices import price_table
-from cg.billing.savings import sessions_report
 from cg.components import COMPONENTS, Services, build_pipeline
 from cg.expand import continuation
 from cg.expand import tool as expand_mod
 from cg.expand.tool import TOOL_NAME, names_tool
 from cg.pipeline.contract import Commissioner, Component
 from cg.pipeline.rewrite import ExpandPolicy, Rewrite, rewrite_body
-from cg.proxy import control, dashboard, malloc, offload
+from cg.proxy import control, dashboard, malloc, offload, pages
 from cg.proxy import view as views
 from cg.proxy.agents import CLAUDE_CODE, CODEX, claude_code, codex, codex_compaction
 from cg.proxy.calls import call_flow
@@ -268,6 +268,7 @@ class ContextGuru:
         self.views = views.all_views(self._stash)
         # Flows shown for our own calls, being added (kept referenced until done).
         self.showing: set[asyncio.Task[None]] = set()
+        self.off_loop = pages.OffLoop()  # the control answers that read pages of the store
 
     def _stash(self, key: str) -> Any:
         """A stash for the views (mitmweb's thread or the loop: a read, never raises out)."""
@@ -692,6 +693,7 @@ class ContextGuru:
                 loop.create_task(self.relay_pool.aclose()),
             }
         self.meter.close()
+        self.off_loop.close()
         if self.store is not None:
             self.store.close()
             self.store = None
@@ -701,15 +703,16 @@ class ContextGuru:
     def request(self, flow: http.HTTPFlow) -> Awaitable[None] | None:
         """A provider request: guards, then its body read (bounded) and rewritten, assigned
         once. A body too long to read on the event loop is read in the worker thread
-        (`cg.proxy.offload`): then an awaitable is returned, which mitmproxy awaits."""
+        (`cg.proxy.offload`), and a control request that reads pages of the store is answered
+        in another (`cg.proxy.pages`): then an awaitable is returned, which mitmproxy awaits
+        (other flows go on meanwhile)."""
         if not flow.live:
             # A flow read from a file (`-r`, mitmweb's open) or one of our own calls shown as a
             # flow: nothing goes upstream, so nothing is rewritten, counted or booked.
             return None
         req = flow.request
         if control.is_control(req.path):
-            control.answer(flow, self._routes(), self.control)
-            return None
+            return control.answer(flow, self._routes(), self.control)
         dialect = route(req.method, req.path)
         # By name (the Host header): in transparent/local mode, and in a CONNECT tunnel,
         # `req.host` is the address connected to, not the provider's name.
@@ -922,6 +925,7 @@ class ContextGuru:
         )
         if record["outcome"] == "failed_open":
             log.warning("context-guru failed open on %s: %s", req.path, record["reason"])
+        return None
 
     def _passing(self, req: http.Request, down: str | None) -> tuple[str, str] | None:
         """(outcome, reason) for a provider request passed through without reading its body:
@@ -1378,36 +1382,62 @@ class ContextGuru:
         return {
             "": self._dashboard_endpoint,
             "health": self._health_endpoint,
-            "stats": lambda f, caller: control.json_response(200, self.stats_json()),
+            "stats": self._stats_endpoint,
             "sessions": self._sessions_endpoint,
             "expand": self._expand_endpoint,
         }
 
-    def _dashboard_endpoint(self, flow: http.HTTPFlow, caller: control.Caller) -> http.Response:
-        """`GET /_cg/`: the savings dashboard (HTML), for a local caller; a remote one reads
-        its own session only, as `/_cg/sessions`."""
+    def _dashboard_endpoint(
+        self, flow: http.HTTPFlow, caller: control.Caller
+    ) -> http.Response | Awaitable[http.Response]:
+        """`GET /_cg/`: the savings dashboard (HTML) with one page of sessions (`limit`,
+        `cursor` as `/_cg/sessions`), for a local caller; a remote one reads its own session
+        only, as `/_cg/sessions`. Read and rendered off the loop (`cg.proxy.pages`)."""
         scope = caller.scope()
         if scope == "":
             return control.no_session()
-        sessions = self.sessions_json(scope)
-        ledger = self.meter.ledger
-        history = ledger.chart(scope) if ledger is not None else {}
-        page = dashboard.render(
-            self.stats_json() if scope is None else {},
-            sessions.get("sessions", []),
-            history,
-            error=sessions.get("error"),
-        )
-        return http.Response.make(
-            200,
-            page.encode("utf-8"),
-            {
-                "content-type": "text/html; charset=utf-8",
-                "cache-control": "no-store",
-                "content-security-policy": dashboard.CSP,
-                "x-content-type-options": "nosniff",
-            },
-        )
+        page = pages.page_args(flow)
+        if isinstance(page, http.Response):
+            return page
+        limit, cursor = page
+        # Copied here, on the loop, which counts (the chart's points: once the page is known).
+        counters = self.stats.to_json() if scope is None else None
+        ledger, meter, count = self.meter.ledger, self.meter, self.tokens.count_text
+
+        def read() -> tuple[dict[str, Any], dict[str, Any]]:
+            doc = pages.sessions_doc(ledger, count, scope, limit, cursor)
+            return doc, ({**counters, **meter.report()} if counters is not None else {})
+
+        def render(doc: dict[str, Any], totals: dict[str, Any], history: Any) -> http.Response:
+            listed = [str(s.get("id")) for s in doc["sessions"]]
+            charts = chart_of(history, ledger.prices, listed) if ledger is not None else {}
+            nxt = doc.get("next")
+            html = dashboard.render(
+                totals,
+                doc["sessions"],
+                charts,
+                error=doc.get("error"),
+                next_href=pages.href(limit, nxt) if nxt else None,
+                first_href=pages.href(limit, None) if cursor else None,
+            )
+            return http.Response.make(
+                200,
+                html.encode("utf-8"),
+                {
+                    "content-type": "text/html; charset=utf-8",
+                    "cache-control": "no-store",
+                    "content-security-policy": dashboard.CSP,
+                    "x-content-type-options": "nosniff",
+                },
+            )
+
+        async def board() -> http.Response:
+            doc, totals = await self.off_loop.run(read)
+            listed = [str(s.get("id")) for s in doc["sessions"]]
+            history = ledger.history_copy(listed) if ledger is not None else {}  # on the loop
+            return await self.off_loop.run(functools.partial(render, doc, totals, history))
+
+        return board()
 
     def _health_endpoint(self, flow: http.HTTPFlow, caller: control.Caller) -> http.Response:
         """`{"ok": true, …, "store": {"ok": …}}`: `ok` says the addon answers (it serves, as a
@@ -1421,29 +1451,39 @@ class ContextGuru:
             {"ok": True, "version": __version__, "preset": ctx.options.cg_preset, "store": store},
         )
 
-    def _sessions_endpoint(self, flow: http.HTTPFlow, caller: control.Caller) -> http.Response:
+    def _sessions_endpoint(
+        self, flow: http.HTTPFlow, caller: control.Caller
+    ) -> http.Response | Awaitable[http.Response]:
+        """`GET /_cg/sessions?limit=N&cursor=C`: a page of sessions, read off the loop."""
         scope = caller.scope()
         if scope == "":
             return control.no_session()
-        return control.json_response(200, self.sessions_json(scope))
+        page = pages.page_args(flow)
+        if isinstance(page, http.Response):
+            return page
+        ledger, count = self.meter.ledger, self.tokens.count_text
+        return self.off_loop.run(
+            lambda: control.json_response(200, pages.sessions_doc(ledger, count, scope, *page))
+        )
+
+    def _stats_endpoint(
+        self, flow: http.HTTPFlow, caller: control.Caller
+    ) -> Awaitable[http.Response]:
+        """`GET /_cg/stats`: the counters (copied here, on the loop, which counts) with the
+        ledger's totals (summed in the store, off the loop)."""
+        counters, meter = self.stats.to_json(), self.meter
+        return self.off_loop.run(lambda: control.json_response(200, {**counters, **meter.report()}))
 
     def stats_json(self) -> dict[str, Any]:
         """The counters, with the ledger's `usage` and `savings` (SPEC §9, §11)."""
         return {**self.stats.to_json(), **self.meter.report()}
 
-    def sessions_json(self, session: str | None = None) -> dict[str, Any]:
-        """`GET /_cg/sessions`: every session (or only `session`) with its checkpoint, usage
-        and savings."""
-        ledger = self.meter.ledger
-        if ledger is None:
-            return {"sessions": []}
-        try:
-            rows = sessions_report(ledger.store, ledger.prices, self.tokens.count_text)
-        except Exception as e:  # noqa: BLE001 - an unreadable store must not break the endpoint
-            return {"sessions": [], "error": str(e)}
-        if session is not None:
-            rows = [r for r in rows if r.get("id") == session]
-        return {"sessions": rows}
+    def sessions_json(
+        self, session: str | None = None, limit: int = PAGE_DEFAULT, cursor: str | None = None
+    ) -> dict[str, Any]:
+        """`GET /_cg/sessions`: a page of sessions (or only `session`) with its checkpoint,
+        usage and savings, and `next`, the cursor of the page after it (None: the last)."""
+        return pages.sessions_doc(self.meter.ledger, self.tokens.count_text, session, limit, cursor)
 
     @command.command("cg.stats")  # type: ignore[untyped-decorator]
     def stats_command(self) -> str:
@@ -1451,9 +1491,16 @@ class ContextGuru:
         return json.dumps(self.stats_json(), ensure_ascii=False, indent=1)
 
     @command.command("cg.sessions")  # type: ignore[untyped-decorator]
-    def sessions_command(self) -> str:
-        """Every session with its checkpoint, usage and savings (as /_cg/sessions), as JSON."""
-        return json.dumps(self.sessions_json(), ensure_ascii=False, indent=1)
+    def sessions_command(self, cursor: str = "", limit: int = PAGE_DEFAULT) -> str:
+        """A page of sessions with their checkpoint, usage and savings (as /_cg/sessions), as
+        JSON; `cursor`: a page's `next`, for the page after it."""
+        try:
+            page = page_limit(str(limit)), cursor or None
+            if cursor:
+                page_key(cursor)
+        except BadPage as e:
+            raise exceptions.CommandError(str(e)) from None
+        return json.dumps(self.sessions_json(None, *page), ensure_ascii=False, indent=1)
 
     def _expand_endpoint(self, flow: http.HTTPFlow, caller: control.Caller) -> http.Response:
         """`GET /_cg/expand?id=KEY`: the stashed span as JSON; 404 unknown, 400 malformed. A

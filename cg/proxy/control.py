@@ -47,7 +47,7 @@ import functools
 import hmac
 import ipaddress
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
@@ -219,7 +219,9 @@ class Caller:
         return None if self.local else self.session or ""
 
 
-Handler = Callable[[http.HTTPFlow, Caller], http.Response]
+# A handler answers at once, or (the session list, the dashboard, the ledger's totals: reads
+# that grow with the store) with an awaitable that reads off the event loop.
+Handler = Callable[[http.HTTPFlow, Caller], http.Response | Awaitable[http.Response]]
 
 
 def _credentials(flow: http.HTTPFlow) -> list[bytes]:
@@ -327,23 +329,39 @@ def admit(flow: http.HTTPFlow, policy: ControlPolicy, endpoint: str = "") -> Cal
     return Caller(local=False, session=_session(flow))
 
 
-def answer(flow: http.HTTPFlow, routes: dict[str, Handler], policy: ControlPolicy) -> None:
-    """Answer a control request in place; it never reaches the upstream."""
+def answer(
+    flow: http.HTTPFlow, routes: dict[str, Handler], policy: ControlPolicy
+) -> Awaitable[None] | None:
+    """Answer a control request in place; it never reaches the upstream. A handler that
+    answers off the event loop makes this return an awaitable (the request hook returns it,
+    and mitmproxy awaits it: other flows go on meanwhile)."""
     name = flow.request.path.split("?", 1)[0][len(PREFIX) :].strip("/")
     caller = admit(flow, policy, name)
     # Read once, kept nowhere: a saved flow or a viewer never shows the token.
     flow.request.headers.pop("authorization", None)
     if isinstance(caller, http.Response):
         flow.response = caller
-        return
+        return None
     handler = routes.get(name)
     if handler is None:
         flow.response = json_response(404, {"error": f"unknown control endpoint {name[:64]!r}"})
-        return
+        return None
     if flow.request.method not in ("GET", "HEAD"):
         flow.response = json_response(405, {"error": "use GET"})
-        return
-    flow.response = handler(flow, caller)
+        return None
+    answered = handler(flow, caller)
+    if isinstance(answered, http.Response):
+        flow.response = answered
+        return None
+    return _later(flow, answered)
+
+
+async def _later(flow: http.HTTPFlow, pending: Awaitable[http.Response]) -> None:
+    """The handler's answer once it is ready; an error is a 500 (a hook never raises)."""
+    try:
+        flow.response = await pending
+    except Exception as e:  # noqa: BLE001 - the answer says what failed, the proxy goes on
+        flow.response = json_response(500, {"error": f"{type(e).__name__}: {e}"})
 
 
 def no_session() -> http.Response:

@@ -1,12 +1,13 @@
 """`GET /_cg/`: the savings dashboard, one self-contained HTML page for a person.
 
-The same figures as `/_cg/stats` and `/_cg/sessions` (each shown figure carries its JSON value
-in `data-value`, so a test can hold the page to the endpoints), plus a chart per session of the
-cost of each turn with and without the rewrite, drawn as inline SVG from the ledger's in-memory
-history of this process's turns. No script, no build step, no external asset (the answer's
-Content-Security-Policy forbids any); it reloads itself every few seconds. Estimated figures
-say ESTIMATE, as everywhere. Every string that came from outside (a session id) is escaped;
-nothing here ever held a header, so no credential can be shown.
+The same figures as `/_cg/stats` and one page of `/_cg/sessions` (each shown figure carries its
+JSON value in `data-value`, so a test can hold the page to the endpoints), with links to the
+next page and back, plus a chart per listed session of the cost of each turn with and without
+the rewrite, drawn as inline SVG from the ledger's in-memory history of this process's turns.
+No script, no build step, no external asset (the answer's Content-Security-Policy forbids
+any); it reloads itself every few seconds. Estimated figures say ESTIMATE, as everywhere.
+Every string that came from outside (a session id, a cursor) is escaped; nothing here ever
+held a header, so no credential can be shown.
 """
 
 from __future__ import annotations
@@ -134,15 +135,29 @@ def session_rows(sessions: Iterable[Mapping[str, Any]], now: float) -> str:
     return "".join(out)
 
 
+def pager(next_href: str | None, first_href: str | None) -> str:
+    """Links to the next page of sessions and back to the first (a page is `/_cg/sessions`'
+    page: `limit` and `cursor` in the query)."""
+    links = []
+    if first_href is not None:
+        links.append(f'<a id="first-page" href="{esc(first_href)}">first page</a>')
+    if next_href is not None:
+        links.append(f'<a id="next-page" href="{esc(next_href)}">next page</a>')
+    return f'<p class="note">{" · ".join(links)}</p>' if links else ""
+
+
 def render(
     stats: Mapping[str, Any],
     sessions: Sequence[Mapping[str, Any]],
     history: Mapping[str, Sequence[Mapping[str, Any]]],
     now: float | None = None,
     error: str | None = None,
+    next_href: str | None = None,
+    first_href: str | None = None,
 ) -> str:
-    """The page: totals (as `/_cg/stats`), one row per session (as `/_cg/sessions`), a chart
-    per session with turns in this process's history."""
+    """The page: totals (as `/_cg/stats`), one page of sessions (as `/_cg/sessions`, most
+    recently booked first, with links to the next page and back), a chart per listed session
+    with turns in this process's history."""
     now = time.time() if now is None else now
     sv = stats.get("savings") or {}
     sm = stats.get("summaries") or {}
@@ -168,8 +183,11 @@ def render(
             + session_rows(sessions, now)
             + "</table>"
         )
+    elif first_href is not None:
+        table = '<p id="no-sessions" class="note">No sessions on this page.</p>'
     else:
         table = '<p id="no-sessions" class="note">No sessions yet: nothing has been booked.</p>'
+    table += pager(next_href, first_href)
     charts = "".join(
         f"<h3 class=note>{esc(sid)}</h3>{chart(points, sid)}"
         for sid, points in history.items()

@@ -21,7 +21,9 @@ modes, is docs/postgres.md; in short:
   fails for a connection reason is retried after a reconnect (a restarted database gets the
   ledger rows it missed), a bad one is dropped and recorded. Reads that go to the database for
   a whole-table answer (`sessions`, `usage_rows`, `stats`, …) first wait for the queue to drain,
-  so a process reads its own writes.
+  so a process reads its own writes. The control answers' reads (a page of the session list,
+  the ledger's totals: `session_page`, `usage_totals`) run in the addon's worker thread on a
+  connection of their own (`_view`), never on the one the hot path's read-throughs take.
 - **One summary per conversation across instances**: `claim()` takes a row in `cg_claims` with a
   lease on the database's clock, under a per-conversation advisory lock, only if nobody else
   holds a live lease and the conversation's checkpoint is still the one the commission was
@@ -62,12 +64,15 @@ from cg.state.store import (
     FACTS_BATCH,
     LEDGER_TTL_DAYS,
     NO_TURNS,
+    PAGE_START,
     TOUCH_INTERVAL,
     Candidate,
     Checkpoint,
     EvictResult,
     FactRow,
     LedgerTurns,
+    PageKey,
+    SessionDetail,
     SessionInfo,
     SessionRecord,
     Stash,
@@ -188,12 +193,22 @@ CREATE TABLE IF NOT EXISTS cg_facts (
 );
 CREATE INDEX IF NOT EXISTS cg_facts_seen ON cg_facts (seen)
 """
+# v3, the session list's indexes (as SQLite's v4): a page of the ledger in (last_seen, session)
+# order, which also serves the ledger's expiry (`cg_ledger_seen` did), and a session's
+# checkpoints by their owner. On exactly the owner expression: a range on the key (`'A#'` to
+# `'A$'`) is not index-served under a collation other than C.
+_SCHEMA_V3_INDEXES = f"""
+DROP INDEX IF EXISTS cg_ledger_seen;
+CREATE INDEX IF NOT EXISTS cg_ledger_page ON cg_ledger (last_seen, session);
+CREATE INDEX IF NOT EXISTS cg_checkpoints_owner ON cg_checkpoints (({_OWNER}), updated)
+"""
 # v3, tenancy (`cg.state.tenant`): the tenant that wrote each stash and checkpoint, `*`
 # (unbound) on the rows from before; the stashes keyed by it too (two tenants stashing one span
 # in one session get a row each); the quota eviction's index (per session and tenant, by last
 # use), the one that tells a stash a checkpoint names, and the fingerprint key every instance
 # shares. The defaults fill the old rows and go: every write names its tenant.
-_SCHEMA_V3 = """
+_SCHEMA_V3 = (
+    """
 ALTER TABLE cg_stashes ADD COLUMN tenant TEXT NOT NULL DEFAULT '*';
 ALTER TABLE cg_stashes ALTER COLUMN tenant DROP DEFAULT;
 ALTER TABLE cg_stashes DROP CONSTRAINT cg_stashes_pkey;
@@ -203,11 +218,38 @@ CREATE INDEX cg_stashes_session ON cg_stashes (session, tenant, last_used, size)
 ALTER TABLE cg_checkpoints ADD COLUMN tenant TEXT NOT NULL DEFAULT '*';
 ALTER TABLE cg_checkpoints ALTER COLUMN tenant DROP DEFAULT;
 CREATE INDEX cg_checkpoints_key ON cg_checkpoints (key);
-CREATE TABLE cg_keys (k TEXT PRIMARY KEY, v BYTEA NOT NULL)
+CREATE TABLE cg_keys (k TEXT PRIMARY KEY, v BYTEA NOT NULL);
 """
+    + _SCHEMA_V3_INDEXES
+)
 # schema version reached -> the DDL that takes the database from the one before to it
 MIGRATIONS = {1: _SCHEMA_V1, 2: _SCHEMA_V2, 3: _SCHEMA_V3}
 TENANT_KEY = "tenant"  # its row in `cg_keys`
+_LEDGER_SELECT = (
+    "SELECT session, turns, rewritten, tokens_not_sent, estimate_skipped, last_seen FROM cg_ledger"
+)
+# The session list's reads (`session_page`), each served by an index (tests/state/
+# test_session_page.py holds every query behind a page to its plan).
+_PAGE_SQL = (
+    f"{_LEDGER_SELECT} WHERE (last_seen, session) < (%s, %s) "
+    "ORDER BY last_seen DESC, session DESC LIMIT %s"
+)
+# Per listed session, in one round trip: its checkpoints' count and its newest checkpoint.
+_NEWEST_CP_SQL = f"""
+SELECT o.s, n.n, c.* FROM unnest(%s::text[]) AS o(s)
+CROSS JOIN LATERAL (SELECT count(*) FROM cg_checkpoints WHERE {_OWNER} = o.s) AS n(n)
+JOIN LATERAL (
+    SELECT {_CP_COLS} FROM cg_checkpoints WHERE {_OWNER} = o.s ORDER BY updated DESC LIMIT 1
+) AS c ON true
+"""
+_USAGE_SELECT = f"SELECT session, kind, model, tier, {_USAGE_COLS} FROM cg_usage"
+_SUMS = ", ".join(f"COALESCE(SUM({c.strip()}), 0)" for c in _USAGE_COLS.split(","))
+_USAGE_TOTALS_SQL = f"SELECT kind, model, tier, {_SUMS} FROM cg_usage GROUP BY kind, model, tier"
+_LEDGER_TOTALS_SQL = (
+    "SELECT COALESCE(SUM(turns), 0), COALESCE(SUM(rewritten), 0), "
+    "COALESCE(SUM(tokens_not_sent), 0), COALESCE(SUM(estimate_skipped), 0), "
+    "COALESCE(MAX(last_seen), 0) FROM cg_ledger"
+)
 _T = TypeVar("_T")
 _DB_NOW = "extract(epoch from clock_timestamp())::double precision"
 
@@ -344,6 +386,9 @@ class PgStore(Store):
         self._outstanding = 0  # operations submitted and not finished yet
         self._count = threading.Lock()
         self._conn: Any = None
+        # The control answers' own connection (`_view`), opened on their first read.
+        self._view_conn: Any = None
+        self._view_lock = threading.Lock()
         self._conn = self._connect("open")
         try:
             self._migrate_pg(self._conn)
@@ -461,6 +506,27 @@ class PgStore(Store):
                     with suppress(Exception):
                         self._conn.close()
                     self._conn = None
+                raise self._fail(what, e) from None
+
+    @contextmanager
+    def _view(self, what: str) -> Iterator[Any]:
+        """The connection the control answers read on (the session list, the ledger's
+        totals), from the addon's worker thread: its own, so a page read never holds the lock
+        the hot path's read-throughs take (reconnected when it was lost). This process's
+        writes are committed first."""
+        self._drain()
+        with self._view_lock:
+            if self._closed.is_set():
+                raise StoreError(f"{what}: the store {self.path} is closed")
+            if self._view_conn is None or self._view_conn.closed:
+                self._view_conn = self._connect(what)
+            try:
+                yield self._view_conn
+            except self._pg.Error as e:
+                if isinstance(e, self._pg.OperationalError) or self._view_conn.closed:
+                    with suppress(Exception):
+                        self._view_conn.close()
+                    self._view_conn = None
                 raise self._fail(what, e) from None
 
     # -- the writer ---------------------------------------------------------------------------
@@ -757,6 +823,11 @@ class PgStore(Store):
                 with suppress(Exception):
                     self._conn.close()
                 self._conn = None
+        with self._view_lock:
+            if self._view_conn is not None:
+                with suppress(Exception):
+                    self._view_conn.close()
+                self._view_conn = None
 
     # -- claims -------------------------------------------------------------------------------
 
@@ -1177,6 +1248,50 @@ class PgStore(Store):
             SessionInfo(r[0], r[1], r[2], r[3], r[4], int(r[5]), int(r[6]), last_seen=r[7] or None)
             for r in rows
         ]
+
+    # -- the session list, a page at a time (the control answers; `_view`) ----------------------
+
+    def session_page(self, limit: int, after: PageKey | None = None) -> list[SessionDetail]:
+        with self._view("session_page") as conn:
+            rows = conn.execute(_PAGE_SQL, (*(after or PAGE_START), limit)).fetchall()
+            return self._details(conn, [(r[0], _ledger_turns(r[1:])) for r in rows])
+
+    def session_details(self, sessions: Sequence[str]) -> list[SessionDetail]:
+        ids = list(sessions)
+        if not ids:
+            return []
+        with self._view("session_details") as conn:
+            rows = conn.execute(f"{_LEDGER_SELECT} WHERE session = ANY(%s)", (ids,)).fetchall()
+            turns = {r[0]: _ledger_turns(r[1:]) for r in rows}
+            return self._details(conn, [(s, turns.get(s, NO_TURNS)) for s in ids])
+
+    def _details(self, conn: Any, listed: list[tuple[str, LedgerTurns]]) -> list[SessionDetail]:
+        """Each listed session's newest checkpoint, count and usage rows: two round trips,
+        by index (`cg_checkpoints_owner`, the primary key of `cg_usage`)."""
+        ids = [s for s, _ in listed]
+        if not ids:
+            return []
+        usage: dict[str, list[UsageRow]] = {}
+        for r in conn.execute(f"{_USAGE_SELECT} WHERE session = ANY(%s)", (ids,)).fetchall():
+            usage.setdefault(r[0], []).append(_usage_row(r))
+        newest = {r[0]: (_checkpoint(r[2:]), int(r[1])) for r in conn.execute(
+            _NEWEST_CP_SQL, (ids,)
+        ).fetchall()}  # fmt: skip
+        out: list[SessionDetail] = []
+        for session, turns in listed:
+            cp, n = newest.get(session, (None, 0))
+            out.append(SessionDetail(session, turns, cp, n, tuple(usage.get(session, ()))))
+        return out
+
+    def usage_totals(self) -> list[UsageRow]:
+        with self._view("usage_totals") as conn:
+            rows = conn.execute(_USAGE_TOTALS_SQL).fetchall()
+        return [_usage_row(("", *r)) for r in rows]
+
+    def ledger_totals(self) -> LedgerTurns:
+        with self._view("ledger_totals") as conn:
+            row = conn.execute(_LEDGER_TOTALS_SQL).fetchone()
+        return _ledger_turns(row)
 
     # -- the usage ledger ---------------------------------------------------------------------
 

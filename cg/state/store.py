@@ -28,8 +28,15 @@ and those written before v4 (tenant `*`, unbound: readable by their session as b
 
 Migrations: v1 (stashes, checkpoints, sessions) -> v2 adds `usage` and `ledger` -> v3 adds
 `facts` -> v4 rebuilds `stashes` with the tenant in its key (old rows `*`), adds the tenant to
-`checkpoints` (old rows `*`) and `meta`; each step runs in one transaction, so a killed
-migration leaves the file as it was.
+`checkpoints` (old rows `*`) and `meta`, and the session list's indexes (`ledger_page`,
+`checkpoints_owner`); each step runs in one transaction, so a killed migration leaves the file
+as it was.
+
+The session list (`/_cg/sessions`, the dashboard) is read a page at a time, by key: the page
+from `ledger_page` (a session is listed once an answer or a summarizer call of it was booked,
+most recently booked first), then each listed session's newest checkpoint and count, its usage
+rows and ledger row by index. Those reads, and the ledger's totals, run in the addon's worker
+thread on a connection of their own (`_view`), so they never hold the lock every turn takes.
 
 Safe under concurrent processes (WAL, `busy_timeout`, every write one `BEGIN IMMEDIATE`
 transaction) and a killed process (a transaction is all or nothing). Bounded by a TTL on
@@ -70,6 +77,7 @@ import re
 import sqlite3
 import threading
 import time
+import urllib.parse
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager, suppress
 from dataclasses import asdict, dataclass, field, replace
@@ -193,12 +201,21 @@ CREATE TABLE IF NOT EXISTS facts (
 ) WITHOUT ROWID;
 CREATE INDEX IF NOT EXISTS facts_seen ON facts (seen);
 """
+# v4, the session list's indexes: a page of the ledger in (last_seen, session) order (which
+# also serves what `ledger_seen` did: its expiry), and a session's checkpoints by their owner,
+# the key's part before `#` (`checkpoints_of`, a page's newest checkpoint and count).
+_SCHEMA_V4_INDEXES = f"""
+DROP INDEX IF EXISTS ledger_seen;
+CREATE INDEX IF NOT EXISTS ledger_page ON ledger (last_seen, session);
+CREATE INDEX IF NOT EXISTS checkpoints_owner ON checkpoints ({_OWNER_SQL}, updated);
+"""
 # v4, tenancy: the stashes rebuilt with the tenant in their key (SQLite cannot change a primary
 # key in place), rows from before it unbound (`*`); the checkpoints' tenant, the same for old
 # rows (the default stays in SQLite's schema; every write names the tenant); the index the
 # quota eviction reads (per session and tenant, by last use, with the size: summed without a
 # row read), the one that tells a stash a checkpoint names; and the fingerprint key's table.
-_SCHEMA_V4 = """
+_SCHEMA_V4 = (
+    """
 CREATE TABLE stashes_v4 (
     key TEXT NOT NULL,
     session TEXT NOT NULL,
@@ -221,6 +238,8 @@ ALTER TABLE checkpoints ADD COLUMN tenant TEXT NOT NULL DEFAULT '*';
 CREATE INDEX checkpoints_key ON checkpoints (key);
 CREATE TABLE IF NOT EXISTS meta (k TEXT PRIMARY KEY, v BLOB NOT NULL);
 """
+    + _SCHEMA_V4_INDEXES
+)
 # schema version reached -> the DDL that takes the file from the one before to it
 _MIGRATIONS = {1: _SCHEMA, 2: _SCHEMA_V2, 3: _SCHEMA_V3, 4: _SCHEMA_V4}
 TENANT_KEY = "tenant_key"  # its row in `meta`
@@ -575,6 +594,29 @@ class LedgerTurns:
     last_seen: float = 0.0
 
 
+# A page of the session list starts after this key: above every (last_seen, session).
+PAGE_START = (float("inf"), "")
+PageKey = tuple[float, str]  # (last_seen, session): where a page of the session list ends
+
+
+@dataclass(frozen=True, slots=True)
+class SessionDetail:
+    """What the session list shows of one session, each part read by key: its ledger row
+    (zeros when it has none), its newest checkpoint and how many of its conversations have one,
+    and its usage rows."""
+
+    session: str
+    turns: LedgerTurns
+    checkpoint: Checkpoint | None
+    conversations: int
+    usage: tuple[UsageRow, ...]
+
+    @property
+    def key(self) -> PageKey:
+        """Where a page that ends with this session ends (the next page starts after it)."""
+        return (self.turns.last_seen, self.session)
+
+
 @dataclass(frozen=True, slots=True)
 class EvictResult:
     expired_stashes: int = 0
@@ -617,6 +659,34 @@ _CP_COLS = (
     "session, summary, head_count, covered_count, covered_hash, key, message, created, "
     "updated, meta, tenant"
 )
+
+# The session list's reads (`Store.session_page`): each is served by an index (tests/state/
+# test_session_page.py holds every query behind a page to its plan).
+_LEDGER_SELECT = (
+    "SELECT session, turns, rewritten, tokens_not_sent, estimate_skipped, last_seen FROM ledger"
+)
+_PAGE_SQL = (
+    f"{_LEDGER_SELECT} WHERE (last_seen, session) < (?, ?) "
+    "ORDER BY last_seen DESC, session DESC LIMIT ?"
+)
+_USAGE_SELECT = f"SELECT session, kind, model, tier, {_USAGE_COLS} FROM usage"
+_NEWEST_CP_SQL = (
+    f"SELECT {_CP_COLS} FROM checkpoints WHERE {_OWNER_SQL} = ? ORDER BY updated DESC LIMIT 1"
+)
+_COUNT_CP_SQL = f"SELECT COUNT(*) FROM checkpoints WHERE {_OWNER_SQL} = ?"
+_SUMS = ", ".join(f"COALESCE(SUM({c.strip()}), 0)" for c in _USAGE_COLS.split(","))
+_USAGE_TOTALS_SQL = f"SELECT kind, model, tier, {_SUMS} FROM usage GROUP BY kind, model, tier"
+_LEDGER_TOTALS_SQL = (
+    "SELECT COALESCE(SUM(turns), 0), COALESCE(SUM(rewritten), 0), "
+    "COALESCE(SUM(tokens_not_sent), 0), COALESCE(SUM(estimate_skipped), 0), "
+    "COALESCE(MAX(last_seen), 0) FROM ledger"
+)
+PAGE_BATCH = 500  # ids per `IN (…)` of a page's lookups (far under SQLite's bound on parameters)
+
+
+def _batches(ids: Sequence[str]) -> Iterator[list[str]]:
+    for i in range(0, len(ids), PAGE_BATCH):
+        yield list(ids[i : i + PAGE_BATCH])
 
 
 def _checkpoint(row: Sequence[Any]) -> Checkpoint:
@@ -719,6 +789,9 @@ class Store:
         self.error_at = 0.0  # time.monotonic() of that error
         self._conn: sqlite3.Connection | None = None
         self.tenant_key = b""  # the fingerprint key (`cg.state.tenant`), read by `_open`
+        # The control answers' own connection (`_view`): a file's is opened with the store.
+        self._view_conn: sqlite3.Connection | None = None
+        self._view_lock = threading.Lock()
         self._claim: int | None = None
         if claim and self.persistent:
             Path(self.path).parent.mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -731,6 +804,13 @@ class Store:
         self._busy_ms = busy_timeout_ms
         self._inode = self._stat()
         self.journal_mode: str = self._conn.execute("PRAGMA journal_mode").fetchone()[0]
+        if self.persistent:
+            # Opened with the store, not by the first control answer: no request opens a file.
+            try:
+                self._view_conn = self._open_view()
+            except sqlite3.Error as e:
+                self.close()
+                raise StoreError(f"cannot open the store {self.path}: {e}") from None
         if evict:
             try:
                 self.evict()
@@ -892,6 +972,54 @@ class Store:
                 self.error_at = time.monotonic()
                 raise StoreError(self.error) from None
 
+    @contextmanager
+    def _view(self, what: str) -> Iterator[sqlite3.Connection]:
+        """The connection the control answers read on (the session list, the ledger's
+        totals): its own, used from the addon's worker thread, so a page read never holds the
+        lock every turn's store call takes; WAL lets it read while the other one writes. It
+        only reads (`query_only`), and never creates the file (`mode=rw`). What this process
+        holds back (`batch_delay`) is committed first. An in-memory store, or a file no longer
+        the one opened, is read on the main connection."""
+        self._flushed()
+        if not self.persistent or self.file_problem() is not None:
+            with self._op(what) as conn:
+                yield conn
+            return
+        with self._view_lock:
+            if self._conn is None:
+                raise StoreError(f"{what}: the store {self.path} is closed")
+            try:
+                if self._view_conn is None:
+                    self._view_conn = self._open_view()
+                yield self._view_conn
+            except sqlite3.Error as e:
+                self.error = f"{what} on {self.path}: {e}"
+                self.error_at = time.monotonic()
+                raise StoreError(self.error) from None
+
+    def _open_view(self) -> sqlite3.Connection:
+        uri = "file:" + urllib.parse.quote(self.path) + "?mode=rw"
+        conn = sqlite3.connect(
+            uri, uri=True, timeout=self._busy_ms / 1000, isolation_level=None,
+            check_same_thread=False,
+        )  # fmt: skip
+        try:
+            conn.execute(f"PRAGMA busy_timeout = {int(self._busy_ms)}")
+            conn.execute("PRAGMA query_only = ON")
+        except sqlite3.Error:
+            conn.close()
+            raise
+        return conn
+
+    def _close_view(self) -> None:
+        """Close the control answers' connection (reopened on their next read: after a
+        restore, the file written back)."""
+        with self._view_lock:
+            if self._view_conn is not None:
+                with suppress(sqlite3.Error):
+                    self._view_conn.close()
+                self._view_conn = None
+
     # -- the file under the connection --------------------------------------------------------
 
     def _stat(self) -> tuple[int, int] | None:
@@ -960,6 +1088,7 @@ class Store:
             old.close()
             self._inode = self._stat()
             self.error = None
+        self._close_view()  # it held the file that was replaced or deleted
 
     @contextmanager
     def _tx(self, what: str) -> Iterator[sqlite3.Connection]:
@@ -1052,6 +1181,7 @@ class Store:
                     self._conn.execute("PRAGMA optimize")
                 self._conn.close()
                 self._conn = None
+        self._close_view()  # after: a read under way finishes first, none starts after
         self._unclaim()
 
     def _unclaim(self) -> None:
@@ -1330,43 +1460,100 @@ class Store:
         return rec.last_request if rec else None
 
     def sessions(self) -> list[SessionInfo]:
-        """Every session the store knows of, most recently seen first. A session's
-        conversations (checkpoint keys `session#…`) are one session; its newest checkpoint is
-        the one reported."""
+        """Every session the store knows of, most recently seen first: the CLI's full read
+        (offline; the whole of four tables, where the control answers read pages by key:
+        `session_page`). A session's conversations (checkpoint keys `session#…`) are one
+        session; its newest checkpoint is the one reported, found by `checkpoints_owner`
+        (`+ids.session`: without affinity, as the index's expression, or no index serves the
+        comparison and each session scans every checkpoint)."""
         self._flushed()
         with self._op("sessions") as conn:
             rows = conn.execute(
                 f"""
-                WITH cp AS (
-                    SELECT {_OWNER_SQL} AS owner, updated, covered_count,
-                           ROW_NUMBER() OVER (PARTITION BY {_OWNER_SQL}
-                                              ORDER BY updated DESC) AS k
-                    FROM checkpoints
-                ), ids AS (
+                WITH ids AS (
                     SELECT session FROM sessions
-                    UNION SELECT owner FROM cp
+                    UNION SELECT {_OWNER_SQL} FROM checkpoints
                     UNION SELECT session FROM stashes
                     UNION SELECT session FROM ledger
                 ), st AS (
                     SELECT session, COUNT(*) AS n, SUM(size) AS bytes, MAX(last_used) AS used
                     FROM stashes GROUP BY session
+                ), one AS (
+                    SELECT ids.session, s.last_request, s.cache_ttl,
+                           (SELECT rowid FROM checkpoints WHERE {_OWNER_SQL} = +ids.session
+                            ORDER BY updated DESC LIMIT 1) AS newest,
+                           COALESCE(st.n, 0) AS n, COALESCE(st.bytes, 0) AS bytes, st.used,
+                           l.last_seen
+                    FROM ids
+                    LEFT JOIN sessions s ON s.session = ids.session
+                    LEFT JOIN st ON st.session = ids.session
+                    LEFT JOIN ledger l ON l.session = ids.session
                 )
-                SELECT ids.session, s.last_request, s.cache_ttl, c.updated, c.covered_count,
-                       COALESCE(st.n, 0), COALESCE(st.bytes, 0),
-                       MAX(COALESCE(s.last_request, 0), COALESCE(c.updated, 0),
-                           COALESCE(st.used, 0), COALESCE(l.last_seen, 0)) AS seen
-                FROM ids
-                LEFT JOIN sessions s ON s.session = ids.session
-                LEFT JOIN cp c ON c.owner = ids.session AND c.k = 1
-                LEFT JOIN st ON st.session = ids.session
-                LEFT JOIN ledger l ON l.session = ids.session
-                ORDER BY seen DESC, ids.session
+                SELECT one.session, one.last_request, one.cache_ttl, c.updated, c.covered_count,
+                       one.n, one.bytes,
+                       MAX(COALESCE(one.last_request, 0), COALESCE(c.updated, 0),
+                           COALESCE(one.used, 0), COALESCE(one.last_seen, 0)) AS seen
+                FROM one LEFT JOIN checkpoints c ON c.rowid = one.newest
+                ORDER BY seen DESC, one.session
                 """
             ).fetchall()
         return [
             SessionInfo(r[0], r[1], r[2], r[3], r[4], r[5], r[6], last_seen=r[7] or None)
             for r in rows
         ]
+
+    # -- the session list, a page at a time (the control answers; `_view`) ------------------
+
+    def session_page(self, limit: int, after: PageKey | None = None) -> list[SessionDetail]:
+        """Up to `limit` sessions of the ledger, most recently booked first (`last_seen`, then
+        the id, both descending), from just after `after` (the `key` of the previous page's
+        last one). Keyset, not an offset: a session booked again while someone pages moves to
+        the top, and no other one is skipped or shown twice for it."""
+        with self._view("session_page") as conn:
+            rows = conn.execute(_PAGE_SQL, (*(after or PAGE_START), limit)).fetchall()
+            return self._details(conn, [(r[0], _ledger_turns(r[1:])) for r in rows])
+
+    def session_details(self, sessions: Sequence[str]) -> list[SessionDetail]:
+        """The same for the sessions named, in that order (one with no ledger row has zero
+        counters)."""
+        with self._view("session_details") as conn:
+            turns: dict[str, LedgerTurns] = {}
+            for part in _batches(sessions):
+                marks = ",".join("?" * len(part))
+                for r in conn.execute(f"{_LEDGER_SELECT} WHERE session IN ({marks})", part):
+                    turns[r[0]] = _ledger_turns(r[1:])
+            return self._details(conn, [(s, turns.get(s, NO_TURNS)) for s in sessions])
+
+    def _details(
+        self, conn: sqlite3.Connection, listed: list[tuple[str, LedgerTurns]]
+    ) -> list[SessionDetail]:
+        """Each listed session's newest checkpoint, count and usage rows, all by index (the
+        owner index of `checkpoints`, the primary key of `usage`)."""
+        usage: dict[str, list[UsageRow]] = {}
+        for part in _batches([s for s, _ in listed]):
+            marks = ",".join("?" * len(part))
+            for r in conn.execute(f"{_USAGE_SELECT} WHERE session IN ({marks})", part):
+                usage.setdefault(r[0], []).append(_usage_row(r))
+        out: list[SessionDetail] = []
+        for session, turns in listed:
+            row = conn.execute(_NEWEST_CP_SQL, (session,)).fetchone()
+            n = 0 if row is None else conn.execute(_COUNT_CP_SQL, (session,)).fetchone()[0]
+            cp = None if row is None else _checkpoint(row)
+            out.append(SessionDetail(session, turns, cp, int(n), tuple(usage.get(session, ()))))
+        return out
+
+    def usage_totals(self) -> list[UsageRow]:
+        """The whole ledger's usage summed in the database, one row per (kind, model, tier)
+        (session ""): what `/_cg/stats` prices."""
+        with self._view("usage_totals") as conn:
+            rows = conn.execute(_USAGE_TOTALS_SQL).fetchall()
+        return [_usage_row(("", *r)) for r in rows]
+
+    def ledger_totals(self) -> LedgerTurns:
+        """Every session's turn counters summed in the database (`last_seen` the latest)."""
+        with self._view("ledger_totals") as conn:
+            row = conn.execute(_LEDGER_TOTALS_SQL).fetchone()
+        return _ledger_turns(row)
 
     # -- the usage ledger --------------------------------------------------------------------
 

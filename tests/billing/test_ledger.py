@@ -17,8 +17,8 @@ from hypothesis import strategies as st
 
 from cg.billing.cache import PromptCache, chain, prompt_of
 from cg.billing.ledger import STATE_ENTRIES, UNIDENTIFIED, Ledger, Round, Turn, _dump, _load
+from cg.billing.listing import sessions_page
 from cg.billing.prices import PriceTable
-from cg.billing.savings import sessions_report
 from cg.expand.tool import tool_insertion
 from cg.settings import parse_prices
 from cg.state.facts import FactsCache
@@ -322,7 +322,7 @@ def test_a_long_prompt_is_booked_in_its_tier_and_priced_at_it(
 # -- sessions ---------------------------------------------------------------------------------------
 
 
-def test_sessions_report_splits_usage_per_session_with_its_checkpoint(
+def test_the_session_page_splits_usage_per_session_with_its_checkpoint(
     store: Store, facts: FactsCache
 ) -> None:
     ledger = Ledger(store, PRICES, facts)
@@ -331,8 +331,10 @@ def test_sessions_report_splits_usage_per_session_with_its_checkpoint(
     ledger.summarizer_call("b", "cheap-summarizer", Usage(3, requests=1))
     msg = json.dumps({"role": "user", "content": "=== History Summary === five words of summary"})
     store.put_checkpoint(Checkpoint("b#abc", "s", 1, 40, "h", None, msg))
-    rows = {r["id"]: r for r in sessions_report(store, PRICES, lambda t: len(t.split()))}
-    assert set(rows) == {"a", "b"}
+    page = sessions_page(store, PRICES, lambda t: len(t.split()))
+    assert [r["id"] for r in page["sessions"]] == ["b", "a"] and page["next"] is None
+    rows = {r["id"]: r for r in page["sessions"]}
+    assert rows["b"]["checkpoint"]["conversations"] == 1
     assert rows["a"]["usage"]["agent"]["input_tokens"] == 7 and rows["a"]["checkpoint"] is None
     assert rows["b"]["usage"]["summarizer"]["input_tokens"] == 3
     assert rows["b"]["checkpoint"]["covered_messages"] == 40

@@ -257,6 +257,24 @@ class Proxy:
         doc: dict[str, Any] = r.json()
         return doc
 
+    def sessions(self) -> dict[str, dict[str, Any]]:
+        """Every session `/_cg/sessions` lists, by id: its pages followed by `next` to the
+        last (a page holds at most 500)."""
+        out: dict[str, dict[str, Any]] = {}
+        cursor: str | None = None
+        with self.client(timeout=10.0) as c:
+            while True:
+                query = {"limit": "500", **({"cursor": cursor} if cursor else {})}
+                r = c.get("/_cg/sessions", params=query)
+                assert r.status_code == 200, r.text
+                page = r.json()
+                for row in page["sessions"]:
+                    assert row["id"] not in out, f"{row['id']} listed twice"
+                    out[row["id"]] = row
+                cursor = page["next"]
+                if cursor is None:
+                    return out
+
     def wait_stats(
         self, until: Callable[[dict[str, Any]], bool], timeout: float = 10.0
     ) -> dict[str, Any]:

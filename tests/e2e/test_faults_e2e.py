@@ -282,7 +282,7 @@ def test_a_full_disk_passes_turns_through_loses_no_stash_and_recovers(provider, 
             first = acts_again(agent, proxy, provider, 7)  # a stash written before the fault
             key = stash_key_of(received(provider, first.eid).body)
             filler = fs / "filler"
-            with filler.open("wb") as f, contextlib.suppress(OSError):
+            with filler.open("wb", buffering=0) as f, contextlib.suppress(OSError):
                 while True:  # every free block taken
                     f.write(b"\0" * 65536)
             other = SdkClient(proxy, "anthropic")

@@ -68,10 +68,7 @@ def neutral(dialect: str, usage: dict[str, Any], n: int = 1) -> dict[str, int]:
 
 
 def sessions(proxy: Proxy) -> dict[str, Any]:
-    with proxy.client() as c:
-        r = c.get("/_cg/sessions")
-    assert r.status_code == 200, r.text
-    return {s["id"]: s for s in r.json()["sessions"]}
+    return proxy.sessions()
 
 
 @pytest.fixture(scope="module")

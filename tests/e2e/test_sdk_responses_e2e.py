@@ -383,9 +383,7 @@ def test_every_answers_usage_is_in_the_sessions_ledger(
         prime(rproxy, provider, agent)
         sent = [agent.turn(responses_items(agent.session, 14), stream=s) for s in (False, True)]
         told = [t.result["usage"] for t in sent]
-        with rproxy.client() as c:
-            rows = {s["id"]: s for s in c.get("/_cg/sessions").json()["sessions"]}
-        row = rows[agent.session]
+        row = rproxy.sessions()[agent.session]
         agent_usage = row["usage"]["agent"]
         assert agent_usage["requests"] == 4  # two priming turns and these two
         assert row["usage"]["summarizer"]["requests"] == 1

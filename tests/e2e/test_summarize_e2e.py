@@ -330,9 +330,7 @@ def test_a_400_to_the_rewrite_resends_the_original_once(sproxy, provider, stream
         assert cg["provider_400"] == refusal
         # The re-sent original's answer is booked, as a turn sent unchanged (the 400 had none).
         assert cg["ledger"]["session"] == tag and cg["ledger"]["rounds"] == 1
-        with sproxy.client() as c:
-            mine = [s for s in c.get("/_cg/sessions").json()["sessions"] if s["id"] == tag]
-        assert mine[0]["savings"]["rewritten_turns"] == 0
+        assert sproxy.sessions()[tag]["savings"]["rewritten_turns"] == 0
         c2 = sproxy.counts()
         assert c2["retried_original"] == c1["retried_original"] + 1
         assert len(provider.wait_for(2, where=by_id(t2.eid))) == 2  # re-sent once, no more

@@ -198,9 +198,8 @@ def test_the_dashboard_shows_the_stats(web: Web, page: Any, shots: Path) -> None
     assert isinstance(stats["savings"]["saved_usd"], float)  # vacuity: dollars were priced
     body = page.locator("body").inner_text()
     assert "ESTIMATE" in body and "web-demo-session" in body and SECRET not in body
-    sessions = httpx.get(f"{web.proxy.url}/_cg/sessions", trust_env=False).json()["sessions"]
     row = page.locator("tr[data-session='web-demo-session'] [data-figure='session:saved_usd']")
-    (mine,) = [s for s in sessions if s["id"] == "web-demo-session"]
+    mine = web.proxy.sessions()["web-demo-session"]
     assert row.get_attribute("data-value") == str(mine["savings"]["saved_usd"])
     assert page.locator("svg polyline").count() == 2
     page.screenshot(path=str(shots / "dashboard.png"), full_page=True)

@@ -31,6 +31,8 @@ from cg.proxy import control
 from cg.proxy.addon import ContextGuru
 from cg.proxy.environ import CONTROL_TOKEN_ENV
 from cg.state.store import stash_key
+from cg.wire.usage import Usage
+from tests.proxy.pending import finish
 
 LOCAL = ("127.0.0.1", 50000)
 HOST = "127.0.0.1:8080"  # what a client of a proxy on 127.0.0.1:8080 sends
@@ -49,15 +51,16 @@ def _home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
 
 @pytest.fixture
 async def addon(tmp_path: Path) -> AsyncIterator[tuple[ContextGuru, taddons.context]]:
-    """The addon on its own store, holding one stash and one session clock for A and for B."""
+    """The addon on its own store, holding one stash, one session clock and one booked answer
+    (what puts a session in `/_cg/sessions`) for A and for B."""
     cg = ContextGuru()
     with taddons.context(cg) as tctx:
         tctx.configure(cg, cg_preset="summarize", cg_db=str(tmp_path / "cg.sqlite3"))
         assert cg.store is not None and cg.store.persistent
-        cg.store.put_stash(KEY_A, A, SPAN_A, "anthropic")
-        cg.store.put_stash(KEY_B, B, SPAN_B, "anthropic")
-        cg.store.touch_session(A)
-        cg.store.touch_session(B)
+        for session, key, span in ((A, KEY_A, SPAN_A), (B, KEY_B, SPAN_B)):
+            cg.store.put_stash(key, session, span, "anthropic")
+            cg.store.touch_session(session)
+            cg.store.record_usage(session, [("agent", "claude-test", "", Usage(1, requests=1))])
         yield cg, tctx
 
 
@@ -90,7 +93,7 @@ def ask(
 
 
 def answer(cg: ContextGuru, f: http.HTTPFlow) -> tuple[http.HTTPFlow, int, Any]:
-    cg.request(f)
+    finish(cg.request(f))
     assert f.response is not None
     body = f.response.content or b""
     if f.response.headers.get("content-type", "").startswith("text/html"):

@@ -13,6 +13,7 @@ from mitmproxy.test import taddons, tflow, tutils
 
 from cg.proxy.addon import ContextGuru
 from cg.proxy.dashboard import CSP, render
+from tests.proxy.pending import finish
 
 LOCAL = ("127.0.0.1", 50000)
 
@@ -21,7 +22,7 @@ def get(cg: ContextGuru, path: str = "/_cg/", peer: tuple[str, int] = LOCAL) -> 
     req = tutils.treq(method=b"GET", path=path.encode(), host="proxy.test", content=b"")
     f = tflow.tflow(req=req)
     f.client_conn.peername = peer
-    cg.request(f)
+    finish(cg.request(f))
     assert f.response is not None
     return f.response
 

@@ -253,7 +253,9 @@ async def test_the_commands_and_endpoints_answer_the_same(tmp_path: Path) -> Non
         assert [s["id"] for s in sessions["sessions"]] == ["cmd"]
         for path in ("/_cg/stats", "/_cg/sessions"):
             g = make_flow(path=path, method="GET", content=b"")
-            cg.request(g)
+            pending = cg.request(g)
+            assert pending is not None  # read off the loop: answered once awaited
+            await pending
             assert g.response is not None and g.response.status_code == 200
         assert g.response is not None
         assert json.loads(g.response.content or b"") == sessions
