@@ -295,6 +295,7 @@ class _Cache:
         self.cps: _Lru = _Lru()  # conversation -> Checkpoint | None
         self.sessions: _Lru = _Lru()  # session -> SessionRecord | None
         self.stashes: _Lru = _Lru()  # (key, session, tenant) -> True (known to exist)
+        self.convs: _Lru = _Lru()  # a conversation's key without a tenant -> its checkpoints
         self.hits = 0
         self.misses = 0
         self.notices = 0
@@ -310,6 +311,7 @@ class _Cache:
             self.cps.clear()
             self.sessions.clear()
             self.stashes.clear()
+            self.convs.clear()
 
 
 @dataclass
@@ -738,6 +740,7 @@ class PgStore(Store):
             c.gen += 1
             if kind == "c":
                 c.cps.pop(rest, None)
+                c.convs.pop(rest.split("@", 1)[0], None)
             elif kind == "s":
                 t, ttl, session = rest.split(" ", 2)
                 cur = c.sessions.get(session)
@@ -756,6 +759,7 @@ class PgStore(Store):
                 c.cps.clear()
                 c.sessions.clear()
                 c.stashes.clear()
+                c.convs.clear()
 
     @property
     def listening(self) -> bool:
@@ -1049,6 +1053,7 @@ class PgStore(Store):
         out = _stamped(cp, created, t)
         with c.lock:
             c.gen += 1
+            c.convs.pop(conv.split("@", 1)[0], None)
             if c.live:
                 c.cps.put(conv, out)
         return out
@@ -1109,6 +1114,20 @@ class PgStore(Store):
         self._touch_stash(cp, t)
         return cp
 
+    def _load_conversation(self, base: str) -> list[Checkpoint]:
+        with self._read("conversation_checkpoints") as conn:
+            rows = conn.execute(
+                f"SELECT {_CP_COLS} FROM cg_checkpoints WHERE {_OWNER} = %s",
+                (owner(base),),
+            ).fetchall()
+        mine = [_checkpoint(r) for r in rows]
+        return [cp for cp in mine if cp.session.split("@", 1)[0] == base]
+
+    def conversation_checkpoints(self, base: str) -> list[Checkpoint]:
+        """As SQLite's: every tenant's checkpoint of one conversation, found by the owner index
+        and kept in the local cache (a notice of any of its checkpoints drops the entry)."""
+        return list(self._read_through(self.cache.convs, base, self._load_conversation))
+
     def checkpoints_of(self, session: str) -> list[Checkpoint]:
         self._drain()
         with self._read("checkpoints_of") as conn:
@@ -1135,6 +1154,7 @@ class PgStore(Store):
         self._submit(_Op(run, "delete_checkpoint", mode="pipeline"))
         with c.lock:
             c.gen += 1
+            c.convs.pop(session.split("@", 1)[0], None)
             if c.live:
                 c.cps.put(session, None)
         return True

@@ -1409,6 +1409,23 @@ class Store:
             self._touched[k] = t
         return cp
 
+    def conversation_checkpoints(self, base: str) -> list[Checkpoint]:
+        """Every tenant's checkpoint of one conversation: `base` is its key without a tenant
+        (`session#first`), the others `base@TENANT`. No tenant is checked here: the caller
+        reads only one whose request holds every message its summary was made from (the
+        summarize component's handover). One index range; remembered as `get_checkpoint` is."""
+        with self._op("conversation_checkpoints") as conn:
+            reads = self._current_reads(conn)
+            known = reads.get(("conversation", base), _UNREAD)
+            if known is _UNREAD:
+                rows = conn.execute(
+                    f"SELECT {_CP_COLS} FROM checkpoints WHERE session = ? "
+                    "OR (session >= ? AND session < ?)",
+                    (base, base + "@", base + "A"),  # ('A' follows '@')
+                ).fetchall()
+                known = reads[("conversation", base)] = [_checkpoint(r) for r in rows]
+        return list(known)
+
     def checkpoints_of(self, session: str) -> list[Checkpoint]:
         """Every conversation's checkpoint under `session` (keys `session` or `session#…`)."""
         with self._op("checkpoints_of") as conn:

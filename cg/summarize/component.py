@@ -148,6 +148,10 @@ class Commission:
     # The commissioning request's tenant (`cg.state.tenant`): the stash and the checkpoint are
     # written with it, and only its requests read them back.
     tenant: str = ""
+    # What the summary is made from: the request's first n messages and prelude, hashed
+    # (`Summarize._seen_hash`): a later request that repeats it all may take the checkpoint
+    # over under another credential (`Summarize._handover`).
+    seen: tuple[int, str] | None = None
 
     def answer_began(self, status: int | None) -> None:
         """The commissioning turn's answer began with `status` (None: the flow failed first)."""
@@ -369,13 +373,17 @@ class Summarize:
         cp = self.store.get_checkpoint(conv, req.tenant)
         based_on = cp.covered_hash if cp is not None else None
         legacy = None
-        if cp is None and req.tenant:
-            legacy = self._legacy(req.session, stats[0].digest, req.tenant)
-        if legacy is not None:
-            # A checkpoint from before tenancy, under the key it had: reused (it is unbound:
-            # any tenant of its session reads it, as before), never replaced or deleted here;
-            # this tenant's next summary goes under its own key.
-            cp, detail["conversation"] = legacy, legacy.session
+        if cp is None:
+            found = self._handover(index, stats, req, conv)
+            if found is not None and found.tenant == UNBOUND:
+                # A checkpoint from before tenancy, under the key it had: reused (it is
+                # unbound: any tenant of its session reads it, as before), never replaced or
+                # deleted here; this tenant's next summary goes under its own key.
+                legacy = found
+                cp, detail["conversation"] = legacy, legacy.session
+            elif found is not None:
+                cp = self._take_over(index, req, conv, found, detail)
+                based_on = cp.covered_hash
         middle_tokens = 0
         if cp is not None:
             ce = cp.head_count + cp.covered_count
@@ -472,12 +480,66 @@ class Summarize:
                 step.reason = "commissioned a summary; this turn forwards untouched"
         return step
 
-    def _legacy(self, session: str, first: bytes, tenant: str) -> Checkpoint | None:
-        """The conversation's checkpoint from before tenancy (key without a tenant, unbound),
-        for a credentialed request that has none of its own (an anonymous request's, under the
-        same key, is not read: `get_checkpoint` checks the tenant before it marks anything)."""
-        cp = self.store.get_checkpoint(conversation_key(session, first), tenant)
-        return cp if cp is not None and cp.tenant == UNBOUND else None
+    def _handover(
+        self, index: BodyIndex, stats: Sequence[MessageFacts], req: RequestContext, conv: str
+    ) -> Checkpoint | None:
+        """For a request with no checkpoint of its own: its conversation's checkpoint from
+        before tenancy (unbound: any tenant of its session reads it, as before), or one another
+        tenant wrote whose summary was made from nothing this request does not hold.
+
+        The second is a credential that changed (an OAuth token refreshed, a key rotated): the
+        session goes on under a new tenant. Such a checkpoint records what its summary was made
+        from (`meta["seen"]`: the commissioning request's prelude and its first n messages,
+        hashed); a request that repeats all of it byte for byte in canonical form sends every
+        message the summary and its stash came from, so taking them over shows it nothing it
+        did not send. Anything short of that is another user's state: not read."""
+        base = conversation_key(req.session, stats[0].digest)
+        found = [c for c in self.store.conversation_checkpoints(base) if c.session != conv]
+        for cp in sorted(found, key=lambda c: c.updated, reverse=True):
+            if cp.tenant == UNBOUND:
+                if req.tenant:  # (an anonymous request's own key is the legacy one)
+                    return cp
+                continue
+            seen = cp.meta.get("seen")
+            if (
+                isinstance(seen, list)
+                and len(seen) == 2
+                and isinstance(seen[0], int)
+                and 0 < seen[0] <= len(stats)
+                and self._seen_hash(index, stats, seen[0]) == seen[1]
+            ):
+                return cp
+        return None
+
+    def _seen_hash(self, index: BodyIndex, stats: Sequence[MessageFacts], n: int) -> str:
+        """What a summary made from this request's first `n` messages was made from: its
+        prelude (system, tools: what a shared-cache summarizer call sent) and those messages."""
+        prelude = self.facts.prelude(index).digest
+        return prefix_hash([prelude, *map(_DIGEST, stats[:n])])
+
+    def _take_over(
+        self,
+        index: BodyIndex,
+        req: RequestContext,
+        conv: str,
+        cp: Checkpoint,
+        detail: dict[str, Any],
+    ) -> Checkpoint:
+        """`cp` (another tenant's, whose every source this request holds) as this tenant's
+        own: the same summary bytes (the provider's cache stays warm), its stash copied for
+        this tenant, under this tenant's key. The other tenant's rows are left as they are."""
+        if cp.key is not None and self.marker_mode == "full":
+            stash = self.store.get_stash(cp.key, owner(cp.session), cp.tenant)
+            if stash is not None:
+                self.store.put_stash(
+                    cp.key, req.session, stash.sources(), stash.dialect, req.tenant
+                )
+        mine = self.store.put_checkpoint(replace(cp, session=conv, tenant=req.tenant))
+        detail["handover"] = (
+            "this conversation's checkpoint from another credential, whose every source this "
+            "request holds: taken over"
+        )
+        return mine
 
     def _splice(
         self, index: BodyIndex, cp: Checkpoint, ce: int, detail: dict[str, Any], tenant: str
@@ -566,6 +628,7 @@ class Summarize:
             head=span.head,
             end=span.end,
             covered_hash=prefix_hash(list(map(_DIGEST, stats[: span.end]))),
+            seen=(n, self._seen_hash(index, stats, n)),
             sources=[index.source(i) for i in range(span.head, span.end)],
             span=views[start : span.end],
             transcript=views,
@@ -626,6 +689,7 @@ class Summarize:
                     message=message.json,
                     created=0.0,
                     updated=0.0,
+                    meta={"seen": list(job.seen)} if job.seen is not None else {},
                     tenant=job.tenant,
                 )
             )

@@ -356,3 +356,31 @@ def test_another_sessions_flood_never_evicts_a_live_checkpoints_stash(small, pro
         assert cg["expand"]["injected"] is True
         (text,) = results(cont.json())
         assert secret in text  # A's marker still expands
+
+
+# -- a credential that changes mid-session ----------------------------------------------------------
+
+
+def test_a_refreshed_key_takes_its_session_over_without_a_new_summary(auto, provider, model):
+    """An OAuth token refreshes (Claude Code on a subscription: about every 8 hours), so the
+    session's next turn comes under a new tenant. That turn repeats every message the summary
+    was made from: it is sent with the same summary bytes (not forwarded whole, not summarized
+    again), and its marker expands for the new key. Before: a new tenant found nothing, so the
+    turn went upstream whole and the session was summarized afresh."""
+    a = uuid.uuid4().hex
+    refreshed = "sk-ant-e2e-tenant-one-refreshed-0003"
+    with User(auto, K1, a) as before, User(auto, refreshed, a) as after:
+        key, summary, _ = summarized(auto, provider, before)
+        counts = auto.counts()
+        t = after.send(anthropic_messages(a, 11))
+        assert FINAL in t.text
+        first, cont = requests_of(provider, t, 2)
+        assert first.header("x-api-key") == refreshed
+        assert summary_of(first.body) == summary  # the same bytes: the provider's cache holds
+        cg = auto.records.cg(t.eid)
+        (comp,) = cg["components"]
+        assert "handover" in comp and comp["reused"] is True, comp
+        assert cg["expand"]["injected"] is True
+        (text,) = results(cont.json())
+        assert stashed_text(a) in text  # its marker expands for the new key
+        assert auto.counts()["commissioned"] == counts["commissioned"]  # no summary made again

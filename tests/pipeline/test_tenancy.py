@@ -66,21 +66,38 @@ def marker(r: Any) -> str:
     return m.group(1)
 
 
+def diverged(turns: list[dict[str, Any]], at: int = 2) -> list[dict[str, Any]]:
+    """The same conversation (session, first message) but for message `at`: another user's
+    (its first text, or tool output, reworded)."""
+    other = [copy.deepcopy(t) for t in turns]
+    for body in other:
+        content = body["messages"][at]["content"]
+        if isinstance(content, str):
+            body["messages"][at]["content"] = content + " (user two's)"
+            continue
+        block = next(b for b in content if b.get("type") in ("text", "tool_result"))
+        field = "text" if block["type"] == "text" else "content"
+        block[field] = f"{block[field]} (user two's)"
+    return other
+
+
 def test_another_credential_naming_the_session_neither_gets_nor_destroys_its_checkpoint(db: Path):
     with Store(db) as store:
         turns = grow(fixture_body(CC16), 5, output_words=30)
+        other = diverged(turns)
         one, two = pair(store)
         r = two_turns(one, turns[0], turns[1])
         mine = summary_of(r)[1]
         assert f"written for {one.tenant[:8]}" in mine
         assert r.record["tenant"] == "bound"
 
-        # User two sends user one's very next turn, naming session A: nothing of one's.
-        theirs = two.send(turns[1])
+        # User two names session A, with one's first message but its own steps: nothing of one's.
+        theirs = two.send(other[1])
         assert theirs.outcome == "passed_through" and theirs.body is None, theirs.record
         rec = record(theirs)
         assert rec["conversation"] != record(r)["conversation"]
         assert rec["conversation"].endswith("@" + two.tenant[:16])
+        assert "handover" not in rec
         assert len(two.pending) == 1  # it commissions a summary of its own
         assert theirs.record["tenant"] == "bound"
         # One's checkpoint is untouched, byte for byte.
@@ -88,11 +105,54 @@ def test_another_credential_naming_the_session_neither_gets_nor_destroys_its_che
         assert again.outcome == "rewritten" and summary_of(again)[1] == mine
 
         assert two.drain() == ["completed"]
-        own = two.send(turns[2])
+        own = two.send(other[2])
         assert f"written for {two.tenant[:8]}" in summary_of(own)[1]
         assert summary_of(one.send(turns[3]))[1] == mine
-        assert summary_of(two.send(turns[3]))[1] == summary_of(own)[1]
+        assert summary_of(two.send(other[3]))[1] == summary_of(own)[1]
         assert len(one.summarizer.calls) == 2  # one summary each, none re-made
+
+
+def test_a_refreshed_credential_takes_its_conversation_over_byte_for_byte(db: Path):
+    """The same user after its OAuth token refreshed (a new tenant): its next turn repeats every
+    message the summary was made from, so it takes the checkpoint over, the same bytes (the
+    provider's cache stays warm), its stash copied for it; no summary is made again, and the
+    old credential's rows stay as they were."""
+    with Store(db) as store:
+        turns = grow(fixture_body(CC16), 5, output_words=30)
+        one, two = pair(store)  # `two`: one's next key
+        r = two_turns(one, turns[0], turns[1])
+        mine, key = summary_of(r)[1], marker(r)
+        after = two.send(turns[2])
+        assert after.outcome == "rewritten", after.record
+        assert summary_of(after)[1] == mine
+        rec = record(after)
+        assert "handover" in rec and rec["conversation"].endswith("@" + two.tenant[:16])
+        assert after.record["expand"] == {"injected": True, "reason": f"marker {key} resolves"}
+        assert not two.pending
+        assert "verbatim" in resolve(store, key, "A", two.tenant)
+        assert "verbatim" in resolve(store, key, "A", one.tenant)
+        later = two.send(turns[3])  # its own checkpoint now
+        assert summary_of(later)[1] == mine and "handover" not in record(later)
+        assert summary_of(one.send(turns[4]))[1] == mine
+        assert len(one.summarizer.calls) == 1
+
+
+def test_holding_the_summarized_span_without_the_turns_it_was_written_from_takes_nothing(
+    db: Path,
+):
+    """The summary was grounded in the commissioning request's last turns too: a request that
+    repeats the span it covers but not those turns is another user's, and gets nothing."""
+    with Store(db) as store:
+        turns = grow(fixture_body(CC16), 4, output_words=30)
+        one, two = pair(store)
+        r = two_turns(one, turns[0], turns[1])
+        n = len(turns[0]["messages"])
+        covered = record(r)["checkpoint"]["covered"][1]
+        assert covered < n  # vacuity: a message between the span's end and the summary's seen
+        other = diverged(turns, at=covered)  # the first message after the summarized span
+        theirs = two.send(other[2])
+        assert "handover" not in record(theirs)
+        assert theirs.outcome == "passed_through" or summary_of(theirs)[1] != summary_of(r)[1]
 
 
 def test_a_marker_in_another_credentials_request_offers_no_tool_and_expands_to_nothing(
@@ -226,9 +286,10 @@ def test_a_request_without_a_credential_and_one_with_one_keep_apart(db: Path):
         nobody.tenant = ""
         r = two_turns(nobody, turns[0], turns[1])
         assert r.record["tenant"] == "anonymous" and "@" not in record(r)["conversation"]
-        theirs = one.send(turns[1])
+        other = diverged(turns)  # (the same transcript would take it over: a handover)
+        theirs = one.send(other[1])
         assert theirs.body is None and len(one.pending) == 1  # none of the anonymous one's
         assert one.drain() == ["completed"]
-        mine = summary_of(one.send(turns[2]))[1]
+        mine = summary_of(one.send(other[2]))[1]
         assert f"written for {one.tenant[:8]}" in mine
         assert "written for nobody" in summary_of(nobody.send(turns[3]))[1]
