@@ -370,7 +370,7 @@ def test_a_refreshed_key_takes_its_session_over_without_a_new_summary(auto, prov
     a = uuid.uuid4().hex
     refreshed = "sk-ant-e2e-tenant-one-refreshed-0003"
     with User(auto, K1, a) as before, User(auto, refreshed, a) as after:
-        key, summary, _ = summarized(auto, provider, before)
+        _, summary, _ = summarized(auto, provider, before)
         counts = auto.counts()
         t = after.send(anthropic_messages(a, 11))
         assert FINAL in t.text
