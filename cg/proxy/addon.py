@@ -739,9 +739,14 @@ class ContextGuru:
         encoding = header(req.headers, "content-encoding")
         if encoding and len(req.raw_content or b"") > offload.ENCODED_INLINE:
             return self._aside(flow, dialect, t0, None, "a content-encoded body to decode")
+        # A content-encoded body is decoded here only as far as a turn is read here: one that
+        # goes on decoding past that (a 1.7 KB brotli body of 1 GiB) goes on in the worker.
+        inline = min(self.max_body, offload.INLINE[0]) if encoding else self.max_body
         try:
-            raw = bounded_content(req, self.max_body)
+            raw = bounded_content(req, inline)
         except decode.TooLarge as e:
+            if inline < self.max_body:
+                return self._aside(flow, dialect, t0, None, "a content-encoded body to decode")
             self._conclude(flow, t0, _over_cap(dialect.name, e))
             return None
         except ValueError as e:
@@ -816,6 +821,10 @@ class ContextGuru:
             self._conclude(flow, t0, record)
             return
         if isinstance(result, dict):  # (a record: the body was not read)
+            result["read_aside"] = why
+            result.setdefault("timings_ms", {})["aside"] = round(
+                (time.perf_counter() - started) * 1000, 3
+            )
             self._conclude(flow, t0, result)
             return
         result.record.setdefault("timings_ms", {})["aside"] = round(

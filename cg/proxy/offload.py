@@ -9,7 +9,9 @@ it) only for these, so an ordinary turn stays a plain synchronous call.
 
 What goes to the worker:
 
-    a content-encoded body longer than ENCODED_INLINE    (its decoding is the long part)
+    a content-encoded body longer than ENCODED_INLINE,   (its decoding is the long part: a
+    or one that decodes to more than INLINE's bytes      1.7 KB brotli body is 1 GiB, read up
+                                                          to the cap in the worker)
     a body whose part to read is over INLINE             (what no remembered previous turn of
                                                           its session repeats: a warm turn's
                                                           new messages, or a cold body whole)

@@ -166,3 +166,22 @@ async def test_a_transcript_over_cg_max_messages_passes_through(toy_config: str)
 def test_the_hook_reads_small_bodies_where_they_come(tmp_path: Path) -> None:
     """Vacuity guard for the tests above: outside a large body, nothing is deferred."""
     assert offload.INLINE[0] > len(BODY) and len(gzip.compress(BODY)) < offload.ENCODED_INLINE
+
+
+async def test_a_small_body_that_decodes_to_much_is_decoded_in_the_worker(toy_config: str) -> None:
+    """809 bytes of brotli are 1 GiB: decoded on the loop only as far as a turn is read there
+    (256 KiB), then in the worker up to the cap (~0.2 s of decoding, not on the loop)."""
+    bomb = bombs.br(64)
+    assert len(bomb) < 2000
+    cg = ContextGuru()
+    with taddons.context(cg) as tctx:
+        setup(tctx, cg, cg_config=toy_config)
+        f = make_flow(content=None, headers={"content-encoding": "br"})
+        f.request.raw_content = bomb
+        pending = cg.request(f)
+        assert pending is not None, "the bomb was decoded on the event loop"
+        await pending
+        rec = f.metadata[META]
+        assert (rec["outcome"], rec["bound"]) == ("passed_through", "cg_max_body_mb")
+        assert rec["read_aside"] == "a content-encoded body to decode"
+        assert f.request.raw_content is bomb
