@@ -76,10 +76,13 @@ def unbroken(size: int = 30 * MIB) -> bytes:
     return _body(iter([json.dumps({"role": "user", "content": "a" * size})]))
 
 
-def tiny_messages(n: int, tag: str = "m") -> bytes:
-    """`n` alternating tiny messages (900k: ~30 MB; 200k: ~6.5 MB), each `tag` and its number."""
+def tiny_messages(n: int, tag: str = "m", numbered: bool = True) -> bytes:
+    """`n` alternating tiny messages (200k: ~6.5 MB), each `tag` and (`numbered`) its number;
+    unnumbered, 900k are ~28 MB (under the 32 MiB cap)."""
     roles = ("user", "assistant")
-    return _body(f'{{"role":"{roles[i % 2]}","content":"{tag}{i}"}}' for i in range(n))
+    return _body(
+        f'{{"role":"{roles[i % 2]}","content":"{tag}{i if numbered else ""}"}}' for i in range(n)
+    )
 
 
 def ordinary(size: int) -> bytes:
@@ -92,7 +95,7 @@ def ordinary(size: int) -> bytes:
 
 LARGE: dict[str, Callable[[], bytes]] = {
     "30 MB, one unbroken run": unbroken,
-    "30 MB, 900k tiny messages": lambda: tiny_messages(900_000),
+    "28 MB, 900k tiny messages": lambda: tiny_messages(900_000, numbered=False),
     "6.5 MB, 200k tiny messages": lambda: tiny_messages(200_000),
     "19k tiny messages (under cg_max_messages)": lambda: tiny_messages(19_000),
     "30 MB, ordinary messages": lambda: ordinary(30 * MIB),

@@ -77,10 +77,8 @@ def test_a_large_body_stalls_no_other_turn(rig: tuple[Any, hostile.Sink, float],
     assert got.slowest_turn_ms < STALL_S * 1000, got
     assert got.slowest_health_ms < STALL_S * 1000, got
     assert got.outcome == "passed_through", got  # (the sink's answers carry no summary)
-    if "200k" in name:
+    if "200k" in name or "900k" in name:  # (stopped at the 20,001st element)
         assert got.bound == "cg_max_messages", got
-    if "900k" in name:  # 34.5 MB: over the 32 MiB cap as it came
-        assert got.bound == "cg_max_body_mb", got
 
 
 def test_the_large_bodies_were_read_aside(rig: tuple[Any, hostile.Sink, float]) -> None:
