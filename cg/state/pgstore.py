@@ -95,8 +95,8 @@ from cg.state.store import (
     _stash_limits,
     _take,
     _usage_row,
+    checked_span,
     owner,
-    span_bytes,
     valid_key,
 )
 from cg.state.tenant import ANONYMOUS, UNBOUND, new_key, readable
@@ -912,14 +912,7 @@ class PgStore(Store):
         dialect: str,
         tenant: str = ANONYMOUS,
     ) -> None:
-        if not valid_key(key):
-            raise ValueError(f"put_stash: malformed key {key!r}")
-        span = span_bytes(span_sources)
-        if len(span) > self.max_stash_bytes:
-            raise ValueError(
-                f"put_stash: a span of {len(span)} bytes is over the stash bound "
-                f"({self.max_stash_bytes})"
-            )
+        span = checked_span(key, span_sources, self.max_stash_bytes)
         t = self.now()
         n = len(span_sources)
         self._submit(

@@ -494,6 +494,19 @@ def span_bytes(span_sources: Sequence[str]) -> bytes:
     return ("[" + ",".join(span_sources) + "]").encode("utf-8")
 
 
+def checked_span(key: str, span_sources: Sequence[str], bound: int) -> bytes:
+    """`span_bytes` of a span about to be stashed under `key` (either engine): ValueError for
+    a malformed key, or a span over `bound` bytes."""
+    if not valid_key(key):
+        raise ValueError(f"put_stash: malformed key {key!r}")
+    span = span_bytes(span_sources)
+    if len(span) > bound:
+        raise ValueError(
+            f"put_stash: a span of {len(span)} bytes is over the stash bound ({bound})"
+        )
+    return span
+
+
 @dataclass(frozen=True, slots=True)
 class Stash:
     key: str
@@ -1216,14 +1229,7 @@ class Store:
     ) -> None:
         """Stash a span under `key` for `session` and `tenant`; putting it again only refreshes
         `last_used`. A span over `max_stash_bytes` is refused (ValueError)."""
-        if not valid_key(key):
-            raise ValueError(f"put_stash: malformed key {key!r}")
-        span = span_bytes(span_sources)
-        if len(span) > self.max_stash_bytes:
-            raise ValueError(
-                f"put_stash: a span of {len(span)} bytes is over the stash bound "
-                f"({self.max_stash_bytes})"
-            )
+        span = checked_span(key, span_sources, self.max_stash_bytes)
         t = self.now()
         self._forget_reads()
         with self._tx("put_stash") as conn:
