@@ -18,7 +18,8 @@ import pytest
 
 from cg.settings import StoreConfig
 from cg.state.pgstore import PgStore, redact_url
-from cg.state.store import Checkpoint, Store, StoreError, stash_key
+from cg.state.records import Checkpoint, StoreError, stash_key
+from cg.state.sqlite import SqliteStore
 from tests.pgserver import PgServer
 
 
@@ -70,17 +71,17 @@ def test_the_password_is_never_shown(pg_url: str, pg_server: PgServer):
 
 
 def test_store_open_picks_the_engine(pg_url: str, tmp_path):
-    with Store.open(StoreConfig(path=str(tmp_path / "a.sqlite3"))) as st:
-        assert type(st) is Store
-    with Store.open(StoreConfig(url=pg_url)) as st:
+    with SqliteStore.open(StoreConfig(path=str(tmp_path / "a.sqlite3"))) as st:
+        assert type(st) is SqliteStore
+    with SqliteStore.open(StoreConfig(url=pg_url)) as st:
         assert isinstance(st, PgStore)
-    with Store.open(StoreConfig(), pg_url) as st:  # cg_db=postgresql://…
+    with SqliteStore.open(StoreConfig(), pg_url) as st:  # cg_db=postgresql://…
         assert isinstance(st, PgStore)
 
 
 def test_importing_cg_does_not_import_psycopg():
     code = (
-        "import sys, cg, cg.state.store, cg.proxy.addon, cg.summarize.component\n"
+        "import sys, cg, cg.state.sqlite, cg.proxy.addon, cg.summarize.component\n"
         "assert 'psycopg' not in sys.modules, 'psycopg imported'\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True)

@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from cg.state.store import Store
+from cg.state.sqlite import SqliteStore
 from cg.summarize.component import (
     Commission,
     SharedSummarizer,
@@ -40,8 +40,8 @@ from tests.transcripts import (
 
 
 @pytest.fixture
-def store(tmp_path: Path) -> Iterator[Store]:
-    s = Store(tmp_path / "cg.sqlite3")
+def store(tmp_path: Path) -> Iterator[SqliteStore]:
+    s = SqliteStore(tmp_path / "cg.sqlite3")
     yield s
     s.close()
 
@@ -49,7 +49,9 @@ def store(tmp_path: Path) -> Iterator[Store]:
 RAW = cc_dumps(grow(fixture_body(CC16), 3)[-1])
 
 
-def job_for(store: Store, fake: SharedFake, raw: bytes = RAW, **cfg: Any) -> tuple[Any, Commission]:
+def job_for(
+    store: SqliteStore, fake: SharedFake, raw: bytes = RAW, **cfg: Any
+) -> tuple[Any, Commission]:
     """(driver, its one commission) with the forwarded body handed over as the addon does."""
     d = make(config(**cfg), store, summarizer=fake, session=uuid.uuid4().hex)
     d.send(raw)
