@@ -1,5 +1,11 @@
-"""The store on real SQLite files (and, where the test says so, on PostgreSQL too): byte-exact stashes, per-session scoping, checkpoints that survive
-a restart, TTL and size-bounded LRU eviction, concurrent writers and a killed writer."""
+"""The store's semantics on both engines (`target`: a real SQLite file, and a fresh database on
+the suite's PostgreSQL server): byte-exact stashes, per-session scoping, checkpoints that survive
+a restart, TTL and size-bounded LRU eviction, concurrent writers, a newer schema refused, health.
+
+A test that takes `db` or `tmp_path` instead is of SQLite's own machinery and says so: the write
+lock and `data_version`, eviction inline with the writes and a WAL share at a time, the file on
+disk (its mode, size, deletion, replacement), a killed writer. PostgreSQL's own (claims, the
+cache kept by LISTEN/NOTIFY, the writer thread) is test_pgstore.py."""
 
 from __future__ import annotations
 
@@ -45,7 +51,7 @@ from cg.state.records import (
     stash_key,
     valid_key,
 )
-from cg.state.schema import SQLITE_VERSION
+from cg.state.schema import PG_VERSION, SQLITE_VERSION
 from cg.state.sqlite import SqliteStore
 from cg.state.sqlite_file import SHM_BYTES
 from cg.wire.usage import Usage
@@ -694,7 +700,7 @@ def test_the_file_holds_to_max_mb(db: Path, clock: Clock):
         assert len(inside) > 100 and max(inside) <= max_mb * kb * kb, max(inside)
 
 
-# -- the file --------------------------------------------------------------------------------
+# -- the file (SQLite only) ---------------------------------------------------------------
 
 
 def test_wal_mode_is_on_and_the_file_is_private(db: Path):
@@ -747,18 +753,28 @@ def test_a_file_that_is_not_a_database_raises_store_error(tmp_path: Path):
     assert bad.read_bytes() == b"this is not sqlite" * 100
 
 
-def test_a_newer_schema_is_refused(db: Path):
-    SqliteStore(db).close()
-    conn = sqlite3.connect(db)
-    conn.execute(f"PRAGMA user_version = {SQLITE_VERSION + 1}")
-    conn.commit()
-    conn.close()
-    with pytest.raises(StoreError, match="newer"):
-        SqliteStore(db)
+def test_a_newer_schema_is_refused(target: Target):
+    make(target).close()
+    if isinstance(target, str):
+        import psycopg
+
+        newer = PG_VERSION + 1
+        with psycopg.connect(target, autocommit=True) as pg:
+            pg.execute("UPDATE cg_meta SET v = %s WHERE k = 'schema'", (newer,))
+    else:
+        newer = SQLITE_VERSION + 1
+        conn = sqlite3.connect(target)
+        conn.execute(f"PRAGMA user_version = {newer}")
+        conn.commit()
+        conn.close()
+    with pytest.raises(StoreError, match=f"schema version {newer}, newer"):
+        make(target)
 
 
-def test_two_stores_on_one_file_written_from_two_threads(db: Path):
-    a, b = SqliteStore(db), SqliteStore(db)
+def test_two_stores_on_one_file_written_from_two_threads(target: Target):
+    """Two stores (two connections; on PostgreSQL two instances) on one file or database, and
+    one store shared by two threads."""
+    a, b = make(target), make(target)
     n = 150
 
     def work(st: Store, who: str) -> None:
@@ -772,10 +788,11 @@ def test_two_stores_on_one_file_written_from_two_threads(db: Path):
             assert got is not None and got.sources() == src
 
     with ThreadPoolExecutor(3) as pool:
-        # Two Stores (two connections) on one file, and one SqliteStore shared by two threads.
         futures = [pool.submit(work, a, "A"), pool.submit(work, b, "B"), pool.submit(work, a, "C")]
         for f in futures:
             f.result()  # re-raises a worker's exception here
+    for st in (a, b):
+        st.stats()  # (PostgreSQL: this instance's writes committed before the other reads)
     for st in (a, b):
         assert st.stats().stashes == 3 * n
         for who in "ABC":
@@ -783,9 +800,10 @@ def test_two_stores_on_one_file_written_from_two_threads(db: Path):
             assert cp is not None and cp.covered_count == n - 1
     a.close()
     b.close()
-    conn = sqlite3.connect(db)
-    assert conn.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
-    conn.close()
+    if isinstance(target, Path):
+        conn = sqlite3.connect(target)
+        assert conn.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+        conn.close()
 
 
 KILLED_WRITER = textwrap.dedent(
@@ -838,7 +856,7 @@ def test_a_writer_killed_mid_write_leaves_a_readable_store(db: Path):
     conn.close()
 
 
-# -- the file under the connection; errors while running -------------------------------------
+# -- the file under the connection (SQLite only); errors while running; health ---------------
 
 
 def test_a_deleted_file_is_noticed_and_written_back_with_everything(db: Path):
@@ -977,7 +995,7 @@ def test_a_prompt_cache_state_is_cleared_once_every_entry_in_it_has_expired(
         assert not [e for e in _load(state).entries.values() if e[0] > clock.t]  # all expired
 
 
-# -- the reads a reuse turn repeats, remembered ---------------------------------------------
+# -- the reads a reuse turn repeats, remembered (SQLite only: `data_version`) -----------------
 
 READ_KEYS = [stash_key([f'{{"k":{i}}}']) for i in range(3)]
 READ_SESSIONS = ["s1", "s2"]
