@@ -218,7 +218,6 @@ text_any = st.one_of(
 )
 # Never blank (SPEC §4 rule 4): something other than whitespace is always present.
 text = text_any.map(lambda s: s if s.strip() else s + "x")
-blank_text = st.sampled_from(["", " ", "\n", "\t \n", "\u00a0", "\u2028", "   \r\n"])
 ident = st.text(alphabet="abcdefghijklmnopqrstuvwxyz0123456789_", min_size=1, max_size=8)
 small_json: st.SearchStrategy[Json] = st.recursive(
     st.one_of(
@@ -287,15 +286,6 @@ def a_document_block(draw: st.DrawFn) -> dict[str, Json]:
         "source": {"type": "text", "media_type": "text/plain", "data": draw(text)},
         "title": draw(text),
     }
-
-
-@st.composite
-def a_unknown_block(draw: st.DrawFn) -> dict[str, Json]:
-    """A block type no dialect knows (yet): a request holding one passes through untouched
-    (SPEC §10), so valid transcripts never hold one; tests put it in on purpose."""
-    block: dict[str, Json] = draw(st.dictionaries(ident, small_json, max_size=3))
-    block["type"] = "x_future_" + draw(ident)
-    return block
 
 
 @st.composite
