@@ -1,7 +1,8 @@
 """Hot-path timings on a ~1 MiB, 400-message body: `python -m bench.hotpath [--json] [--check]`.
 
-What runs per request (SPEC §3), step by step and together, for an Anthropic body grown from a
-real Claude Code capture and its OpenAI equivalent (`bench/corpus.py`), on two paths:
+What runs per request (docs/behaviour.md#the-hot-path), step by step and together, for an Anthropic
+body grown from a real Claude Code capture and its OpenAI equivalent (`bench/corpus.py`), on two
+paths:
 
 cold — no `MessageCache` (the first request of a session, or a cache miss): every message is
 parsed and viewed.

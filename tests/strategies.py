@@ -3,8 +3,8 @@
 `bodies()` draws a `Sample`: a request body as a Python object and as JSON text written by a
 tiny serialiser of our own (`dumps`), which can produce compact, indented and oddly spaced
 output, `\\u` escapes (ensure_ascii, HTML-style `\\u003c`, random needless escapes, even in keys),
-escaped slashes and non-ASCII text. The transcripts obey SPEC §4, so a test can break them on
-purpose (`mutated_messages`) and know what it broke.
+escaped slashes and non-ASCII text. The transcripts obey docs/behaviour.md#shape-rules, so a test
+can break them on purpose (`mutated_messages`) and know what it broke.
 """
 
 from __future__ import annotations
@@ -216,7 +216,8 @@ text_any = st.one_of(
     ),
     st.sampled_from(["", "ok", "Hello, world.", "ls -la /tmp", *_SNIPPETS]),
 )
-# Never blank (SPEC §4 rule 4): something other than whitespace is always present.
+# Never blank (docs/behaviour.md#shape-rules rule 4): something other than whitespace is always
+# present.
 text = text_any.map(lambda s: s if s.strip() else s + "x")
 ident = st.text(alphabet="abcdefghijklmnopqrstuvwxyz0123456789_", min_size=1, max_size=8)
 small_json: st.SearchStrategy[Json] = st.recursive(
