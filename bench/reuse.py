@@ -303,7 +303,7 @@ def run(
 ) -> None:
     """Round-robin over the lines, so load from elsewhere spreads over all of them. The
     garbage collector stays on, as in the proxy. Each call's own result is freed after its
-    clock stops, the previous line's before it starts (stop 26)."""
+    clock stops, the previous line's before it starts."""
     out: object = None
     for _ in range(warmup):
         for line in lines:
@@ -316,8 +316,8 @@ def run(
         for line in lines:
             fn = line.prime()
             # The previous line's result is freed here, not inside the timing: assigning `out`
-            # freed it between the call and the clock (a cold turn's index, ~0.2 ms of
-            # deallocation, had doubled the warm line).
+            # would free it between the call and the clock (a cold turn's index, whose
+            # deallocation would be counted in the warm line).
             out = None
             t0 = clock()
             out = fn()
@@ -483,8 +483,8 @@ def part_lines(sc: Scenario) -> list[Line]:
     decision = sc.call(primed(sc.prev)).record
 
     def view_record() -> Callable[[], object]:
-        # A fresh flow per call, made outside the timing: `tflow()` alone is ~47 µs, and was
-        # most of what this line reported (~0.07 ms) before.
+        # A fresh flow per call, made outside the timing: `tflow()` alone costs more than the
+        # record and the mark this line times.
         from mitmproxy.test import tflow
 
         from cg.proxy import view as views

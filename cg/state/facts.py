@@ -7,7 +7,7 @@ re-sends every earlier message each turn, so the facts are memoised: first by th
 object (a `MessageCache` hit hands back last turn's view for a verbatim-equal message, so nothing
 is even hashed), then by a digest of its raw bytes, and last in the store (`backing`): a
 restarted proxy reads the token counts of a session's history instead of tokenising it again
-(~0.25 s per MB). New facts are written back in batches (`flush`), off the request's path.
+(the slow part of a restart's first turn: docs/benchmarks.md, `bench.reuse`). New facts are written back in batches (`flush`), off the request's path.
 """
 
 from __future__ import annotations
@@ -232,7 +232,7 @@ class FactsCache:
     def flush(self) -> None:
         """Write the facts computed since the last flush to the store (best effort), at most
         FLUSH_ROWS a transaction: a large body's 20,000 in one held the store's lock (and every
-        turn's store call on the event loop) for ~200 ms."""
+        turn's store call on the event loop) for a stall (docs/benchmarks.md, `bench.evict`)."""
         pending, self._pending = self._pending, []
         if not pending or self.backing is None:
             return
