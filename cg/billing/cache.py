@@ -130,7 +130,7 @@ def prompt_of(index: BodyIndex, facts: FactsCache) -> Prompt:
             total += m.tokens
             units.append((key, total, m.breakpoint, m.long_ttl))
     index.memo["chain"] = (prelude, units)
-    prompt = _prompt(prelude, units, index.dialect.name != "anthropic")
+    prompt = _prompt(prelude, units, index.dialect.auto_cache)
     index.memo["prompt"] = (prelude, prompt)
     return prompt
 

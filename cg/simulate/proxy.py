@@ -44,6 +44,7 @@ from cg.summarize.client import MAX_TOKENS
 from cg.summarize.component import Commission, Summarize, Summarizer
 from cg.summarize.config import ModelConfig
 from cg.wire.body import MessageCache, index_body
+from cg.wire.dialects import DIALECTS
 from cg.wire.usage import Usage
 
 # The shared-cache call's appended instruction (span, level, framing, format): ~400-600 tokens.
@@ -190,7 +191,7 @@ class ProxyRun:
             text = job.prompt(comp.cfg)
             tokens = self.facts.tokens.count_text(text)
             digest = hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=16)
-            prompt = standalone(digest.digest(), tokens, auto=job.dialect != "anthropic")
+            prompt = standalone(digest.digest(), tokens, auto=DIALECTS[job.dialect].auto_cache)
         tally.charge(self.prices, "summarizer", model, cache.bill(prompt, at))
         size = max(1, round(covered * self.options.summary_ratio))
         size = min(size, MAX_TOKENS.get(comp.cfg.summary_level, MAX_TOKENS["regular"]))

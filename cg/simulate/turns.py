@@ -73,7 +73,7 @@ class Preparer:
         beta = next((v for k, v in request.headers.items() if k.lower() == "anthropic-beta"), "")
         prelude = self.facts.prelude(index)
         messages = tuple(self.facts.all(index))
-        auto = index.dialect.name != "anthropic"
+        auto = index.dialect.auto_cache
         return Turn(
             request=request,
             model=model,

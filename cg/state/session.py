@@ -38,7 +38,7 @@ from typing import Any, overload
 from cg.frozen import frozen
 from cg.state.facts import strip_cache_control
 from cg.wire.body import BodyIndex
-from cg.wire.dialects import SYSTEM_ROLES
+from cg.wire.dialects import DIALECTS, Dialect
 
 HEADER_CG = "x-context-guru-session"
 HEADER_CLAUDE_CODE = "x-claude-code-session-id"
@@ -200,24 +200,16 @@ def conversation_head(
 ) -> tuple[object, object]:
     """(system prompt, first user message) of a parsed body, for `resolve_session`.
 
-    `top_level` maps top-level keys to parsed values (only `system` and `instructions` are
-    read); `messages` are the parsed messages (or Responses items). For openai the system prompt
-    is `messages[0]` when its role is system or developer; for anthropic it is the top-level
-    `system`; for responses, `instructions` and the leading developer/system items.
+    `top_level` maps top-level keys to parsed values; `messages` are the parsed messages (or
+    Responses items). Where the system prompt is, is the dialect's `conversation_system`.
     """
-    system: object = None
-    if dialect == "openai":
-        if messages and isinstance(messages[0], dict) and messages[0].get("role") in SYSTEM_ROLES:
-            system = messages[0]
-    elif dialect == "responses":
-        lead = []
-        for m in messages:
-            if not (isinstance(m, dict) and m.get("role") in SYSTEM_ROLES):
-                break
-            lead.append(m)
-        system = [top_level.get("instructions"), lead]
-    else:
-        system = top_level.get("system")
+    return _head(DIALECTS[dialect], top_level, messages)
+
+
+def _head(
+    dialect: Dialect, top_level: Mapping[str, Any], messages: Sequence[Any]
+) -> tuple[object, object]:
+    system = dialect.conversation_system(top_level, messages)
     first_user = next(
         (m for m in messages if isinstance(m, dict) and m.get("role") == "user"), None
     )
@@ -254,9 +246,9 @@ def session_of(headers: Mapping[str, str], index: BodyIndex, tenant: str = "") -
     `prompt_cache_key` for responses only), for the request's `tenant`. The head hash memoised
     on the index is the plain one (an index may be inherited from another tenant's
     byte-identical body), mixed with the tenant per call."""
-    name = index.dialect.name
-    metadata = index.members.get("metadata") if name == "anthropic" else None
-    cache_key = index.members.get("prompt_cache_key") if name == "responses" else None
+    d = index.dialect
+    metadata = index.members.get(d.metadata_member) if d.metadata_member else None
+    cache_key = index.members.get(d.cache_key_member) if d.cache_key_member else None
     return resolve_session(
         headers,
         metadata.value if metadata is not None else None,
@@ -277,7 +269,7 @@ def _head_of(index: BodyIndex) -> str:
     if isinstance(known, list) and known and known[-1] is not None:
         return str(known[-1])
     top = {k: m.value for k, m in index.members.items()}
-    system, first_user = conversation_head(index.dialect.name, top, _Values(index.messages))
+    system, first_user = _head(index.dialect, top, _Values(index.messages))
     h = head_hash(system, first_user)
     at = next(
         (i for i, m in enumerate(index.messages)

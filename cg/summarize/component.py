@@ -756,9 +756,13 @@ class Summarize:
         if model.model and model.model != job.model:
             return "model.model names another model than the request's"
         auto = model.share_cache == "auto"
-        if auto and job.dialect == "anthropic" and b'"cache_control"' not in job.forwarded:
-            # Anthropic caches only up to a breakpoint: without one the transcript would be
-            # billed in full, dearer than the standalone prompt's masked copy.
+        if (
+            auto
+            and not DIALECTS[job.dialect].auto_cache
+            and b'"cache_control"' not in job.forwarded
+        ):
+            # A provider that caches only up to a breakpoint (Anthropic): without one the
+            # transcript would be billed in full, dearer than the standalone prompt's masked copy.
             return "the request sets no cache_control: nothing was cached"
         began = await job.wait_answer(self.answer_wait)
         if auto and not began:

@@ -140,7 +140,9 @@ def from_openai(u: Any) -> Usage:
 
 
 def from_provider(dialect: str, u: Any) -> Usage:
-    """The usage object of an answer in `dialect` (`anthropic`, `openai`, `responses`)."""
-    if dialect == "anthropic":
-        return from_anthropic(u)
-    return from_openai(u)
+    """The usage object of an answer in `dialect` (`Dialect.usage`; OpenAI's form for a name
+    no dialect has)."""
+    from cg.wire.dialects import DIALECTS  # the dialects read usage with this module's readers
+
+    d = DIALECTS.get(dialect)
+    return d.usage(u) if d is not None else from_openai(u)
