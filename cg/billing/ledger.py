@@ -271,8 +271,8 @@ class Ledger:
         tools = index.members.get("tools")
         start = index.byte_offset(tools.start) if tools is not None else at
         key = (part, at - start)
-        owner, known = index.memo.get("tool_tokens", (None, None))
-        if owner is self.facts and isinstance(known, tuple) and known[0] == key:
+        owner, known = index.memo.tool_tokens
+        if owner is self.facts and known is not None and known[0] == key:
             return int(known[1])
         count = self.facts.tokens.count_text
         if tools is None:  # a new member, `,"tools":[...]`: its value is the array
@@ -283,7 +283,7 @@ class Ledger:
                 raise ValueError(f"the tool's place {at} is not inside the tools array")
             now = was[: at - start] + part + was[at - start :]
             added = count(now.decode()) - count(was.decode())
-        index.memo["tool_tokens"] = (self.facts, (key, added))
+        index.memo.tool_tokens = (self.facts, (key, added))
         return added
 
     def _tokens(self, dialect: str, body: bytes | None) -> int:

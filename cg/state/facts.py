@@ -185,8 +185,8 @@ class FactsCache:
         """Every message's facts. Those no memo knows are asked of the store in one query
         before any is computed: after a restart, that is the whole history but the new turn."""
         n = len(index.messages)
-        owner, known = index.memo.get("facts", (None, []))
-        if owner is not self:
+        owner, known = index.memo.facts
+        if owner is not self or known is None:
             known = []
         if len(known) == n:
             return list(known)
@@ -214,7 +214,7 @@ class FactsCache:
                 self._remember(index.messages[i].view, facts)
                 out[i] = facts
         result = [f for f in out if f is not None]
-        index.memo["facts"] = (self, result)
+        index.memo.facts = (self, result)
         return list(result)
 
     def _load(self, raws: list[bytes]) -> dict[bytes, FactRow]:
@@ -305,11 +305,11 @@ class FactsCache:
         Memoised on the members' raw text: an agent sends the same system and tools every turn
         (and on the index, which a next turn sharing every byte outside the array inherits).
         """
-        owner, known = index.memo.get("prelude", (None, None))
+        owner, known = index.memo.prelude
         if owner is self and isinstance(known, Prelude):
             return known
         prelude = self._prelude(index)
-        index.memo["prelude"] = (self, prelude)
+        index.memo.prelude = (self, prelude)
         return prelude
 
     def _prelude(self, index: BodyIndex) -> Prelude:

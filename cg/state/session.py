@@ -259,13 +259,13 @@ def session_of(headers: Mapping[str, str], index: BodyIndex, tenant: str = "") -
 
 
 def _head_of(index: BodyIndex) -> str:
-    """The head hash of an indexed body, memoised on the index (`memo["head"]`) as a list as
+    """The head hash of an indexed body, memoised on the index (`memo.head`) as a list as
     long as the messages up to the first user message, with the hash last: a next turn inherits
     the list cut to the messages it shares, so it keeps the hash only while it repeats that
     head byte for byte (the members outside the array, where the system prompt lives, are
     shared whole or the index is not inherited at all). A session without headers re-hashed
     its system prompt and first message at every answer."""
-    known = index.memo.get("head", (None, None))[1]
+    known = index.memo.head[1]
     if isinstance(known, list) and known and known[-1] is not None:
         return str(known[-1])
     top = {k: m.value for k, m in index.members.items()}
@@ -277,5 +277,5 @@ def _head_of(index: BodyIndex) -> str:
         None,
     )  # fmt: skip
     if at is not None:
-        index.memo["head"] = (None, [None] * at + [h])
+        index.memo.head = (None, [None] * at + [h])
     return h

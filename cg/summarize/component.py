@@ -296,11 +296,11 @@ class Summarize:
         """`cache_ttl` of the text outside the transcript array, memoised on the index: a next
         turn that shares every byte outside the array inherits it (0.33 ms a turn of searching
         a Claude Code body's system and tools again)."""
-        owner, known = index.memo.get("outside_ttl", (None, None))
-        if owner is self and isinstance(known, float):
+        owner, known = index.memo.outside_ttl
+        if owner is self and known is not None:
             return known
         ttl = cache_ttl(_outside(index))
-        index.memo["outside_ttl"] = (self, ttl)
+        index.memo.outside_ttl = (self, ttl)
         return ttl
 
     def _totals(self, index: BodyIndex, stats: Sequence[MessageFacts]) -> list[_Totals]:
@@ -309,8 +309,8 @@ class Summarize:
         a next turn inherits the entries of the messages it repeats byte for byte and adds
         only its new ones (three passes over ~400 facts every turn were ~0.15 ms at 16 turns in
         flight)."""
-        owner, known = index.memo.get("totals", (None, None))
-        cum: list[_Totals] = known if owner is self.facts and isinstance(known, list) else []
+        owner, known = index.memo.totals
+        cum: list[_Totals] = known if owner is self.facts and known is not None else []
         if len(cum) < len(stats):  # an inherited list is as long as the messages shared
             cum = list(cum)
             tokens, outputs, top, long = cum[-1] if cum else (0, 0, 0, False)
@@ -320,18 +320,18 @@ class Summarize:
                 top = max(top, *f.outputs) if f.outputs else top
                 long = long or f.long_ttl
                 cum.append((tokens, outputs, top, long))
-        index.memo["totals"] = (self.facts, cum)
+        index.memo.totals = (self.facts, cum)
         return cum
 
     def _covered_hash(self, index: BodyIndex, stats: Sequence[MessageFacts], ce: int) -> str:
         """`prefix_hash(digests[:ce])`, memoised on the index as a list of `ce` entries (the
         hash last): a list memo is cut to the prefix a next turn shares, so it is still `ce`
         long exactly when that turn repeats the first `ce` messages byte for byte."""
-        owner, known = index.memo.get("covered_hash", (None, None))
-        if owner is self and isinstance(known, list) and len(known) == ce and ce:
+        owner, known = index.memo.covered_hash
+        if owner is self and known is not None and len(known) == ce and ce:
             return str(known[-1])
         h = prefix_hash(list(map(_DIGEST, stats[:ce])))
-        index.memo["covered_hash"] = (self, [None] * (ce - 1) + [h] if ce else [])
+        index.memo.covered_hash = (self, [None] * (ce - 1) + [h] if ce else [])
         return h
 
     def apply(self, req: RequestContext, plan: Plan) -> Step:

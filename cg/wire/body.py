@@ -33,6 +33,7 @@ from cg.wire.jsonspan import (
     walk_document,
     walk_object,
 )
+from cg.wire.memo import Memo
 
 _OBJECT_START = re.compile(rb"[ \t\r\n]*\{")
 
@@ -110,10 +111,9 @@ class BodyIndex:
     # Byte offsets (in `raw`) of each message's end, then of the array's end: computed when a
     # later turn compares its bytes with this one's; a warm index inherits its shared prefix's.
     _byte_ends: list[int] = field(default_factory=list)
-    # What readers computed about this body, by name: a list aligned with `messages` is carried
-    # over its shared prefix to the next turn's index (`MessageCache.extend`), anything else
-    # whole (that index shares every byte outside the array too).
-    memo: dict[str, Any] = field(default_factory=dict)
+    # What readers computed about this body, in the slots `cg.wire.memo` declares: carried
+    # to the next turn's index (`MessageCache.extend`), per message or whole by declaration.
+    memo: Memo = field(default_factory=Memo)
     shared: int = 0  # leading messages shared byte for byte with the previous turn's body
     # `views`, built once (a reuse turn asks for them three times) and, like `_byte_ends`,
     # inherited over the shared prefix by a next turn's index.
@@ -154,10 +154,10 @@ class BodyIndex:
             raise ValueError(f"character {p} is inside the transcript array")
         if self.chars.ascii:
             return p
-        _, known = self.memo.get("byte_offsets", (None, None))
-        if not isinstance(known, dict):
+        known = self.memo.byte_offsets[1]
+        if known is None:
             known = {}
-            self.memo["byte_offsets"] = (None, known)
+            self.memo.byte_offsets = (None, known)
         key = p if p <= arr.start else -1 - (p - arr.end)  # before: >= 0; after: < 0
         delta = known.get(key)
         if delta is None:
@@ -366,8 +366,7 @@ def _extend(
     index = BodyIndex(raw, chars, dialect, by_key, arr, out, shared=k)
     index._byte_ends = ends[:k]
     index._views = prev.views[:k]
-    for name, (owner, value) in prev.memo.items():
-        index.memo[name] = (owner, value[:k] if isinstance(value, list) else value)
+    index.memo = prev.memo.carried(k)
     return index
 
 
