@@ -37,7 +37,7 @@ from cg.settings import Config
 from cg.simulate.compaction import agent_threshold
 from cg.simulate.standin import StandIn
 from cg.simulate.tally import Tally
-from cg.simulate.turns import Turn
+from cg.simulate.turns import SimTurn
 from cg.state.facts import FactsCache
 from cg.state.store import Store
 from cg.summarize.client import MAX_TOKENS
@@ -121,7 +121,7 @@ class ProxyRun:
         self.store.close()
         self._tmp.cleanup()
 
-    def session(self, turns: Sequence[Turn], tick: Callable[[], None] = lambda: None) -> Tally:
+    def session(self, turns: Sequence[SimTurn], tick: Callable[[], None] = lambda: None) -> Tally:
         tally = Tally()
         cache = PromptCache()
         pending: list[_Job] = []
@@ -172,7 +172,7 @@ class ProxyRun:
         self,
         comp: Summarize,
         job: Commission,
-        turn: Turn,
+        turn: SimTurn,
         i: int,
         sent: Prompt,
         cache: PromptCache,

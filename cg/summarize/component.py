@@ -61,8 +61,9 @@ from cg.wire.splice import Insert, Keep, Plan, is_identity
 
 # `deferred`: another instance sharing the store holds the claim on this conversation, or has
 # already written a newer checkpoint (`Store.claim`): its summary is reused, none is made here.
-Outcome = Literal["completed", "blank", "failed", "timed_out", "no_model", "deferred"]
-Path = Literal["shared", "fallback", "standalone"]
+SummaryOutcome = Literal["completed", "blank", "failed", "timed_out", "no_model", "deferred"]
+# Which request wrote (or tried to write) a summary.
+SummaryRoute = Literal["shared", "fallback", "standalone"]
 # How long a shared-cache job waits for its commissioning turn's answer to begin (the provider
 # writes its cache entry then). Bounded, so a flow that never answers cannot hold a job.
 ANSWER_WAIT = 60.0
@@ -139,7 +140,7 @@ class Commission:
     layouts: tuple[Layout, ...] = ()
     began: asyncio.Event | None = field(default=None, repr=False)
     answer_status: int | None = None  # the commissioning answer's HTTP status, once it began
-    path: Path | None = None  # which request wrote (or tried to write) the summary
+    path: SummaryRoute | None = None  # which request wrote (or tried to write) the summary
     note: str = ""  # why that path, for the log line
     # Who shows the job's calls (the mitmproxy face): the commissioning flow's id, and the id
     # its first call's flow is to have (named in the commissioning flow's comment up front).
@@ -643,7 +644,9 @@ class Summarize:
         self.inflight.discard(job.conversation)
         job.origin = None
 
-    async def complete(self, job: Commission, summarizer: Summarizer | None = None) -> Outcome:
+    async def complete(
+        self, job: Commission, summarizer: Summarizer | None = None
+    ) -> SummaryOutcome:
         """Run the summarizer for `job` (default: this component's) and store the result as the
         session's checkpoint. With no summarizer at all, the job is a counted no-op."""
         summarizer = summarizer or self.summarizer
