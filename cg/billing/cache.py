@@ -114,7 +114,7 @@ def prompt_of(index: BodyIndex, facts: FactsCache) -> Prompt:
         units = units[: len(messages)]
     # A turn that repeats every message of the body its memo came from, byte for byte, has
     # that body's prompt (a message's breakpoint is in its bytes, not in its digest): the same
-    # tuples again, not three ~400-long lists rebuilt (~0.06 ms a turn).
+    # tuples again, not three lists as long as the messages rebuilt.
     was, prompt = index.memo.prompt
     if (
         units is known
@@ -185,7 +185,7 @@ class PromptCache:
             if read < self.min_tokens:
                 read = 0
             # Every prefix of min_tokens or more, written or refreshed: one C-speed update
-            # with one shared value (a Python loop over ~400 keys was ~40 us a turn).
+            # with one shared value, not a Python loop over every key.
             first = bisect.bisect_left(prompt.cum, self.min_tokens)
             if first < len(prompt.keys):
                 entry = (now + prompt.ttl, prompt.ttl)

@@ -91,7 +91,7 @@ def request_model(index: BodyIndex | None) -> str | None:
 
 
 def _answered_model(rounds: list[Round]) -> str | None:
-    """The first model an answer named (a loop: `next` of a generator cost ~1 µs a booking)."""
+    """The first model an answer named (a loop: cheaper than `next` of a generator)."""
     for r in rounds:
         if r.model:
             return r.model
@@ -343,7 +343,7 @@ def _dump(cache: PromptCache, now: float) -> str:
     live = [(k, e) for k, e in cache.entries.items() if e[0] > now]
     if len(live) > STATE_ENTRIES:
         # The newest by (expiry, place), compared as tuples in C: an OpenAI session holds an
-        # entry per message, and a sort keyed by a Python lambda was ~30 us a commit.
+        # entry per message, and a sort keyed by a Python lambda is slower.
         exps = [e[0] for _, e in live]
         top = heapq.nlargest(STATE_ENTRIES, zip(exps, range(len(live)), strict=True))
         live = [live[i] for i in sorted(i for _, i in top)]

@@ -6,8 +6,8 @@ shape of the request the agent sent, to estimate what it would have cost unrewri
 re-sends every earlier message each turn, so the facts are memoised: first by the message's view
 object (a `MessageCache` hit hands back last turn's view for a verbatim-equal message, so nothing
 is even hashed), then by a digest of its raw bytes, and last in the store (`backing`): a
-restarted proxy reads the token counts of a session's history instead of tokenising it again
-(~0.25 s per MB). New facts are written back in batches (`flush`), off the request's path.
+restarted proxy reads the token counts of a session's history instead of tokenising it again.
+New facts are written back in batches (`flush`), off the request's path.
 """
 
 from __future__ import annotations
@@ -232,7 +232,7 @@ class FactsCache:
     def flush(self) -> None:
         """Write the facts computed since the last flush to the store (best effort), at most
         FLUSH_ROWS a transaction: a large body's 20,000 in one held the store's lock (and every
-        turn's store call on the event loop) for ~200 ms."""
+        turn's store call on the event loop) too long."""
         pending, self._pending = self._pending, []
         if not pending or self.backing is None:
             return

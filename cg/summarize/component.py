@@ -256,10 +256,10 @@ class Summarize:
         self.facts.backing = store
         self.answer_wait = ANSWER_WAIT
         # A checkpoint's summary message, read (its view) and counted once: a reuse turn
-        # re-sent the same message and parsed and tokenised it twice (~0.1 ms a turn).
+        # re-sent the same message and parsed and tokenised it twice.
         self._inserts: dict[str, tuple[Insert, int]] = {}
         # The window of each model seen, with and without the 1M beta: looked up every turn,
-        # it walked the whole table for the longest prefix (~13 us a turn under load).
+        # it walked the whole table for the longest prefix.
         self._windows: dict[tuple[str, bool], int | None] = {}
 
     def window(self, model: object, beta_header: str) -> int | None:
@@ -295,8 +295,8 @@ class Summarize:
 
     def _outside_ttl(self, index: BodyIndex) -> float:
         """`cache_ttl` of the text outside the transcript array, memoised on the index: a next
-        turn that shares every byte outside the array inherits it (0.33 ms a turn of searching
-        a Claude Code body's system and tools again)."""
+        turn that shares every byte outside the array inherits it, rather than searching a
+        Claude Code body's system and tools again."""
         owner, known = index.memo.outside_ttl
         if owner is self and known is not None:
             return known
@@ -308,8 +308,7 @@ class Summarize:
         """Running totals over the messages (tokens, output tokens, the largest output, any
         breakpoint asking a 1 h TTL), one entry per message, memoised on the index as a list:
         a next turn inherits the entries of the messages it repeats byte for byte and adds
-        only its new ones (three passes over ~400 facts every turn were ~0.15 ms at 16 turns in
-        flight)."""
+        only its new ones (not three passes over every message's facts every turn)."""
         owner, known = index.memo.totals
         cum: list[_Totals] = known if owner is self.facts and known is not None else []
         if len(cum) < len(stats):  # an inherited list is as long as the messages shared

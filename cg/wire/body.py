@@ -123,8 +123,8 @@ class BodyIndex:
         """Where each message ends in `raw`, and (last) where the array ends. A warm turn's
         index inherits its shared prefix's; only the rest is found. Whether characters are
         bytes is asked of the text's strings (`Chars.ascii`, constant time a segment), never
-        of `raw`: `bytes.isascii` reads up to the first non-ASCII byte, all ~1 MB of an ASCII
-        body (~64 µs), and the previous turn's were asked again every warm turn."""
+        of `raw`: `bytes.isascii` reads up to the first non-ASCII byte, all of an ASCII body,
+        and the previous turn's were asked again every warm turn."""
         n = len(self.messages)
         ends = self._byte_ends
         if len(ends) == n + 1:
@@ -295,7 +295,7 @@ class MessageCache:
                 continue
             ends = prev.byte_ends()
             # A view of the previous body: a prefix is compared where it lies, never copied
-            # (each copy of a ~1 MB prefix cost ~0.04 ms, up to ~9 per turn in the search).
+            # (a copy of a ~1 MB prefix, up to ~9 per turn in the search).
             was = memoryview(prev.raw)
             if not raw.startswith(was[: ends[0]]):
                 continue

@@ -243,7 +243,7 @@ def check_wire_array(
     input message) and not read again by a later turn whose index inherits it: that turn
     shares the message's bytes and their place in the body (`MessageCache.extend`), so the
     same bytes are sliced out. Every turn re-read the ~70 KB system message of an OpenAI
-    transcript (0.10 ms of a 0.8 ms turn); a message the rewrite made is read every time.
+    transcript; a message the rewrite made is read every time.
 
     A kept message not yet read clean is compared, byte for byte, with the source its index
     read it from: equal, its parsed value is what reading it gives (the role is checked on it
@@ -273,7 +273,7 @@ def check_wire_array(
             # The very bytes `index_body` read message i from, as one JSON value: reading them
             # again gives its value. Compared, not decoded: a turn's new messages (a tool's
             # output, tens of KB) were decoded twice, here at JSON's speed. (Copied first: a
-            # memoryview compares with bytes element by element, ~5 µs for 3 KB.)
+            # memoryview compares with bytes element by element.)
             value: Any = index.messages[i].value
         else:
             try:
