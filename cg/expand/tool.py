@@ -30,8 +30,6 @@ _NAME = TOOL_NAME.encode()
 InjectMode = Literal["auto", "always", "never"]
 MAX_EXPANSION_CHARS = 200_000
 
-MARKER_RE = re.compile(rf"(?:<|\\u003[cC]){{2}}cg:({KEY_PATTERN})(?:>|\\u003[eE]){{2}}")
-
 _DESCRIPTION = (
     "Restore, verbatim, the earlier conversation messages that a '=== History Summary ===' "
     "replaced. Call it with the id from the summary's <<cg:ID>> marker when you need an exact "

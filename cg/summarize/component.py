@@ -36,7 +36,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Literal, Protocol, runtime_checkable
 
 from cg.pipeline.contract import RequestContext, Step
-from cg.state.facts import FactsCache, MessageFacts, canonical_digest
+from cg.state.facts import FactsCache, MessageFacts
 from cg.state.session import header
 from cg.state.store import Checkpoint, Store, StoreError, owner, stash_key
 from cg.state.tenant import CONVERSATION_HEX, UNBOUND
@@ -182,12 +182,6 @@ class Commission:
             custom_prompt=cfg.custom_prompt,
             previous_summary=self.previous_summary,
         )
-
-
-def message_digest(index: BodyIndex, i: int) -> bytes:
-    """What message i says, blind to where the client moved `cache_control` (see
-    `cg.state.facts.canonical_digest`); `Summarize` reads it memoised from a `FactsCache`."""
-    return canonical_digest(index.messages[i].value)
 
 
 INSERTS_MAX = 256  # checkpoint messages remembered (read and counted) at once

@@ -261,12 +261,12 @@ class Anthropic(Dialect):
                 tid = b.get("id")
                 tid = tid if isinstance(tid, str) else ""
                 calls.append(tid)
-                blocks.append(BlockView(kind, "", False, tid, None, b))
+                blocks.append(BlockView(kind, "", False, None, b))
             elif kind == "tool_result":
                 rid = b.get("tool_use_id")
                 rid = rid if isinstance(rid, str) else ""
                 results.append(rid)
-                blocks.append(BlockView(kind, _result_text(b.get("content")), False, None, rid))
+                blocks.append(BlockView(kind, _result_text(b.get("content")), False, rid))
             else:
                 blocks.append(_block(b))
         return MessageView(role, None, "blocks", tuple(blocks), tuple(calls), tuple(results), blank)

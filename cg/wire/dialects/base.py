@@ -59,7 +59,6 @@ class BlockView(NamedTuple):
     type: str
     shown: str = ""  # the text, when it is at hand (`call` unset)
     blank: bool = False
-    tool_call_id: str | None = None
     tool_result_id: str | None = None
     call: Mapping[str, Any] | None = None  # a `tool_use` block, rendered by `text`
 
@@ -134,9 +133,6 @@ class Dialect:
     # The top-level key of the transcript array: `messages`, or the Responses API's `input`.
     array_key: ClassVar[str] = "messages"
     pairing: ClassVar[Pairing] = "run"
-    # SPEC §4 rule 1 (a mid-array system message is followed by an assistant turn): Anthropic's,
-    # applied to Chat Completions too; the Responses API places developer items anywhere.
-    system_position: ClassVar[bool] = True
     # A request that already breaks a shape rule passes through untouched (the provider answers
     # it as it would) instead of being rewritten around the breakage.
     strict_input: ClassVar[bool] = False

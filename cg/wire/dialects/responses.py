@@ -227,7 +227,6 @@ class Responses(Dialect):
     wire_roles: ClassVar[frozenset[str]] = MESSAGE_ROLES
     array_key: ClassVar[str] = "input"
     pairing: ClassVar[Pairing] = "id"
-    system_position: ClassVar[bool] = False
     strict_input: ClassVar[bool] = True
     auto_cache: ClassVar[bool] = True
     cache_key_member: ClassVar[str | None] = "prompt_cache_key"
