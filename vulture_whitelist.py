@@ -67,10 +67,3 @@ _._quick_backoff
 # function `bench.peers` stands in for (`expected_hash`).
 _.exc
 _.expected_hash
-
-# lead: delete after merge -- dead code in files other helpers own on issue 30; each line goes
-# once its definition is deleted on merge (`make deadcode` then passes without it).
-_.message_digest  # cg/summarize/component.py: no caller
-_.Fraction  # cg/summarize/config.py: a type alias nothing uses
-_.tool_call_id  # cg/wire/dialects/base.py: BlockView.tool_call_id, never set nor read
-_.system_position  # cg/wire/dialects/base.py, responses.py: Dialect.system_position, never read

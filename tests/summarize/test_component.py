@@ -164,7 +164,9 @@ def test_running_totals_memoised_on_a_warm_index_equal_ones_summed_afresh(turn: 
         assert top == max((max(f.outputs) for f in upto if f.outputs), default=0)
         assert long == any(f.long_ttl for f in upto)
     if second.shared:  # vacuity guard: the warm index inherited the first one's entries
-        assert second.memo["totals"][1][: second.shared] == first.memo["totals"][1][: second.shared]
+        warm, cold = second.memo.totals[1], first.memo.totals[1]
+        assert warm is not None and cold is not None
+        assert warm[: second.shared] == cold[: second.shared]
 
 
 @pytest.mark.parametrize("keep_last", [0, 1, 3])
