@@ -1,7 +1,7 @@
 """A full store's eviction with nothing to evict, timed: `python -m bench.evict [--stashes
 12000] [--span-kb 2] [--max-mb 32] [--reps 20]`.
 
-Why: `Store.evict` runs inline in whichever hook's write finds a minute gone since the last one
+Why: `SqliteStore.evict` runs inline in whichever hook's write finds a minute gone since the last one
 (or the stashes over their budget), on the proxy's event loop, so its time is a stall of every
 flow in flight. This fills a real SQLite store the way the addon does (`put_stash`, spans of
 `--span-kb`, the size bound evicting as it fills), then times `evict()` calls that find nothing
@@ -22,12 +22,12 @@ from typing import Any
 
 
 def measure(stashes: int, span_kb: int, max_mb: float, reps: int) -> dict[str, Any]:
-    from cg.state.store import Store
+    from cg.state.sqlite import SqliteStore
 
     clock = [1_000_000.0]
     span = [json.dumps("x" * (span_kb * 1024))]
     with tempfile.TemporaryDirectory(prefix="cg-bench-evict-") as d:
-        st = Store(Path(d) / "cg.sqlite3", max_mb=max_mb, now=lambda: clock[0])
+        st = SqliteStore(Path(d) / "cg.sqlite3", max_mb=max_mb, now=lambda: clock[0])
         try:
             for i in range(stashes):
                 st.put_stash(uuid.uuid4().hex[:24], f"s{i % 64}", span, "anthropic")

@@ -24,7 +24,7 @@ from pathlib import Path
 
 from cg.pipeline.rewrite import ExpandPolicy, rewrite_body
 from cg.state.facts import FactsCache
-from cg.state.store import Store
+from cg.state.sqlite import SqliteStore
 from cg.state.tokens import TokenCounter
 from cg.summarize.component import Summarize
 from cg.summarize.config import SummarizeConfig
@@ -56,7 +56,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     tmp = Path(tempfile.mkdtemp(prefix="cg-memory-"))
     db = tmp / "cg.sqlite3"
-    store = Store(db, max_mb=args.max_mb)
+    store = SqliteStore(db, max_mb=args.max_mb)
     tokens = TokenCounter()
     facts = FactsCache(tokens)
     cfg = SummarizeConfig.model_validate({"trigger": {"min_request_tokens": 1000}})

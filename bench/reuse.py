@@ -4,7 +4,7 @@ What the addon runs on an agent turn whose covered prefix matches the session's 
 `summarize` component re-emits the stored summary message byte-identically (head + summary + the
 rest), and the expand tool is injected because the summary's marker resolves. Everything is real:
 
-- a `Store` on a temporary SQLite file (WAL, as the addon opens it);
+- a `SqliteStore` on a temporary SQLite file (WAL, as the addon opens it);
 - a `Summarize` component, config `cache_state: any`, `trigger.min_request_frac: 0` (so it
   acts), everything else default (`marker_mode: full`, `resummarize_tokens: 6000`);
 - the checkpoint made the way the addon makes it: the previous turn (the body without its last
@@ -70,9 +70,10 @@ from bench.hotpath import machine, p90, previous_turn, primed
 from cg.expand.tool import TOOL_JSON, markers
 from cg.pipeline.rewrite import ExpandPolicy, Rewrite, _inject, rewrite_body
 from cg.settings import StoreConfig
+from cg.state import Store
 from cg.state.pgstore import redact_url
+from cg.state.records import Checkpoint
 from cg.state.session import session_of
-from cg.state.store import Checkpoint, Store
 from cg.state.tenant import fingerprint
 from cg.state.tokens import TokenCounter
 from cg.summarize.component import Commission, Summarize, conversation_key, prefix_hash

@@ -130,7 +130,7 @@ def populate(
     """Write `rows(sessions, **kw)` straight into the SQLite store at `path`, in one
     transaction. The file is created by the store of the checkout at `tree` (its schema), run
     by `python`."""
-    code = "import sys; from cg.state.store import Store; Store(sys.argv[1], evict=False).close()"
+    code = "import sys; from cg.state.sqlite import SqliteStore; SqliteStore(sys.argv[1], evict=False).close()"
     env = {**os.environ, "PYTHONPATH": str(tree)}
     subprocess.run([python, "-c", code, str(path)], check=True, cwd=tree, env=env)
     conn = sqlite3.connect(path, isolation_level=None)

@@ -40,15 +40,14 @@ EXIT_NOT_FOUND = 1
 
 def _store(db: str | None) -> Any:
     """The store, opened to read: the CLI never evicts (the proxy's config sets the TTL)."""
-    from cg.state.pgstore import PgStore  # psycopg itself only loads for a URL
-    from cg.state.store import Store, is_url
+    from cg.state import is_url, open_reader  # psycopg itself only loads for a URL
 
     if db is not None and is_url(db):
-        return PgStore(db, evict=False)  # the shared store several proxies use
+        return open_reader(db)  # the shared store several proxies use
     path = Path(db or StoreConfig().path).expanduser()
     if not path.is_file():
         raise ValueError(f"no context-guru store at {path}")
-    return Store(path, evict=False)
+    return open_reader(str(path))
 
 
 def _out(obj: Any) -> None:
@@ -100,7 +99,7 @@ def replay(args: argparse.Namespace) -> int:
     from cg.components import Services, build_pipeline
     from cg.pipeline.rewrite import rewrite_body
     from cg.settings import load_config
-    from cg.state.store import Store
+    from cg.state import open_store
     from cg.state.tokens import TokenCounter
 
     config = load_config(args.preset, args.config, ["summarize"])
@@ -109,7 +108,7 @@ def replay(args: argparse.Namespace) -> int:
         print(f"{args.file}: no provider requests found", file=sys.stderr)
         return EXIT_NOT_FOUND
     with tempfile.TemporaryDirectory() as tmp:
-        store = Store(Path(tmp) / "replay.sqlite3")
+        store = open_store(StoreConfig(), str(Path(tmp) / "replay.sqlite3"))
         components = build_pipeline(
             config.pipeline,
             config.components,
@@ -179,7 +178,7 @@ def _brief(m: Any, width: int = 100) -> str:
 
 
 def expand(args: argparse.Namespace) -> int:
-    from cg.state.store import valid_key
+    from cg.state import valid_key
 
     if not valid_key(args.key):
         print(f"not a context-guru id: {args.key!r}", file=sys.stderr)

@@ -11,8 +11,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from cg.pipeline.contract import Component
+from cg.state import Store
 from cg.state.facts import FactsCache
-from cg.state.store import Store
 from cg.state.tokens import TokenCounter
 from cg.summarize.component import Summarize, Summarizer
 from cg.summarize.config import ModelConfig, parse_summarize

@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 from cg.settings import AUTO, load_config, load_presets
-from cg.state.store import Store
+from cg.state.sqlite import SqliteStore
 from cg.summarize.config import parse_summarize
 from tests.transcripts import CC16, Driver, fixture_body, fixture_headers, grow, make
 
@@ -33,7 +33,7 @@ WINDOW_200K = 200_000
 CLAUDE_CODE_THRESHOLD = 0.835
 
 
-def preset_driver(name: str, store: Store, **kw: Any) -> Driver:
+def preset_driver(name: str, store: SqliteStore, **kw: Any) -> Driver:
     cfg = load_config(name, None, ["summarize"])
     comp = parse_summarize(cfg.components.get("summarize") or {}, env={})
     return make(comp, store, **kw)
@@ -62,12 +62,12 @@ def run(driver: Driver, bodies: list[dict[str, Any]], stop_tokens: int) -> list[
 
 
 @pytest.fixture
-def store(tmp_path: Path) -> Iterator[Store]:
-    with Store(tmp_path / "cg.sqlite3") as s:
+def store(tmp_path: Path) -> Iterator[SqliteStore]:
+    with SqliteStore(tmp_path / "cg.sqlite3") as s:
         yield s
 
 
-def test_claude_code_preset_splices_before_80_percent_of_a_200k_window(store: Store) -> None:
+def test_claude_code_preset_splices_before_80_percent_of_a_200k_window(store: SqliteStore) -> None:
     base = fixture_body(CC16)
     assert base["model"].startswith("claude-opus-4")  # a 200k window without the 1M beta
     bodies = tool_heavy(base)
@@ -84,7 +84,7 @@ def test_claude_code_preset_splices_before_80_percent_of_a_200k_window(store: St
     assert rows[first]["rec"]["trigger"]["cache"] in ("warm", "unknown")  # whatever the cache
 
 
-def test_on_claude_codes_1m_window_the_preset_acts_at_its_token_trigger(store: Store) -> None:
+def test_on_claude_codes_1m_window_the_preset_acts_at_its_token_trigger(store: SqliteStore) -> None:
     """Claude Code asks for claude-opus-4-8 with the context-1m beta: a 1M window, which a
     fraction trigger would leave untouched until 800k tokens. The token trigger acts at 60k."""
     headers = fixture_headers(CC16)
@@ -97,7 +97,9 @@ def test_on_claude_codes_1m_window_the_preset_acts_at_its_token_trigger(store: S
     assert max(r["sent"] for r in rows) < 0.1 * 1_000_000 < rows[-1]["tokens"]
 
 
-def test_the_spec_defaults_would_not_have_acted_before_claude_code_compacts(store: Store) -> None:
+def test_the_spec_defaults_would_not_have_acted_before_claude_code_compacts(
+    store: SqliteStore,
+) -> None:
     """Why the preset exists, and why the defaults moved: the first design's `summarize` defaults
     wait for 90% of the window and a cold cache, and Claude Code compacts at 83.5%."""
     spec = {
@@ -112,7 +114,7 @@ def test_the_spec_defaults_would_not_have_acted_before_claude_code_compacts(stor
     assert max(r["sent"] for r in rows) >= CLAUDE_CODE_THRESHOLD * WINDOW_200K
 
 
-def test_the_summarize_preset_now_acts_in_time_too(store: Store) -> None:
+def test_the_summarize_preset_now_acts_in_time_too(store: SqliteStore) -> None:
     d = preset_driver("summarize", store, headers={"anthropic-beta": ""})
     rows = run(d, tool_heavy(fixture_body(CC16)), int(0.85 * WINDOW_200K))
     first = next(i for i, r in enumerate(rows) if r["outcome"] == "rewritten")

@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 
 from cg.cli import main
-from cg.state.store import Checkpoint, LedgerTurns, Store, stash_key
+from cg.state.records import Checkpoint, LedgerTurns, stash_key
+from cg.state.sqlite import SqliteStore
 from cg.wire.usage import Usage
 
 REPO = Path(__file__).resolve().parents[1]
@@ -50,7 +51,7 @@ def _home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
 @pytest.fixture
 def db(tmp_path: Path) -> Path:
     path = tmp_path / "cg.sqlite3"
-    with Store(path) as st:
+    with SqliteStore(path) as st:
         st.put_stash(stash_key(SOURCES), SESSION, SOURCES, "anthropic")
         st.put_stash(stash_key(OPENAI_SOURCES), "cli-sess-2", OPENAI_SOURCES, "openai")
         st.touch_session(SESSION)
@@ -114,11 +115,11 @@ def test_expand_expired_id_exits_1(tmp_path: Path, capsys) -> None:
     path = tmp_path / "old.sqlite3"
     long_ago = time.time() - 100 * 3600  # past the default 72 h TTL
     key = stash_key(SOURCES)
-    with Store(path, ttl_hours=1000, now=lambda: long_ago) as st:
+    with SqliteStore(path, ttl_hours=1000, now=lambda: long_ago) as st:
         st.put_stash(key, SESSION, SOURCES, "anthropic")
-    with Store(path, evict=False) as st:
+    with SqliteStore(path, evict=False) as st:
         assert st.has_stash(key)  # the vacuity guard: it is there until a 72 h store opens it
-    with Store(path) as st:  # the proxy, with the default 72 h TTL, evicts it on open
+    with SqliteStore(path) as st:  # the proxy, with the default 72 h TTL, evicts it on open
         assert not st.has_stash(key)
     code, out, err = run(capsys, "expand", key, "--db", str(path))
     assert code == 1
@@ -159,7 +160,7 @@ def test_sessions(db: Path, capsys) -> None:
 
 
 def test_sessions_of_an_empty_store(tmp_path: Path, capsys) -> None:
-    Store(tmp_path / "empty.sqlite3").close()
+    SqliteStore(tmp_path / "empty.sqlite3").close()
     code, out, _ = run(capsys, "sessions", "--db", str(tmp_path / "empty.sqlite3"))
     assert (code, out) == (0, "no sessions\n")
 
@@ -176,7 +177,7 @@ def test_stats(db: Path, capsys) -> None:
 
 
 def _ledger(db: Path) -> None:
-    with Store(db) as st:
+    with SqliteStore(db) as st:
         st.record_usage(
             SESSION,
             [
@@ -359,11 +360,11 @@ def test_the_cli_never_evicts_a_store_configured_with_a_longer_ttl(tmp_path: Pat
     path = tmp_path / "long.sqlite3"
     old = time.time() - 100 * 3600
     key = stash_key(SOURCES)
-    with Store(path, ttl_hours=168, now=lambda: old) as st:
+    with SqliteStore(path, ttl_hours=168, now=lambda: old) as st:
         st.put_stash(key, SESSION, SOURCES, "anthropic")
     for args in (["sessions"], ["stats"], ["expand", key]):
         assert run(capsys, *args, "--db", str(path))[0] == 0
-    with Store(path, ttl_hours=168) as st:
+    with SqliteStore(path, ttl_hours=168) as st:
         assert st.has_stash(key)
 
 

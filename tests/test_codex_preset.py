@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from cg.settings import load_config
-from cg.state.store import Store
+from cg.state.sqlite import SqliteStore
 from cg.summarize.config import parse_summarize
 from cg.summarize.triggers import resolve_window, shipped_windows
 from tests.summarize.test_component_responses import grow
@@ -25,12 +25,12 @@ CODEX_LIMIT = 244_800  # 90% of Codex's 272,000-token window
 
 
 @pytest.fixture
-def store(tmp_path: Path) -> Iterator[Store]:
-    with Store(tmp_path / "cg.sqlite3") as s:
+def store(tmp_path: Path) -> Iterator[SqliteStore]:
+    with SqliteStore(tmp_path / "cg.sqlite3") as s:
         yield s
 
 
-def codex_driver(store: Store, windows: dict[str, int] | None = None) -> Driver:
+def codex_driver(store: SqliteStore, windows: dict[str, int] | None = None) -> Driver:
     cfg = load_config("codex", None, ["summarize"])
     comp = parse_summarize(cfg.components["summarize"], env={})
     return make(comp, store, "responses", model_windows={**cfg.model_windows, **(windows or {})})
@@ -80,7 +80,7 @@ def test_a_configured_window_for_the_model_wins(tmp_path: Path) -> None:
     assert resolve_window("gpt-5.5", "", cfg.model_windows, shipped_windows()) == 272_000
 
 
-def test_the_preset_splices_long_before_codexs_limit(store: Store) -> None:
+def test_the_preset_splices_long_before_codexs_limit(store: SqliteStore) -> None:
     bodies = grow("middle", 80, words=1200)  # ~5k tokens a round
     rows = run(codex_driver(store), bodies, int(0.95 * CODEX_LIMIT))
     assert rows[-1]["tokens"] >= 0.95 * CODEX_LIMIT, "the session never grew that far: vacuous"
@@ -91,7 +91,7 @@ def test_the_preset_splices_long_before_codexs_limit(store: Store) -> None:
     assert rows[first]["rec"]["window"] == 272_000
 
 
-def test_with_a_small_window_the_ceiling_keeps_codex_under_its_limit(store: Store) -> None:
+def test_with_a_small_window_the_ceiling_keeps_codex_under_its_limit(store: SqliteStore) -> None:
     """Codex told `model_context_window = 50000` compacts at 45,000 (below the 60k trigger):
     the proxy told the same window acts at its ceiling, 60% of it."""
     doc = json.loads(grow("middle", 1)[0])

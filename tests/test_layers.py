@@ -27,6 +27,21 @@ LAYERS = [
     "__main__",
 ]
 RANK = {name: i for i, name in enumerate(LAYERS)}
+# What cg/state shows the layers above it: the store's interface (`cg.state`, its protocol and
+# records, the factory that picks an engine) and the modules that are not the store. The engines
+# (`sqlite`, `sqlite_file`, `pgstore`, `pgconn`) and what they share (`sql`, `schema`, `policy`)
+# are internal: a caller that imported one would run an engine's line for the other engine.
+STATE_PUBLIC = {
+    "cg.state",
+    "cg.state.interface",
+    "cg.state.records",
+    "cg.state.engines",
+    "cg.state.facts",
+    "cg.state.pending",
+    "cg.state.session",
+    "cg.state.tenant",
+    "cg.state.tokens",
+}
 
 
 def layer(module: str) -> str:
@@ -64,6 +79,8 @@ def problems(module: str, source: str) -> list[str]:
             out.append(f"{module}:{line} imports {name}: {own} is below {target}")
         elif own == "summarize" and target == "pipeline" and name != "cg.pipeline.contract":
             out.append(f"{module}:{line} imports {name}: a component imports only the contract")
+        elif own != "state" and target == "state" and name not in STATE_PUBLIC:
+            out.append(f"{module}:{line} imports {name}: outside cg/state, only its interface")
     return out
 
 
@@ -101,6 +118,9 @@ def test_only_the_proxy_package_imports_mitmproxy() -> None:
         ("cg.expand.tool", "from mitmproxy import http", "only cg.proxy may import mitmproxy"),
         ("cg.summarize.span", "from cg.pipeline.runner import run_pipeline", "only the contract"),
         ("cg.settings", "from cg.wire.usage import Usage", "settings is below wire"),
+        ("cg.proxy.addon", "from cg.state.sqlite import SqliteStore", "only its interface"),
+        ("cg.cli", "def f():\n    import cg.state.pgstore\n", "only its interface"),
+        ("cg.billing.ledger", "from cg.state.sql import PG", "only its interface"),
     ],
 )
 def test_the_checker_catches_an_upward_import(module: str, source: str, complaint: str) -> None:
@@ -111,4 +131,7 @@ def test_the_checker_catches_an_upward_import(module: str, source: str, complain
 def test_the_checker_allows_what_points_down() -> None:
     src = "from cg.wire.body import index_body\nfrom cg.pipeline.contract import Step\n"
     assert problems("cg.summarize.component", src) == []
+    src = "from cg.state import Store\nfrom cg.state.records import Stash\n"
+    assert problems("cg.proxy.addon", src) == []
+    assert problems("cg.state.engines", "from cg.state.sqlite import SqliteStore") == []
     assert problems("cg.proxy.addon", "from mitmproxy import http\nimport cg") == []

@@ -20,8 +20,8 @@ from pathlib import Path
 from typing import Any
 
 from cg.pipeline.rewrite import ExpandPolicy, Rewrite, rewrite_body
+from cg.state import Store
 from cg.state.facts import strip_cache_control
-from cg.state.store import Store
 from cg.state.tokens import TokenCounter
 from cg.summarize.component import Commission, Summarize, SummarizerError, SummarizerTimeout
 from cg.summarize.config import SummarizeConfig, parse_summarize

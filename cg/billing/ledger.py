@@ -37,9 +37,9 @@ from cg.billing.cache import Prompt, PromptCache, prompt_of
 from cg.billing.prices import PriceTable
 from cg.billing.savings import report, rows_cost
 from cg.frozen import frozen
+from cg.state import NO_TURNS, LedgerTurns, Store, UsageRow
 from cg.state.facts import FactsCache
 from cg.state.session import session_of, valid_session_id
-from cg.state.store import NO_TURNS, LedgerTurns, Store, UsageRow
 from cg.wire.body import BodyIndex, BodyRejected, MessageCache, index_body
 from cg.wire.dialects import DIALECTS
 from cg.wire.splice import Insert, Keep, SentShape

@@ -25,7 +25,7 @@ from typing import Any
 
 from cg.billing.prices import PriceTable
 from cg.billing.savings import savings, usage_split
-from cg.state.store import PageKey, SessionDetail, Store
+from cg.state import PageKey, SessionDetail, Store
 
 PAGE_DEFAULT = 50  # sessions on a page when `limit` is not given
 PAGE_MAX = 500

@@ -15,7 +15,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from cg.billing.prices import PriceTable
-from cg.state.store import LedgerTurns, Store, UsageRow
+from cg.state import LedgerTurns, Store, UsageRow
 from cg.wire.usage import Usage
 
 ESTIMATED = ("without_rewrite_usd", "saved_usd")

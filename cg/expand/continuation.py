@@ -28,7 +28,7 @@ from typing import Any
 import httpx
 
 from cg.expand.tool import TOOL_NAME
-from cg.state.store import valid_key
+from cg.state import valid_key
 from cg.wire.answers import (
     Reply,
     assistant_messages,

@@ -21,7 +21,7 @@ import re
 from collections.abc import Iterator, Sequence
 from typing import Any, Literal
 
-from cg.state.store import KEY_PATTERN, Stash, Store
+from cg.state import KEY_PATTERN, Stash, Store
 from cg.wire.body import BodyIndex
 from cg.wire.dialects import DIALECTS
 

@@ -14,8 +14,8 @@ from typing import Any, Literal
 from cg.expand.tool import InjectMode, inject_reason, tool_insertion
 from cg.pipeline.contract import Component, Invalidates, RequestContext
 from cg.pipeline.runner import PipelineResult, run_pipeline
+from cg.state import Store
 from cg.state.session import session_of
-from cg.state.store import Store
 from cg.state.tenant import describe
 from cg.state.tokens import REQUEST_BUDGET_CHARS, budget
 from cg.wire.body import (

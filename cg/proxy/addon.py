@@ -55,9 +55,9 @@ from cg.settings import (
     no_such,
     unknown_names,
 )
+from cg.state import Store, StoreClaimed, StoreError, valid_key
 from cg.state.facts import FactsCache
 from cg.state.session import header
-from cg.state.store import Store, StoreClaimed, StoreError, valid_key
 from cg.state.tenant import ANONYMOUS, fingerprint
 from cg.state.tokens import TokenCounter
 from cg.summarize.client import HttpPool, Origin, SummarizerClient, timeout_from_env
@@ -628,26 +628,7 @@ class ContextGuru:
                 return f"the store is unavailable ({self.store_error})"
             error = self._reopen_store()
             return None if error is None else f"the store is unavailable ({error})"
-        store = self.store
-        if store is None or not store.persistent:
-            return None
-        problem = store.file_problem()
-        if problem is not None:
-            if store.error is not None and now - store.error_at < STORE_RETRY:
-                return f"{problem}; {store.error}"
-            try:
-                store.restore_file()
-                log.warning("context-guru: %s; written back from the open store", problem)
-            except StoreError as e:
-                return f"{problem}; {e}"
-        if store.error is not None:
-            if now - store.error_at < STORE_RETRY:
-                return f"the store failed ({store.error}); retried after {STORE_RETRY:g}s"
-            try:
-                store.probe()  # writes again? (sets error_at anew when not)
-            except StoreError as e:
-                return f"the store failed ({e}); retried after {STORE_RETRY:g}s"
-        return None
+        return None if self.store is None else self.store.health(STORE_RETRY)
 
     def running(self) -> None:
         """Freeze the start-up heap: a full GC then skips it (~35 ms -> ~2 ms with 1 MiB bodies).

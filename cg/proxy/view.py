@@ -38,7 +38,7 @@ from mitmproxy import flow as mflow
 from mitmproxy.net.http.headers import parse_content_type
 
 from cg.expand.tool import TOOL_JSON, markers
-from cg.state.store import Stash
+from cg.state import Stash
 from cg.wire.dialects import DIALECTS
 from cg.wire.jsonspan import JsonSpanError, rebuild_array, walk_document
 

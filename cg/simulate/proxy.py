@@ -33,13 +33,13 @@ from cg.billing.prices import PriceTable
 from cg.components import Services, build_pipeline
 from cg.pipeline.contract import Component
 from cg.pipeline.rewrite import ExpandPolicy, rewrite_body
-from cg.settings import Config
+from cg.settings import Config, StoreConfig
 from cg.simulate.compaction import agent_threshold
 from cg.simulate.standin import StandIn
 from cg.simulate.tally import Tally
 from cg.simulate.turns import SimTurn
+from cg.state import Store, open_store
 from cg.state.facts import FactsCache
-from cg.state.store import Store
 from cg.summarize.client import MAX_TOKENS
 from cg.summarize.component import Commission, Summarize, Summarizer
 from cg.summarize.config import ModelConfig
@@ -105,7 +105,9 @@ class ProxyRun:
         self.live = summarizers is not None
         self.clock = _Clock()
         self._tmp = tempfile.TemporaryDirectory(prefix="cg-simulate-")
-        self.store = Store(Path(self._tmp.name) / "simulate.sqlite3", now=self.clock)
+        self.store: Store = open_store(
+            StoreConfig(), str(Path(self._tmp.name) / "simulate.sqlite3"), now=self.clock
+        )
         services = Services(
             self.store, facts.tokens, config.model_windows, summarizers=summarizers, facts=facts
         )

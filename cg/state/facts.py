@@ -25,7 +25,7 @@ from cg.wire.body import BodyIndex
 from cg.wire.dialects import MessageView
 
 if TYPE_CHECKING:  # (a type only: the store imports the session module, which imports this)
-    from cg.state.store import FactRow
+    from cg.state.records import FactRow
 
 MEMO_SIZE = 50_000
 PENDING_MAX = 20_000  # facts not yet written back are flushed at this many at the latest
@@ -107,7 +107,7 @@ def breakpoints_in(value: Any) -> tuple[bool, bool]:
 
 
 class FactsBacking(Protocol):
-    """Where facts outlive the process (`cg.state.store.Store`)."""
+    """Where facts outlive the process (`cg.state.interface.Store`)."""
 
     def get_facts(self, raws: Sequence[bytes]) -> dict[bytes, FactRow]: ...
 

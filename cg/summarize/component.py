@@ -36,9 +36,9 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Literal, Protocol, runtime_checkable
 
 from cg.pipeline.contract import RequestContext, Step
+from cg.state import Checkpoint, Store, StoreError, owner, stash_key
 from cg.state.facts import FactsCache, MessageFacts
 from cg.state.session import header
-from cg.state.store import Checkpoint, Store, StoreError, owner, stash_key
 from cg.state.tenant import CONVERSATION_HEX, UNBOUND
 from cg.state.tokens import TokenCounter
 from cg.summarize.config import SummarizeConfig

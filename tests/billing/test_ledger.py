@@ -21,8 +21,12 @@ from cg.billing.listing import sessions_page
 from cg.billing.prices import PriceTable
 from cg.expand.tool import tool_insertion
 from cg.settings import parse_prices
+from cg.state import Store
 from cg.state.facts import FactsCache
-from cg.state.store import _SCHEMA, LEDGER_TTL_DAYS, SCHEMA_VERSION, Checkpoint, LedgerTurns, Store
+from cg.state.policy import LEDGER_TTL_DAYS
+from cg.state.records import Checkpoint, LedgerTurns
+from cg.state.schema import SQLITE_V1, SQLITE_VERSION
+from cg.state.sqlite import SqliteStore
 from cg.state.tokens import TokenCounter
 from cg.wire.body import BodyIndex, index_body
 from cg.wire.dialects import ANTHROPIC, DIALECTS, OPENAI
@@ -86,7 +90,7 @@ def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store]:
     """The ledger on both engines: an SQLite file, and a database on the suite's PostgreSQL
     server (skipped without one, unless CG_REQUIRE_POSTGRES=1)."""
     if request.param == "sqlite":
-        with Store(tmp_path / "cg.sqlite3") as st:
+        with SqliteStore(tmp_path / "cg.sqlite3") as st:
             yield st
         return
     from cg.state.pgstore import PgStore
@@ -262,12 +266,12 @@ def test_a_restart_resumes_the_modelled_cache_instead_of_faking_savings(
     billed = Usage(input_tokens=500, output_tokens=5, requests=1)
 
     def run(path: Path, restart: bool) -> Usage:
-        st = Store(path)
+        st = SqliteStore(path)
         ledger = Ledger(st, PRICES, facts)
         ledger.agent_turn(turn(t1, at=1000.0), [Round(billed)], H)
         if restart:
             st.close()
-            st = Store(path)
+            st = SqliteStore(path)
             ledger = Ledger(st, PRICES, FactsCache(TokenCounter()))
         ledger.agent_turn(turn(t2, rewritten=True, at=1060.0), [Round(billed)], H, sent)
         (row,) = [r.usage for r in st.usage_rows() if r.kind == "estimate"]
@@ -359,18 +363,18 @@ def test_a_flow_with_no_readable_body_is_booked_by_its_header_or_as_unidentified
 def test_a_v1_store_is_migrated_to_v2_keeping_its_data(tmp_path: Path) -> None:
     path = tmp_path / "old.sqlite3"
     conn = sqlite3.connect(path)
-    conn.executescript(_SCHEMA)
+    conn.executescript(SQLITE_V1)
     conn.execute("INSERT INTO sessions VALUES ('old', ?, NULL)", (time.time(),))
     conn.execute("PRAGMA user_version = 1")
     conn.commit()
     conn.close()
-    with Store(path) as st:
+    with SqliteStore(path) as st:
         assert st.get_session("old") is not None
         st.record_usage("old", [("agent", "m", "", Usage(5, requests=1))], LedgerTurns(turns=1))
         assert st.usage_rows("old")[0].usage == Usage(5, requests=1)
     conn = sqlite3.connect(path)
     assert (
-        conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
+        conn.execute("PRAGMA user_version").fetchone()[0] == SQLITE_VERSION
     )  # v2, and every later step
     conn.close()
 
@@ -383,7 +387,7 @@ def test_ledger_rows_outlive_the_stash_ttl_and_go_after_thirty_days(tmp_path: Pa
             return self.t
 
     clock = Clock()
-    with Store(tmp_path / "cg.sqlite3", ttl_hours=1, now=clock, evict_interval=0) as st:
+    with SqliteStore(tmp_path / "cg.sqlite3", ttl_hours=1, now=clock, evict_interval=0) as st:
         st.record_usage("s", [("agent", "m", "", Usage(5, requests=1))], LedgerTurns(turns=1))
         st.touch_session("s")
         clock.t += 2 * 3600  # past the store TTL: the session clock goes, the ledger stays

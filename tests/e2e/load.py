@@ -50,7 +50,7 @@ from typing import Any
 
 import httpx
 
-from cg.state.store import STASH_SHARE
+from cg.state.policy import STASH_SHARE
 from tests.e2e.harness import Proxy, low, start_summarize
 from tests.fakeprovider import FakeProvider, Recorded, Reply
 
@@ -59,7 +59,7 @@ MARKER = re.compile(r"<<cg:([0-9a-f]{24})>>")
 HEADER = "=== History Summary ==="
 SESSION_HEADER = "x-context-guru-session"
 FILLER = " ".join(f"w{i}" for i in range(120))  # ~150 tokens a message
-# What `--max-mb` checks: the store's promise (`cg.state.store`, STASH_SHARE). The SQLite file
+# What `--max-mb` checks: the store's promise (`cg.state.policy`, STASH_SHARE). The SQLite file
 # on disk (database, -wal and -shm together, sampled every 0.5 s) stays within max_mb; the
 # stashes' bytes (SUM(stashes.size)) within their share of it, plus STASH_SLACK: a span is
 # committed before the eviction it triggers runs, and a sample can fall between the two.

@@ -22,11 +22,12 @@ def test_kill_9_with_summaries_in_flight_leaves_a_store_that_opens_whole(tmp_pat
 
 def test_the_orphan_check_sees_a_checkpoint_without_its_stash(tmp_path):
     """Vacuity guard: a checkpoint whose stash is gone is reported; one with its stash is not."""
-    from cg.state.store import Checkpoint, Store, stash_key
+    from cg.state.records import Checkpoint, stash_key
+    from cg.state.sqlite import SqliteStore
     from tests.e2e.crash import Round, inspect
 
     db = tmp_path / "cg.sqlite3"
-    with Store(db) as st:
+    with SqliteStore(db) as st:
         for sid, stashed in (("kept", True), ("lost", False)):
             key = stash_key([sid])
             if stashed:

@@ -689,12 +689,13 @@ async def test_the_expand_endpoint_refuses_a_non_loopback_client(tmp_path):
     """Simulated in process (the e2e proxy listens on 127.0.0.1 only): a peer address that is
     not loopback gets 403 before the id is even read."""
     from cg.proxy.addon import ContextGuru
-    from cg.state.store import Store, stash_key
+    from cg.state.records import stash_key
+    from cg.state.sqlite import SqliteStore
 
     db = tmp_path / "cg.sqlite3"
     sources = ['{"role":"user","content":"x"}']
     key = stash_key(sources)
-    with Store(db) as st:
+    with SqliteStore(db) as st:
         st.put_stash(key, "s", sources, "anthropic")
 
     def flow(peer: tuple[str, int]) -> Any:

@@ -18,7 +18,7 @@ import pytest
 from mitmproxy import http, io
 
 from cg.proxy.view import RewriteView
-from cg.state.store import Store
+from cg.state.sqlite import SqliteStore
 from tests.e2e.agents import LOW, start_proxy
 from tests.e2e.harness import Proxy, low, start_summarize
 from tests.e2e.sdk_agent import API_KEY, SdkAgent, run_scripted
@@ -59,7 +59,7 @@ def endpoints(proxy: Proxy, db: Path) -> dict[str, bytes]:
 def saved_flows(path: Path, store: Path) -> dict[str, bytes]:
     """Each saved flow's request headers, metadata and `context-guru` view, as text."""
     out: dict[str, bytes] = {}
-    st = Store(store, evict=False)
+    st = SqliteStore(store, evict=False)
     view = RewriteView(lambda key: st.get_stash(key))
     try:
         with path.open("rb") as f:

@@ -17,7 +17,8 @@ import pytest
 
 from cg.expand import continuation
 from cg.expand.tool import TOOL_NAME, resolve
-from cg.state.store import Store, StoreError, stash_key
+from cg.state.records import StoreError, stash_key
+from cg.state.sqlite import SqliteStore
 from cg.wire.answers import (
     Reply,
     parse_json,
@@ -428,7 +429,7 @@ async def test_a_malformed_id_is_answered_explicitly(client, bad: Any) -> None:
 async def test_an_expired_id_is_answered_no_longer_available(client, tmp_path: Path) -> None:
     t = [1_000_000.0]
     sources = ['{"role":"user","content":"the original"}']
-    with Store(tmp_path / "cg.sqlite3", ttl_hours=1, now=lambda: t[0]) as st:
+    with SqliteStore(tmp_path / "cg.sqlite3", ttl_hours=1, now=lambda: t[0]) as st:
         key = stash_key(sources)
         st.put_stash(key, "s1", sources, "anthropic")
         live = Upstream("anthropic", anthropic_msg(2, text="ok"))

@@ -31,7 +31,9 @@ from cg.expand.tool import (
 )
 from cg.pipeline.contract import RequestContext, Step
 from cg.pipeline.rewrite import ExpandPolicy, rewrite_body
-from cg.state.store import Store, stash_key
+from cg.state import Store
+from cg.state.records import stash_key
+from cg.state.sqlite import SqliteStore
 from cg.wire.body import index_body
 from cg.wire.dialects import DIALECTS
 from cg.wire.splice import Insert, Keep, Plan
@@ -53,7 +55,7 @@ OPENAI_TOOLS = [{"type": "function", "function": {"name": "bash", "parameters": 
 
 @pytest.fixture
 def store(tmp_path: Path) -> Iterator[Store]:
-    with Store(tmp_path / "cg.sqlite3") as st:
+    with SqliteStore(tmp_path / "cg.sqlite3") as st:
         yield st
 
 
@@ -457,7 +459,7 @@ def test_resolve_an_unknown_id_or_another_sessions(store: Store, stashed: str) -
 
 def test_resolve_an_expired_stash(tmp_path: Path) -> None:
     t = [1_000_000.0]
-    with Store(tmp_path / "cg.sqlite3", ttl_hours=1, now=lambda: t[0]) as st:
+    with SqliteStore(tmp_path / "cg.sqlite3", ttl_hours=1, now=lambda: t[0]) as st:
         key = stash_key(SOURCES)
         st.put_stash(key, SESSION, SOURCES, "anthropic")
         assert "verbatim" in resolve(st, key, SESSION)

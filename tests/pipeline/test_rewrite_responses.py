@@ -11,7 +11,7 @@ from typing import Any
 
 from hypothesis import given
 
-from cg.state.store import Store
+from cg.state.sqlite import SqliteStore
 from cg.summarize.span import leading_system
 from cg.wire.body import index_body
 from cg.wire.dialects import RESPONSES
@@ -24,14 +24,14 @@ from tests.transcripts import config, make
 @given(responses_bodies(min_turns=2, max_turns=7))
 def test_a_generated_body_is_rewritten_validly_or_passed_through(s: Sample) -> None:
     with tempfile.TemporaryDirectory() as tmp:
-        store = Store(Path(tmp) / "cg.sqlite3")
+        store = SqliteStore(Path(tmp) / "cg.sqlite3")
         try:
             check(s, store)
         finally:
             store.close()
 
 
-def check(s: Sample, store: Store) -> None:
+def check(s: Sample, store: SqliteStore) -> None:
     d = make(config(keep_first=1, keep_last=2), store, dialect="responses")
     first = d.send(s.raw)
     assert first.outcome == "passed_through" and first.body is None

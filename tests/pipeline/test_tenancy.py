@@ -17,7 +17,7 @@ import pytest
 
 from cg.expand.tool import resolve
 from cg.pipeline.rewrite import ExpandPolicy
-from cg.state.store import Store
+from cg.state.sqlite import SqliteStore
 from cg.state.tenant import fingerprint
 from tests.transcripts import (
     CC16,
@@ -48,7 +48,7 @@ def by_tenant(prompt: str, job: Any) -> str:
     return f"<summary>written for {job.tenant[:8] or 'nobody'}</summary>"
 
 
-def pair(store: Store, session: str = "A") -> tuple[Driver, Driver]:
+def pair(store: SqliteStore, session: str = "A") -> tuple[Driver, Driver]:
     """Two users of one proxy (one component) naming the same session, each with their key."""
     fake = FakeSummarizer(by_tenant)
     expand = ExpandPolicy("auto", store)
@@ -82,7 +82,7 @@ def diverged(turns: list[dict[str, Any]], at: int = 2) -> list[dict[str, Any]]:
 
 
 def test_another_credential_naming_the_session_neither_gets_nor_destroys_its_checkpoint(db: Path):
-    with Store(db) as store:
+    with SqliteStore(db) as store:
         turns = grow(fixture_body(CC16), 5, output_words=30)
         other = diverged(turns)
         one, two = pair(store)
@@ -117,7 +117,7 @@ def test_a_refreshed_credential_takes_its_conversation_over_byte_for_byte(db: Pa
     message the summary was made from, so it takes the checkpoint over, the same bytes (the
     provider's cache stays warm), its stash copied for it; no summary is made again, and the
     old credential's rows stay as they were."""
-    with Store(db) as store:
+    with SqliteStore(db) as store:
         turns = grow(fixture_body(CC16), 5, output_words=30)
         one, two = pair(store)  # `two`: one's next key
         r = two_turns(one, turns[0], turns[1])
@@ -142,7 +142,7 @@ def test_holding_the_summarized_span_without_the_turns_it_was_written_from_takes
 ):
     """The summary was grounded in the commissioning request's last turns too: a request that
     repeats the span it covers but not those turns is another user's, and gets nothing."""
-    with Store(db) as store:
+    with SqliteStore(db) as store:
         turns = grow(fixture_body(CC16), 4, output_words=30)
         one, two = pair(store)
         r = two_turns(one, turns[0], turns[1])
@@ -158,7 +158,7 @@ def test_holding_the_summarized_span_without_the_turns_it_was_written_from_takes
 def test_a_marker_in_another_credentials_request_offers_no_tool_and_expands_to_nothing(
     db: Path,
 ):
-    with Store(db) as store:
+    with SqliteStore(db) as store:
         turns = grow(fixture_body(CC16), 3, output_words=30)
         one, two = pair(store)
         r = two_turns(one, turns[0], turns[1])
@@ -177,7 +177,7 @@ def test_a_marker_in_another_credentials_request_offers_no_tool_and_expands_to_n
 def test_an_agent_compaction_under_another_credential_keeps_the_sessions_checkpoint(db: Path):
     from cg.pipeline.rewrite import rewrite_body
 
-    with Store(db) as store:
+    with SqliteStore(db) as store:
         turns = grow(fixture_body(CC16), 3, output_words=30)
         one, two = pair(store)
         mine = summary_of(two_turns(one, turns[0], turns[1]))[1]
@@ -195,7 +195,7 @@ def test_the_head_hash_sessions_of_two_credentials_with_one_opening_keep_their_o
 ):
     """No session header: the same system prompt and first message used to be one session,
     each user's turn invalidating the other's checkpoint (a summary every turn)."""
-    with Store(db) as store:
+    with SqliteStore(db) as store:
         turns = grow(fixture_body(CC16), 6, output_words=30)
         for body in turns:
             del body["metadata"]  # Claude Code's session id: the head hash is the next source
@@ -220,7 +220,7 @@ def _legacy(db: Path) -> tuple[list[dict[str, Any]], str, str]:
     (tenant `*`; tests/state/test_tenancy.py migrates a v3 file). The turns, the summary
     message and its stash key."""
     turns = grow(fixture_body(CC16), 5, output_words=30)
-    with Store(db) as store:
+    with SqliteStore(db) as store:
         before = make(config(), store, session="A")
         r = two_turns(before, turns[0], turns[1])
         summary, key = summary_of(r)[1], marker(r)
@@ -233,7 +233,7 @@ def _legacy(db: Path) -> tuple[list[dict[str, Any]], str, str]:
 
 def test_a_checkpoint_from_before_tenancy_serves_its_session_said_unbound(db: Path):
     turns, summary, key = _legacy(db)
-    with Store(db) as store:  # the proxy upgraded and restarted
+    with SqliteStore(db) as store:  # the proxy upgraded and restarted
         one, two = pair(store)
         for user in (one, two):
             r = user.send(turns[2])
@@ -251,7 +251,7 @@ def test_a_checkpoint_from_before_tenancy_serves_its_session_said_unbound(db: Pa
 
 def test_a_diverging_credential_never_deletes_a_checkpoint_from_before_tenancy(db: Path):
     turns, summary, _ = _legacy(db)
-    with Store(db) as store:
+    with SqliteStore(db) as store:
         one, two = pair(store)
         diverged = copy.deepcopy(turns[2])
         diverged["messages"][2]["content"][1]["text"] = "Running another step 1."
@@ -263,7 +263,7 @@ def test_a_diverging_credential_never_deletes_a_checkpoint_from_before_tenancy(d
 
 
 def test_no_credential_reaches_the_store_or_the_record(db: Path):
-    with Store(db) as store:
+    with SqliteStore(db) as store:
         turns = grow(fixture_body(CC16), 3, output_words=30)
         one, _ = pair(store)
         one.headers = {"x-api-key": ONE}
@@ -280,7 +280,7 @@ def test_a_request_without_a_credential_and_one_with_one_keep_apart(db: Path):
     """No credential is a tenant too (`anonymous`): its checkpoint sits under the key from
     before tenancy, and a credentialed request of the session does not take it for an unbound
     one (nor the other way round)."""
-    with Store(db) as store:
+    with SqliteStore(db) as store:
         turns = grow(fixture_body(CC16), 4, output_words=30)
         one, nobody = pair(store)
         nobody.tenant = ""

@@ -30,7 +30,7 @@ with warnings.catch_warnings():
 from cg.proxy import control
 from cg.proxy.addon import ContextGuru
 from cg.proxy.environ import CONTROL_TOKEN_ENV
-from cg.state.store import stash_key
+from cg.state.records import stash_key
 from cg.wire.usage import Usage
 from tests.proxy.pending import finish
 

@@ -24,7 +24,7 @@ with warnings.catch_warnings():
 
 from cg.billing.listing import PAGE_MAX, cursor_of
 from cg.proxy.addon import ContextGuru
-from cg.state.store import stash_key
+from cg.state.records import stash_key
 from cg.wire.usage import Usage
 from tests.proxy.test_addon import make_flow
 

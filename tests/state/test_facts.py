@@ -9,8 +9,9 @@ from typing import Any
 
 import pytest
 
+from cg.state import Store
 from cg.state.facts import FactsCache
-from cg.state.store import Store
+from cg.state.sqlite import SqliteStore
 from cg.state.tokens import TokenCounter
 from cg.wire.body import index_body
 from cg.wire.dialects import ANTHROPIC
@@ -54,7 +55,7 @@ def make(target: Path | str, **kw: Any) -> Store:
         from cg.state.pgstore import PgStore
 
         return PgStore(target, **kw)
-    return Store(target, **kw)
+    return SqliteStore(target, **kw)
 
 
 def test_a_restarted_cache_reads_the_counts_it_flushed(target: Path | str) -> None:
@@ -79,7 +80,7 @@ def test_a_restarted_cache_reads_the_counts_it_flushed(target: Path | str) -> No
 
 def test_without_a_store_or_with_a_broken_one_it_counts(tmp_path: Path) -> None:
     index = index_body(body(5), ANTHROPIC)
-    store = Store(tmp_path / "cg.sqlite3")
+    store = SqliteStore(tmp_path / "cg.sqlite3")
     store.close()  # every call now raises StoreError
     tokens = CountingTokens()
     facts = FactsCache(tokens, backing=store)

@@ -1,4 +1,4 @@
-"""`Store.record_usage` and `Store.touch_session` with `batch_delay`: bookings and session clocks
+"""`SqliteStore.record_usage` and `SqliteStore.touch_session` with `batch_delay`: bookings and session clocks
 held in memory (`cg.state.pending`) and committed together. What is held must read back, before
 and after it is committed, exactly as if each write had been committed alone; nothing held is
 lost by a read, an eviction, a close, or a commit that failed."""
@@ -15,7 +15,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from cg.state.pending import HeldWrites
-from cg.state.store import LedgerTurns, Store, StoreError
+from cg.state.records import LedgerTurns, StoreError
+from cg.state.sqlite import SqliteStore
 from cg.wire.usage import Usage
 
 Row = tuple[str, str, str, Usage]
@@ -29,17 +30,17 @@ class Clock:
         return self.t
 
 
-def held_store(path: Path, delay: float = 10.0) -> tuple[Store, Clock]:
-    store = Store(path, batch_delay=delay)
+def held_store(path: Path, delay: float = 10.0) -> tuple[SqliteStore, Clock]:
+    store = SqliteStore(path, batch_delay=delay)
     clock = Clock()
     store._clock = clock
     return store, clock
 
 
 @contextmanager
-def twins(d: Path) -> Iterator[tuple[Store, Store, Clock]]:
+def twins(d: Path) -> Iterator[tuple[SqliteStore, SqliteStore, Clock]]:
     """A store committing every write, and one holding them an hour (on its own clock)."""
-    one = Store(d / "one.sqlite3")
+    one = SqliteStore(d / "one.sqlite3")
     held, clock = held_store(d / "held.sqlite3", delay=3600.0)
     try:
         yield one, held, clock
@@ -88,7 +89,7 @@ def test_a_booking_is_held_until_the_window_passes_then_committed_with_the_next(
 
 def test_without_a_delay_every_booking_commits_at_once(tmp_path: Path) -> None:
     path = tmp_path / "cg.sqlite3"
-    store = Store(path)
+    store = SqliteStore(path)
     store.record_usage("s", AGENT, LedgerTurns(turns=1))
     assert committed(path)[1] == [("s", 1, 0, 0, 0, None)]
     assert not store.held()
@@ -135,7 +136,7 @@ def test_a_cache_state_held_as_a_callable_is_written_once_when_committed(tmp_pat
     assert made == ["v2", "v3"]
     assert committed(path)[1] == [("s", 4, 0, 0, 0, '{"v":3}'), ("t", 1, 0, 0, 0, None)]
     store.close()
-    unbatched = Store(tmp_path / "once.sqlite3")  # no window: written with its booking
+    unbatched = SqliteStore(tmp_path / "once.sqlite3")  # no window: written with its booking
     unbatched.record_usage("s", AGENT, LedgerTurns(turns=1), state(9))
     assert made[-1] == "v9" and unbatched.cache_state("s") == '{"v":9}'
     unbatched.close()
@@ -152,7 +153,7 @@ def test_close_commits_what_is_held(tmp_path: Path) -> None:
 
 def test_a_commit_that_fails_keeps_the_bookings_for_the_next(tmp_path: Path) -> None:
     path = tmp_path / "cg.sqlite3"
-    store = Store(path, batch_delay=10.0, busy_timeout_ms=50)
+    store = SqliteStore(path, batch_delay=10.0, busy_timeout_ms=50)
     store._clock = Clock()
     store.record_usage("s", AGENT, LedgerTurns(turns=1))
     blocker = sqlite3.connect(path, isolation_level=None)
@@ -224,7 +225,7 @@ def test_held_bookings_read_back_as_if_each_had_been_committed_alone(
         assert committed(d / "held.sqlite3") == committed(d / "one.sqlite3")
 
 
-def _counters(store: Store) -> dict[str, tuple[int, int, int, int]]:
+def _counters(store: SqliteStore) -> dict[str, tuple[int, int, int, int]]:
     return {
         s: (t.turns, t.rewritten, t.tokens_not_sent, t.estimate_skipped)
         for s, t in store.ledger_turns().items()
@@ -279,11 +280,11 @@ def test_a_session_clock_is_held_read_back_and_committed_with_the_bookings(
 
 
 def test_an_eviction_sees_a_held_clock_and_keeps_its_session(tmp_path: Path) -> None:
-    from cg.state.store import Checkpoint
+    from cg.state.records import Checkpoint
 
     path = tmp_path / "cg.sqlite3"
     now = [1_000_000.0]
-    store = Store(path, ttl_hours=1.0, now=lambda: now[0], batch_delay=10.0)
+    store = SqliteStore(path, ttl_hours=1.0, now=lambda: now[0], batch_delay=10.0)
     store._clock = Clock()
     store.put_checkpoint(
         Checkpoint("s", "summary", 1, 3, "h" * 64, None, '{"role":"user","content":"x"}')
@@ -299,7 +300,7 @@ def test_an_eviction_sees_a_held_clock_and_keeps_its_session(tmp_path: Path) -> 
 
 def test_without_a_delay_a_clock_is_written_at_once(tmp_path: Path) -> None:
     path = tmp_path / "cg.sqlite3"
-    store = Store(path)
+    store = SqliteStore(path)
     store.touch_session("s", 5.0, 300.0)
     assert clocks(path) == [("s", 5.0, 300.0)] and not store.held()
     store.close()

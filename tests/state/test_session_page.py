@@ -1,4 +1,4 @@
-"""The session list a page at a time (`Store.session_page`, `session_details`, the ledger's
+"""The session list a page at a time (`SqliteStore.session_page`, `session_details`, the ledger's
 totals) on both engines: the order, the cursor, the page size, a session with several
 conversations, sessions without a checkpoint or without a booking; every query behind a page
 served by an index at 10,000 sessions (SQLite's `EXPLAIN QUERY PLAN`, PostgreSQL's `EXPLAIN`
@@ -15,15 +15,11 @@ from typing import Any
 import pytest
 
 from bench.session_page import COLUMNS, populate, rows, session_id
-from cg.state.store import (
-    _MIGRATIONS,
-    PAGE_START,
-    SCHEMA_VERSION,
-    Checkpoint,
-    SessionDetail,
-    Store,
-    stash_key,
-)
+from cg.state import Store
+from cg.state.pgstore import PgStore
+from cg.state.records import PAGE_START, Checkpoint, SessionDetail, stash_key
+from cg.state.schema import SQLITE_MIGRATIONS, SQLITE_VERSION
+from cg.state.sqlite import SqliteStore
 from cg.wire.usage import Usage
 
 BIG = 10_000
@@ -48,12 +44,10 @@ def target(request: pytest.FixtureRequest, tmp_path: Path) -> Target:
     return url
 
 
-def make(target: Target, **kw: Any) -> Store:
+def make(target: Target, **kw: Any) -> SqliteStore | PgStore:
     if isinstance(target, str):
-        from cg.state.pgstore import PgStore
-
         return PgStore(target, **kw)
-    return Store(target, **kw)
+    return SqliteStore(target, **kw)
 
 
 def cp(key: str, covered: int) -> Checkpoint:
@@ -183,7 +177,9 @@ class Recording:
         return getattr(self.conn, name)
 
 
-def read_a_page(st: Store, monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, tuple[Any, ...]]]:
+def read_a_page(
+    st: SqliteStore | PgStore, monkeypatch: pytest.MonkeyPatch
+) -> list[tuple[str, tuple[Any, ...]]]:
     """Every statement behind the first page, a later one, a named session's details, and a
     session's checkpoints (`checkpoints_of`, on the connection the hot path uses)."""
     st.session_page(1)  # the connection opened (PostgreSQL opens it on the first read)
@@ -222,7 +218,7 @@ def test_every_query_behind_a_page_is_index_served_on_sqlite(
 ) -> None:
     db = tmp_path / "big.sqlite3"
     populate(db, BIG)
-    with Store(db, evict=False) as st:
+    with SqliteStore(db, evict=False) as st:
         statements = read_a_page(st, monkeypatch)
         conn = st._view_conn
         assert conn is not None
@@ -237,11 +233,11 @@ def test_every_query_behind_a_page_is_index_served_on_sqlite(
 def test_the_clis_full_read_finds_each_sessions_checkpoint_by_index(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """`Store.sessions` (`context-guru sessions`) reads every session, but each one's newest
+    """`SqliteStore.sessions` (`context-guru sessions`) reads every session, but each one's newest
     checkpoint by the owner index, not a scan of every checkpoint per session."""
     db = tmp_path / "big.sqlite3"
     populate(db, BIG)
-    with Store(db, evict=False) as st:
+    with SqliteStore(db, evict=False) as st:
         hot = Recording(st._conn)
         monkeypatch.setattr(st, "_conn", hot)
         infos = st.sessions()
@@ -300,31 +296,32 @@ def test_a_sqlite_store_of_schema_v3_gets_the_indexes(tmp_path: Path) -> None:
     db = tmp_path / "v3.sqlite3"
     conn = sqlite3.connect(db, isolation_level=None)
     for version in (1, 2, 3):
-        conn.executescript(_MIGRATIONS[version])
+        conn.executescript(SQLITE_MIGRATIONS[version])
     conn.execute("PRAGMA user_version = 3")
     conn.execute(
         "INSERT INTO ledger VALUES ('old', 1, 0, 0, 0, NULL, 5.0), ('new', 2, 1, 10, 0, NULL, 6.0)"
     )
     conn.close()
-    with Store(db, evict=False) as st:
+    with SqliteStore(db, evict=False) as st:
         assert ids(st.session_page(10)) == ["new", "old"]
     conn = sqlite3.connect(db)
     names = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'index'")}
     version = conn.execute("PRAGMA user_version").fetchone()[0]
     conn.close()
     assert {"ledger_page", "checkpoints_owner"} <= names and "ledger_seen" not in names
-    assert version == SCHEMA_VERSION == 4
+    assert version == SQLITE_VERSION == 4
 
 
 def test_a_postgresql_store_of_schema_v2_gets_the_indexes(pg_url: str) -> None:
     import psycopg
 
-    from cg.state.pgstore import MIGRATIONS, PgStore
+    from cg.state.pgstore import PgStore
+    from cg.state.schema import PG_MIGRATIONS
 
     with psycopg.connect(pg_url, autocommit=True) as conn:
         conn.execute("CREATE TABLE cg_meta (k TEXT PRIMARY KEY, v BIGINT NOT NULL)")
         for version in (1, 2):
-            for stmt in MIGRATIONS[version].split(";"):
+            for stmt in PG_MIGRATIONS[version].split(";"):
                 if stmt.strip():
                     conn.execute(stmt)
         conn.execute("INSERT INTO cg_meta VALUES ('schema', 2)")

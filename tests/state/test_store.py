@@ -1,5 +1,11 @@
-"""cg.state.store on real SQLite files: byte-exact stashes, per-session scoping, checkpoints that survive
-a restart, TTL and size-bounded LRU eviction, concurrent writers and a killed writer."""
+"""The store's semantics on both engines (`target`: a real SQLite file, and a fresh database on
+the suite's PostgreSQL server): byte-exact stashes, per-session scoping, checkpoints that survive
+a restart, TTL and size-bounded LRU eviction, concurrent writers, a newer schema refused, health.
+
+A test that takes `db` or `tmp_path` instead is of SQLite's own machinery and says so: the write
+lock and `data_version`, eviction inline with the writes and a WAL share at a time, the file on
+disk (its mode, size, deletion, replacement), a killed writer. PostgreSQL's own (claims, the
+cache kept by LISTEN/NOTIFY, the writer thread) is test_pgstore.py."""
 
 from __future__ import annotations
 
@@ -13,6 +19,7 @@ import stat
 import subprocess
 import sys
 import textwrap
+import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -24,26 +31,29 @@ from hypothesis import strategies as hs
 
 from cg.billing.ledger import _load
 from cg.settings import StoreConfig
-from cg.state.store import (
+from cg.state import Store
+from cg.state.policy import (
     CACHE_STATE_CLEARED,
     CACHE_STATE_LIFE,
     FACTS_TRIM,
+    TOUCH_INTERVAL,
+    facts_cap,
+)
+from cg.state.records import (
     KEY_PATTERN,
     KEY_RE,
-    SCHEMA_VERSION,
-    SHM_BYTES,
-    TOUCH_INTERVAL,
     Checkpoint,
     EvictResult,
     FactRow,
     LedgerTurns,
-    Store,
     StoreError,
-    _facts_cap,
     span_bytes,
     stash_key,
     valid_key,
 )
+from cg.state.schema import PG_VERSION, SQLITE_VERSION
+from cg.state.sqlite import SqliteStore
+from cg.state.sqlite_file import SHM_BYTES
 from cg.wire.usage import Usage
 
 HOUR = 3600.0
@@ -86,7 +96,7 @@ def make(target: Target, **kw: Any) -> Store:
         from cg.state.pgstore import PgStore
 
         return PgStore(target, **kw)
-    return Store(target, **kw)
+    return SqliteStore(target, **kw)
 
 
 SOURCES = [
@@ -306,7 +316,7 @@ def test_a_reuse_turn_within_the_minute_reads_its_checkpoint_without_the_write_l
     marked used less than TOUCH_INTERVAL ago: the read takes no write transaction."""
     path = tmp_path / "cg.sqlite3"
     live = stash_key(["2"])
-    with Store(path, now=clock, busy_timeout_ms=50) as st:
+    with SqliteStore(path, now=clock, busy_timeout_ms=50) as st:
         st.put_stash(live, "s", ["2" * 100], "anthropic")
         st.put_checkpoint(checkpoint("s", key=live))
         clock.t += TOUCH_INTERVAL + 1
@@ -333,7 +343,7 @@ def test_a_fresh_stash_is_asked_about_once_a_minute_not_every_turn(tmp_path: Pat
     later the stash is marked used."""
     path = tmp_path / "cg.sqlite3"
     live = stash_key(["2"])
-    with Store(path, now=clock) as st:
+    with SqliteStore(path, now=clock) as st:
         st.put_stash(live, "s", ["2" * 100], "anthropic")
         st.put_checkpoint(checkpoint("s", key=live))
         queries: list[str] = []
@@ -425,7 +435,7 @@ def test_eviction_runs_on_open(target: Target, clock: Clock):
 
 def test_eviction_runs_opportunistically_on_put_at_most_once_per_interval(db: Path, clock: Clock):
     # SQLite evicts on the writing call; the PostgreSQL store's writer evicts when idle.
-    with Store(db, now=clock, ttl_hours=1, evict_interval=600) as st:
+    with SqliteStore(db, now=clock, ttl_hours=1, evict_interval=600) as st:
         a = stash_key(["a"])
         st.put_stash(a, "s", ["a"], "anthropic")
         clock.t += 2 * HOUR  # `a` is now stale
@@ -472,7 +482,7 @@ def test_size_bound_evicts_least_recently_used_first(target: Target, clock: Cloc
 def test_a_write_past_the_stash_budget_evicts_at_once(db: Path, clock: Clock):
     """The interval (an hour here) does not let stashes run past their budget meanwhile."""
     mb = 1024 * 1024
-    with Store(db, now=clock, max_mb=2, evict_interval=HOUR) as st:
+    with SqliteStore(db, now=clock, max_mb=2, evict_interval=HOUR) as st:
         for i in range(12):
             st.put_stash(stash_key([f"{i}"]), "s", [json.dumps("x" * (mb // 5))], "anthropic")
             clock.t += 1
@@ -525,7 +535,7 @@ def test_eviction_reads_the_rows_of_the_stashes_that_go_and_no_others(db: Path, 
     go (stale, or least recently used over the budget). Reading all of them took ~17 ms with
     6,000 stashes, on the event loop, once a minute with nothing to evict."""
     kb = 1024
-    with Store(db, now=clock, max_mb=2, evict_interval=HOUR) as st:
+    with SqliteStore(db, now=clock, max_mb=2, evict_interval=HOUR) as st:
         for i in range(4):  # the oldest: 800 KB of the ~1 MB the stashes may hold
             st.put_stash(stash_key([f"big{i}"]), "s", [json.dumps("x" * (200 * kb))], "anthropic")
             clock.t += 1
@@ -556,7 +566,7 @@ def test_stashes_make_room_for_what_the_rest_of_the_file_holds(db: Path, clock: 
     size: the stashes shrink so the file still holds to `max_mb`."""
     kb = 1024
     max_mb = 2
-    with Store(db, now=clock, max_mb=max_mb, evict_interval=HOUR) as st:
+    with SqliteStore(db, now=clock, max_mb=max_mb, evict_interval=HOUR) as st:
         for i in range(300):
             st.put_stash(stash_key([f"{i}"]), "s", [json.dumps("z" * (20 * kb))], "anthropic")
             big = "c" * 3000
@@ -583,7 +593,7 @@ def test_when_the_rest_needs_room_the_stashes_keep_to_less_until_measured_again(
     eviction ratcheted the file up to 31 MB of a 32 MB cap)."""
     kb, mb = 1024, 1024 * 1024
     max_mb = 4
-    with Store(db, now=clock, max_mb=max_mb, evict_interval=10 * HOUR) as st:
+    with SqliteStore(db, now=clock, max_mb=max_mb, evict_interval=10 * HOUR) as st:
         share = st._stash_budget
         for i in range(600):  # ~2.5 MB of checkpoints: over half the cap
             big = "c" * 2000
@@ -619,7 +629,7 @@ def test_a_large_eviction_goes_a_wal_share_at_a_time(db: Path, clock: Clock):
     mb = 1024 * 1024
     seen: list[int] = []
 
-    class Watched(Store):
+    class Watched(SqliteStore):
         def _checkpoint(self) -> None:
             seen.append(os.path.getsize(self.path + "-wal"))
             super()._checkpoint()
@@ -651,8 +661,8 @@ def test_the_facts_cache_holds_its_cap_as_it_fills_oldest_first_a_few_rows_at_a_
     """The cap is kept by `put_facts` itself (not by a minute's bulk delete in `evict`, whose
     random keys put megabytes into the WAL at once), least recently first seen first."""
     counts: list[int] = []
-    with Store(db, now=clock, max_mb=1, evict_interval=10 * HOUR) as st:
-        cap = _facts_cap(st.max_bytes)  # 2,621 rows
+    with SqliteStore(db, now=clock, max_mb=1, evict_interval=10 * HOUR) as st:
+        cap = facts_cap(st.max_bytes)  # 2,621 rows
         for i in range(80):  # 8,000 rows through the cap, 100 a turn, no eviction
             st.put_facts([fact_row(i * 100 + j) for j in range(100)])
             rows = st._conn.execute("SELECT COUNT(*) FROM facts").fetchone()[0]  # type: ignore[union-attr]
@@ -674,7 +684,7 @@ def test_the_file_holds_to_max_mb(db: Path, clock: Clock):
     max_mb = 4
     inside: list[int] = []  # the files between an eviction's transactions
 
-    class Watched(Store):
+    class Watched(SqliteStore):
         def _checkpoint(self) -> None:
             inside.append(self.stats().file_bytes)
             super()._checkpoint()
@@ -690,11 +700,11 @@ def test_the_file_holds_to_max_mb(db: Path, clock: Clock):
         assert len(inside) > 100 and max(inside) <= max_mb * kb * kb, max(inside)
 
 
-# -- the file --------------------------------------------------------------------------------
+# -- the file (SQLite only) ---------------------------------------------------------------
 
 
 def test_wal_mode_is_on_and_the_file_is_private(db: Path):
-    with Store(db) as st:
+    with SqliteStore(db) as st:
         assert st.journal_mode == "wal" and st.persistent
         st.put_stash(stash_key(SOURCES), "s", SOURCES, "anthropic")
         assert st.stats().file_bytes > 0
@@ -702,7 +712,7 @@ def test_wal_mode_is_on_and_the_file_is_private(db: Path):
     conn = sqlite3.connect(db)
     try:
         assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
-        assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
+        assert conn.execute("PRAGMA user_version").fetchone()[0] == SQLITE_VERSION
     finally:
         conn.close()
     assert stat.S_IMODE(os.stat(db).st_mode) == 0o600
@@ -711,12 +721,12 @@ def test_wal_mode_is_on_and_the_file_is_private(db: Path):
 def test_tilde_path_and_config(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     monkeypatch.setenv("HOME", str(tmp_path))
     cfg = StoreConfig(path="~/.context-guru/cg.sqlite3", ttl_hours=2, max_mb=3)
-    with Store.from_config(cfg) as st:
+    with SqliteStore.from_config(cfg) as st:
         assert st.path == str(tmp_path / ".context-guru" / "cg.sqlite3")
         assert st.ttl == 2 * HOUR and st.max_bytes == 3 * 1024 * 1024
     assert (tmp_path / ".context-guru" / "cg.sqlite3").is_file()
     other = tmp_path / "other.db"
-    with Store.from_config(cfg, path=str(other)) as st:
+    with SqliteStore.from_config(cfg, path=str(other)) as st:
         assert st.path == str(other)
 
 
@@ -732,29 +742,39 @@ def test_an_unwritable_location_raises_store_error(tmp_path: Path):
     blocker = tmp_path / "a-file"
     blocker.write_text("not a directory")
     with pytest.raises(StoreError, match=r"cannot create the store .*a-file"):
-        Store(blocker / "cg.sqlite3")
+        SqliteStore(blocker / "cg.sqlite3")
 
 
 def test_a_file_that_is_not_a_database_raises_store_error(tmp_path: Path):
     bad = tmp_path / "cg.sqlite3"
     bad.write_bytes(b"this is not sqlite" * 100)
     with pytest.raises(StoreError, match="cannot open the store"):
-        Store(bad)
+        SqliteStore(bad)
     assert bad.read_bytes() == b"this is not sqlite" * 100
 
 
-def test_a_newer_schema_is_refused(db: Path):
-    Store(db).close()
-    conn = sqlite3.connect(db)
-    conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION + 1}")
-    conn.commit()
-    conn.close()
-    with pytest.raises(StoreError, match="newer"):
-        Store(db)
+def test_a_newer_schema_is_refused(target: Target):
+    make(target).close()
+    if isinstance(target, str):
+        import psycopg
+
+        newer = PG_VERSION + 1
+        with psycopg.connect(target, autocommit=True) as pg:
+            pg.execute("UPDATE cg_meta SET v = %s WHERE k = 'schema'", (newer,))
+    else:
+        newer = SQLITE_VERSION + 1
+        conn = sqlite3.connect(target)
+        conn.execute(f"PRAGMA user_version = {newer}")
+        conn.commit()
+        conn.close()
+    with pytest.raises(StoreError, match=f"schema version {newer}, newer"):
+        make(target)
 
 
-def test_two_stores_on_one_file_written_from_two_threads(db: Path):
-    a, b = Store(db), Store(db)
+def test_two_stores_on_one_file_written_from_two_threads(target: Target):
+    """Two stores (two connections; on PostgreSQL two instances) on one file or database, and
+    one store shared by two threads."""
+    a, b = make(target), make(target)
     n = 150
 
     def work(st: Store, who: str) -> None:
@@ -768,10 +788,11 @@ def test_two_stores_on_one_file_written_from_two_threads(db: Path):
             assert got is not None and got.sources() == src
 
     with ThreadPoolExecutor(3) as pool:
-        # Two Stores (two connections) on one file, and one Store shared by two threads.
         futures = [pool.submit(work, a, "A"), pool.submit(work, b, "B"), pool.submit(work, a, "C")]
         for f in futures:
             f.result()  # re-raises a worker's exception here
+    for st in (a, b):
+        st.stats()  # (PostgreSQL: this instance's writes committed before the other reads)
     for st in (a, b):
         assert st.stats().stashes == 3 * n
         for who in "ABC":
@@ -779,16 +800,18 @@ def test_two_stores_on_one_file_written_from_two_threads(db: Path):
             assert cp is not None and cp.covered_count == n - 1
     a.close()
     b.close()
-    conn = sqlite3.connect(db)
-    assert conn.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
-    conn.close()
+    if isinstance(target, Path):
+        conn = sqlite3.connect(target)
+        assert conn.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+        conn.close()
 
 
 KILLED_WRITER = textwrap.dedent(
     """
     import sys
-    from cg.state.store import Store, stash_key
-    st = Store(sys.argv[1])
+    from cg.state.sqlite import SqliteStore
+    from cg.state.records import stash_key
+    st = SqliteStore(sys.argv[1])
     i = 0
     while True:
         src = ['{"i": %d, "pad": "%s"}' % (i, "p" * 2000)]
@@ -802,7 +825,7 @@ KILLED_WRITER = textwrap.dedent(
 
 @pytest.mark.skipif(not hasattr(signal, "SIGKILL"), reason="needs SIGKILL")
 def test_a_writer_killed_mid_write_leaves_a_readable_store(db: Path):
-    Store(db).close()
+    SqliteStore(db).close()
     root = Path(__file__).resolve().parents[2]
     proc = subprocess.Popen(
         [sys.executable, "-c", KILLED_WRITER, str(db)],
@@ -819,7 +842,7 @@ def test_a_writer_killed_mid_write_leaves_a_readable_store(db: Path):
         if proc.stdout is not None:
             proc.stdout.close()
     assert proc.returncode == -signal.SIGKILL
-    with Store(db) as st:
+    with SqliteStore(db) as st:
         n = st.stats().stashes
         assert n >= 50
         for info in st.sessions():
@@ -833,11 +856,11 @@ def test_a_writer_killed_mid_write_leaves_a_readable_store(db: Path):
     conn.close()
 
 
-# -- the file under the connection; errors while running -------------------------------------
+# -- the file under the connection (SQLite only); errors while running; health ---------------
 
 
 def test_a_deleted_file_is_noticed_and_written_back_with_everything(db: Path):
-    st = Store(db)
+    st = SqliteStore(db)
     src = ['{"role":"user","content":"kept"}']
     st.put_stash(stash_key(src), "s", src, "anthropic")
     assert st.file_problem() is None
@@ -849,16 +872,53 @@ def test_a_deleted_file_is_noticed_and_written_back_with_everything(db: Path):
     assert st.file_problem() is None and db.exists()
     st.put_stash(stash_key(["after"]), "s", ["after"], "anthropic")  # writes go on, to the file
     st.close()
-    with Store(db) as again:  # what a restart finds
+    with SqliteStore(db) as again:  # what a restart finds
         got = again.get_stash(stash_key(src), "s")
         assert got is not None and got.sources() == src
         assert again.has_stash(stash_key(["after"]), "s")
 
 
-def test_a_replaced_file_is_not_overwritten(db: Path):
-    st = Store(db)
+def test_health_writes_a_deleted_file_back_and_answers_none(db: Path):
+    """SQLite only (a file under the connection): what the proxy's `_store_down` asks."""
+    st = SqliteStore(db)
+    src = ['{"role":"user","content":"kept"}']
+    st.put_stash(stash_key(src), "s", src, "anthropic")
+    for suffix in ("", "-wal", "-shm"):
+        if Path(f"{db}{suffix}").exists():
+            os.unlink(f"{db}{suffix}")
+    assert st.file_problem() is not None  # vacuity guard: health has something to repair
+    assert st.health() is None
+    assert st.file_problem() is None and db.exists()
+    st.close()
+    with SqliteStore(db) as again:
+        assert again.has_stash(stash_key(src), "s")
+
+
+def test_health_of_a_replaced_file_names_the_problem(db: Path):
+    st = SqliteStore(db)
     os.unlink(db)
-    Store(db).close()  # another store took the path
+    SqliteStore(db).close()  # another store took the path
+    problem = st.health() or ""
+    assert "replaced by another file while open" in problem and "saved as" in problem
+    st.close()
+
+
+def test_health_leaves_a_failed_store_alone_for_retry_seconds_then_tries_it(target: Target):
+    """Both engines: an error within `retry` seconds is reported as it stands, with the retry
+    named; after that, one probe, and a store that answers it is healthy again."""
+    with make(target) as st:
+        assert st.health() is None
+        st.error, st.error_at = "disk on fire", time.monotonic()
+        assert st.health(2.0) == "the store failed (disk on fire); retried after 2s"
+        assert st.error == "disk on fire"  # not tried within the window
+        assert st.health(0.0) is None  # tried: the probe went through
+        assert st.error is None
+
+
+def test_a_replaced_file_is_not_overwritten(db: Path):
+    st = SqliteStore(db)
+    os.unlink(db)
+    SqliteStore(db).close()  # another store took the path
     assert "replaced" in (st.file_problem() or "")
     with pytest.raises(StoreError, match="replaced"):
         st.restore_file()
@@ -866,7 +926,7 @@ def test_a_replaced_file_is_not_overwritten(db: Path):
 
 
 def test_the_error_stays_until_a_write_goes_through(db: Path):
-    st = Store(db, busy_timeout_ms=50)
+    st = SqliteStore(db, busy_timeout_ms=50)
     holder = sqlite3.connect(db, isolation_level=None)
     holder.execute("BEGIN IMMEDIATE")  # another connection holds the write lock
     with pytest.raises(StoreError, match="locked"):
@@ -885,7 +945,7 @@ def test_the_error_stays_until_a_write_goes_through(db: Path):
 
 
 def test_a_stash_reads_back_from_a_store_that_cannot_be_written(db: Path):
-    st = Store(db, busy_timeout_ms=50)
+    st = SqliteStore(db, busy_timeout_ms=50)
     src = ["{}"]
     st.put_stash(stash_key(src), "s", src, "anthropic")
     holder = sqlite3.connect(db, isolation_level=None)
@@ -935,7 +995,7 @@ def test_a_prompt_cache_state_is_cleared_once_every_entry_in_it_has_expired(
         assert not [e for e in _load(state).entries.values() if e[0] > clock.t]  # all expired
 
 
-# -- the reads a reuse turn repeats, remembered ---------------------------------------------
+# -- the reads a reuse turn repeats, remembered (SQLite only: `data_version`) -----------------
 
 READ_KEYS = [stash_key([f'{{"k":{i}}}']) for i in range(3)]
 READ_SESSIONS = ["s1", "s2"]
@@ -984,7 +1044,7 @@ def test_remembered_reads_answer_as_the_file_does(
     checkpoint or a stash, or another connection commits: whatever either of two stores on
     one file does, in any order, the first one's answers are what the file holds."""
     path = tmp_path_factory.mktemp("reads") / "cg.sqlite3"
-    ours, other = Store(path), Store(path)
+    ours, other = SqliteStore(path), SqliteStore(path)
     ours.reads_fresh_s = 0.0  # data_version asked at every read (its window: the test below)
     remembered = 0
     try:
@@ -1018,7 +1078,7 @@ def test_one_turns_reads_ask_data_version_once_and_a_commit_is_seen_after_the_wi
     ask it once, not each; another process's delete is seen once the window has passed (its
     clock is the test's), and not a read later."""
     path = tmp_path / "cg.sqlite3"
-    store = Store(path)
+    store = SqliteStore(path)
     clock = [100.0]
     store._reads_clock = lambda: clock[0]
     key = READ_KEYS[0]
@@ -1049,7 +1109,7 @@ def test_a_stash_another_process_deletes_stops_resolving_at_once(tmp_path: Path)
     """Vacuity guard for the memo: the second read is answered from memory (no query), and a
     delete committed by another connection is seen by the next read all the same."""
     path = tmp_path / "cg.sqlite3"
-    store = Store(path)
+    store = SqliteStore(path)
     store.reads_fresh_s = 0.0
     key = READ_KEYS[0]
     store.put_stash(key, "s1", ['{"k":0}'], "anthropic")

@@ -12,22 +12,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as hs
 from mitmproxy.http import Headers
 
+from cg.state import Store
+from cg.state.records import Checkpoint, stash_key
+from cg.state.schema import SQLITE_V1, SQLITE_V2, SQLITE_V3, SQLITE_VERSION
 from cg.state.session import head_hash, session_of
-from cg.state.store import (
-    _SCHEMA,
-    _SCHEMA_V2,
-    _SCHEMA_V3,
-    SCHEMA_VERSION,
-    Checkpoint,
-    Store,
-    _fair_level,
-    _quotas,
-    stash_key,
-)
+from cg.state.sqlite import SqliteStore
 from cg.state.tenant import (
     ANONYMOUS,
     CREDENTIAL_HEADERS,
@@ -94,10 +85,10 @@ def test_the_record_says_anonymous_bound_or_unbound_never_the_fingerprint():
 
 
 def test_the_sqlite_store_keeps_its_key_and_another_file_or_memory_has_its_own(tmp_path: Path):
-    with Store(tmp_path / "a.sqlite3") as a:
+    with SqliteStore(tmp_path / "a.sqlite3") as a:
         key = a.tenant_key
     assert len(key) == 32
-    with Store(tmp_path / "a.sqlite3") as again, Store(tmp_path / "b.sqlite3") as other:
+    with SqliteStore(tmp_path / "a.sqlite3") as again, SqliteStore(tmp_path / "b.sqlite3") as other:
         assert again.tenant_key == key
         assert other.tenant_key != key
     with Store.memory() as m1, Store.memory() as m2:
@@ -106,11 +97,11 @@ def test_the_sqlite_store_keeps_its_key_and_another_file_or_memory_has_its_own(t
 
 def test_a_read_only_file_with_a_key_opens(tmp_path: Path):
     path = tmp_path / "ro.sqlite3"
-    with Store(path) as st:
+    with SqliteStore(path) as st:
         key = st.tenant_key
     path.chmod(0o400)
     try:
-        with Store(path, evict=False) as ro:
+        with SqliteStore(path, evict=False) as ro:
             assert ro.tenant_key == key
     finally:
         path.chmod(0o600)
@@ -194,7 +185,7 @@ MESSAGE = json.dumps({"role": "user", "content": "=== History Summary ===\nold"}
 def _v3_file(path: Path, key: str) -> None:
     """An SQLite store as context-guru wrote it at schema v3, with a stash and a checkpoint."""
     with closing(sqlite3.connect(path)) as conn:
-        for ddl in (_SCHEMA, _SCHEMA_V2, _SCHEMA_V3):
+        for ddl in (SQLITE_V1, SQLITE_V2, SQLITE_V3):
             conn.executescript(ddl)
         conn.execute(
             "INSERT INTO stashes VALUES (?, 'A', 1000.0, 1000.0, ?, 'anthropic', 1, ?)",
@@ -223,7 +214,7 @@ def test_a_v3_sqlite_store_is_migrated_its_rows_unbound_and_still_its_sessions(t
     path = tmp_path / "v3.sqlite3"
     key = stash_key(["old"])
     _v3_file(path, key)
-    with Store(path, now=lambda: 2000.0) as st:
+    with SqliteStore(path, now=lambda: 2000.0) as st:
         _assert_unbound(st, key)
         # New rows are bound; the old stash's key stays the old one's alone.
         st.put_stash(key, "A", ['"new"'], "anthropic", K1)
@@ -232,7 +223,7 @@ def test_a_v3_sqlite_store_is_migrated_its_rows_unbound_and_still_its_sessions(t
         unbound = st.get_stash(key, "A", K2)
         assert unbound is not None and unbound.tenant == UNBOUND
     with closing(sqlite3.connect(path)) as conn:
-        assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 4
+        assert conn.execute("PRAGMA user_version").fetchone()[0] == SQLITE_VERSION == 4
         info = conn.execute("PRAGMA table_info(stashes)").fetchall()  # (…, name, …, pk)
         assert [r[1] for r in sorted(info, key=lambda r: r[5]) if r[5]] == [
             "key",
@@ -251,13 +242,13 @@ def test_a_killed_v4_migration_leaves_the_v3_file_as_it_was(tmp_path: Path):
         conn.execute("CREATE TABLE stashes_v4 (x)")  # the rebuild's name, taken
         conn.commit()
     with pytest.raises(Exception, match="stashes_v4"):
-        Store(path)
+        SqliteStore(path)
     with closing(sqlite3.connect(path)) as conn:
         assert conn.execute("PRAGMA user_version").fetchone()[0] == 3
         assert conn.execute("SELECT key, session FROM stashes").fetchall() == [(key, "A")]
         conn.execute("DROP TABLE stashes_v4")
         conn.commit()
-    with Store(path, now=lambda: 2000.0) as st:
+    with SqliteStore(path, now=lambda: 2000.0) as st:
         _assert_unbound(st, key)
 
 
@@ -265,12 +256,12 @@ def _v2_database(url: str, key: str) -> None:
     """A PostgreSQL store as context-guru wrote it at schema v2, with a stash and a checkpoint."""
     import psycopg
 
-    from cg.state.pgstore import MIGRATIONS
+    from cg.state.schema import PG_MIGRATIONS
 
     with psycopg.connect(url, autocommit=True) as conn:
         conn.execute("CREATE TABLE cg_meta (k TEXT PRIMARY KEY, v BIGINT NOT NULL)")
         for version in (1, 2):
-            for stmt in MIGRATIONS[version].split(";"):
+            for stmt in PG_MIGRATIONS[version].split(";"):
                 if stmt.strip():
                     conn.execute(stmt)
         conn.execute("INSERT INTO cg_meta VALUES ('schema', 2)")
@@ -289,7 +280,8 @@ def _v2_database(url: str, key: str) -> None:
 def test_a_v2_postgresql_store_is_migrated_its_rows_unbound_and_still_its_sessions(pg_url: str):
     import psycopg
 
-    from cg.state.pgstore import PG_SCHEMA_VERSION, PgStore
+    from cg.state.pgstore import PgStore
+    from cg.state.schema import PG_VERSION
 
     key = stash_key(["old"])
     _v2_database(pg_url, key)
@@ -300,7 +292,7 @@ def test_a_v2_postgresql_store_is_migrated_its_rows_unbound_and_still_its_sessio
         assert st.stats().stashes == 2
     with psycopg.connect(pg_url, autocommit=True) as conn:
         row = conn.execute("SELECT v FROM cg_meta WHERE k = 'schema'").fetchone()
-        assert row is not None and row[0] == PG_SCHEMA_VERSION == 3
+        assert row is not None and row[0] == PG_VERSION == 3
         default = conn.execute(
             "SELECT column_default FROM information_schema.columns "
             "WHERE table_name = 'cg_stashes' AND column_name = 'tenant'"
@@ -371,7 +363,7 @@ def test_a_flood_reads_the_rows_of_its_own_stashes_only(tmp_path: Path, clock: C
     the 200 stashes of the session within its quota are not read."""
     from tests.state.test_store import _RowCounter
 
-    with Store(tmp_path / "cg.sqlite3", now=clock, max_mb=2, evict_interval=3600) as st:
+    with SqliteStore(tmp_path / "cg.sqlite3", now=clock, max_mb=2, evict_interval=3600) as st:
         for i in range(200):
             st.put_stash(stash_key([f"a{i}"]), "A", _blob(KB, f"a{i}"), "anthropic", K1)
         clock.t += 1
@@ -384,47 +376,6 @@ def test_a_flood_reads_the_rows_of_its_own_stashes_only(tmp_path: Path, clock: C
         assert st.evicted >= 1  # vacuity: the flood was evicted
         assert all(st.has_stash(stash_key([f"a{i}"]), "A", K1) for i in range(200))
         assert rows <= 2 * st.evicted  # each victim and the row that ended its walk, no A's
-
-
-# -- the quotas ----------------------------------------------------------------------------------
-
-
-def test_the_fair_level_leaves_small_holders_whole_and_shares_the_rest():
-    assert _fair_level([100, 100], 135) == 67  # two equal: half each
-    assert _fair_level([10, 500], 300) == 290  # the small one whole, the rest to the other
-    assert _fair_level([10, 20], 300) == 20  # everything fits: nobody is capped
-    assert _quotas({("t", "a"): 10, ("t", "b"): 500}, 300) == {("t", "b"): 290}
-    assert _quotas({("t", "a"): 10, ("t", "b"): 20}, 300) == {}
-
-
-USAGE = hs.dictionaries(
-    hs.tuples(hs.sampled_from(["t1", "t2", "t3", "*", ""]), hs.sampled_from("abcdefgh")),
-    hs.integers(1, 10_000),
-    min_size=1,
-)
-
-
-@settings(max_examples=300, deadline=None)
-@given(USAGE, hs.integers(0, 40_000))
-def test_quotas_bring_the_total_within_the_target_and_spare_every_fair_holder(
-    usage: dict[tuple[str, str], int], target: int
-):
-    caps = _quotas(usage, target)
-    assert set(caps) <= set(usage) and all(caps[g] < usage[g] for g in caps)
-    if sum(usage.values()) <= target:
-        assert caps == {}
-    else:
-        assert sum(min(n, caps.get(g, n)) for g, n in usage.items()) <= target
-    tenants: dict[str, dict[str, int]] = {}
-    for (t, s), n in usage.items():
-        tenants.setdefault(t, {})[s] = n
-    for t, sessions in tenants.items():
-        fair_tenant = target // len(tenants)
-        if sum(sessions.values()) <= fair_tenant:
-            assert not any((t, s) in caps for s in sessions)  # a tenant within its share
-        for s, n in sessions.items():
-            if n <= fair_tenant // len(sessions):
-                assert (t, s) not in caps  # a session within its share of its tenant's
 
 
 # -- the head-hash session --------------------------------------------------------------------------

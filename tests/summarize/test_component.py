@@ -22,7 +22,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from cg.pipeline.rewrite import Rewrite
-from cg.state.store import Store
+from cg.state import Store
+from cg.state.sqlite import SqliteStore
 from cg.summarize import component
 from cg.summarize.component import NoModel, prefix_hash
 from cg.summarize.prompt import HEADER, SENTINEL
@@ -72,7 +73,7 @@ def db(tmp_path: Path) -> Path:
 
 @pytest.fixture
 def store(db: Path) -> Iterator[Store]:
-    s = Store(db)
+    s = SqliteStore(db)
     yield s
     s.close()
 
@@ -144,7 +145,7 @@ def test_running_totals_memoised_on_a_warm_index_equal_ones_summed_afresh(turn: 
     keeps, appends or changes, its totals equal the sums over every message's facts."""
     dialect = DIALECTS[turn.sample.dialect]
     with tempfile.TemporaryDirectory() as tmp:
-        st_ = Store(str(Path(tmp) / "t.db"))
+        st_ = SqliteStore(str(Path(tmp) / "t.db"))
         try:
             comp = make(config(), st_).component
             cache = MessageCache()
@@ -188,7 +189,9 @@ def test_cache_control_moving_to_the_last_message_keeps_the_checkpoint(
     assert len(summaries) == 1 and len(d.summarizer.calls) == 1
 
 
-def test_breakpoints_on_the_last_two_user_turns_moving_keep_the_checkpoint(store: Store) -> None:
+def test_breakpoints_on_the_last_two_user_turns_moving_keep_the_checkpoint(
+    store: Store,
+) -> None:
     """Clients that mark the last two user turns (a pattern other agents use) move a breakpoint
     off a message inside the covered prefix."""
 
@@ -308,7 +311,9 @@ def test_the_agents_own_compaction_invalidates_the_checkpoint(store: Store) -> N
     assert d.pending[0].conversation != d.pending[0].session
 
 
-def test_two_conversations_under_one_session_id_keep_their_own_checkpoints(store: Store) -> None:
+def test_two_conversations_under_one_session_id_keep_their_own_checkpoints(
+    store: Store,
+) -> None:
     """An agent and its subagent share a session id but not a first message."""
     main = grow(fixture_body(CC16), 3, output_words=30)
     d = make(config(), store)
@@ -472,7 +477,7 @@ def test_full_mode_degrades_to_off_on_a_memory_store() -> None:
 
 
 def test_an_evicted_stash_degrades_honestly_and_stays_byte_stable(db: Path) -> None:
-    store = Store(db)
+    store = SqliteStore(db)
     turns = grow(fixture_body(CC16), 5, output_words=30)
     d = make(config(), store)
     r = two_turns(d, turns[0], turns[1])
@@ -497,13 +502,13 @@ def test_an_evicted_stash_degrades_honestly_and_stays_byte_stable(db: Path) -> N
 
 def test_a_reopened_store_serves_the_checkpoint_byte_identically(db: Path) -> None:
     turns = grow(fixture_body(CC16), 3, output_words=30)
-    store = Store(db)
+    store = SqliteStore(db)
     d = make(config(), store)
     r = two_turns(d, turns[0], turns[1])
     _, summary, key = restorable(r, cc_dumps(turns[1]), store)
     store.close()
 
-    reopened = Store(db)  # a proxy restart: a new store and a new component
+    reopened = SqliteStore(db)  # a proxy restart: a new store and a new component
     d2 = make(config(), reopened, now=d.now)
     raw = cc_dumps(turns[2])
     r = d2.send(raw)
@@ -596,7 +601,7 @@ def test_random_transcripts_round_trip_through_a_summary(
     index = index_body(raw, dialect)
     span = select_span(index.views, keep_first, keep_last)
     with tempfile.TemporaryDirectory() as tmp:
-        store = Store(Path(tmp) / "cg.sqlite3")
+        store = SqliteStore(Path(tmp) / "cg.sqlite3")
         cfg = config(keep_first=keep_first, keep_last=keep_last, marker_mode=mode)
         d = make(cfg, store, sample.dialect)
         r1 = d.send(raw)
@@ -648,7 +653,7 @@ def test_a_checkpoint_made_on_a_prefix_serves_the_grown_transcript(
     raw1 = dumps({"model": "m", "messages": msgs[:k]}, style).encode()
     raw2 = dumps({"model": "m", "messages": msgs}, style).encode()
     with tempfile.TemporaryDirectory() as tmp:
-        store = Store(Path(tmp) / "cg.sqlite3")
+        store = SqliteStore(Path(tmp) / "cg.sqlite3")
         d = make(config(keep_first=keep_first, keep_last=keep_last), store, name)
         d.send(raw1)
         if not d.pending:
@@ -700,13 +705,13 @@ def test_a_span_over_the_stash_bound_is_not_summarized(db: Path) -> None:
     could not be kept), said in the record; the same span under a larger store is summarized (the
     guard of the path)."""
     turns = grow(fixture_body(CC16), 2, output_words=30)
-    small = Store(db, max_mb=0.05)  # a stash bound of ~6.5 KB: under the fixture's span
+    small = SqliteStore(db, max_mb=0.05)  # a stash bound of ~6.5 KB: under the fixture's span
     d = make(config(), small)
     r = d.send(turns[0])
     rec = record(r)
     assert r.outcome == "passed_through" and not d.pending, rec
     assert rec["bound"] == "stash" and "over the stash bound" in rec["commission"]
     small.close()
-    big = Store(db.with_name("big.sqlite3"))
+    big = SqliteStore(db.with_name("big.sqlite3"))
     two_turns(make(config(), big), turns[0], turns[1])
     big.close()

@@ -16,7 +16,7 @@ import pytest
 from cg.expand.tool import TOOL_JSON, TOOL_NAME
 from cg.pipeline.rewrite import ExpandPolicy, Rewrite, rewrite_body
 from cg.proxy.agents import codex_compaction
-from cg.state.store import Store
+from cg.state.sqlite import SqliteStore
 from cg.summarize.component import conversation_key
 from cg.summarize.prompt import HEADER
 from cg.wire.body import index_body
@@ -87,8 +87,8 @@ def summary_item(r: Rewrite) -> tuple[int, Json]:
 
 
 @pytest.fixture
-def store(tmp_path: Path) -> Iterator[Store]:
-    s = Store(tmp_path / "cg.sqlite3")
+def store(tmp_path: Path) -> Iterator[SqliteStore]:
+    s = SqliteStore(tmp_path / "cg.sqlite3")
     yield s
     s.close()
 
@@ -98,7 +98,7 @@ def codex_config(**over: Any) -> Any:
 
 
 def test_a_codex_session_is_summarized_and_the_summary_reused_byte_identically(
-    store: Store,
+    store: SqliteStore,
 ) -> None:
     turns = grow("middle", 8)
     d = make(codex_config(), store, dialect="responses")
@@ -139,7 +139,7 @@ def test_a_codex_session_is_summarized_and_the_summary_reused_byte_identically(
 
 
 def test_the_additional_tools_session_keeps_its_tools_item_and_system_prompt(
-    store: Store,
+    store: SqliteStore,
 ) -> None:
     turns = grow("default_model_additional_tools", 3)
     d = make(codex_config(), store, dialect="responses")
@@ -151,7 +151,7 @@ def test_the_additional_tools_session_keeps_its_tools_item_and_system_prompt(
 
 
 def test_codexs_own_compaction_passes_through_and_invalidates_the_checkpoint(
-    store: Store,
+    store: SqliteStore,
 ) -> None:
     turns = grow("middle", 4)
     d = make(codex_config(), store, dialect="responses")
@@ -214,7 +214,7 @@ def test_the_real_compaction_request_is_recognised_and_a_normal_turn_is_not() ->
     ],
 )
 def test_input_that_already_breaks_a_rule_passes_through_untouched(
-    store: Store, breakage: Any, why: str
+    store: SqliteStore, breakage: Any, why: str
 ) -> None:
     turns = grow("middle", 4)
     d = make(codex_config(), store, dialect="responses")
@@ -229,7 +229,9 @@ def test_input_that_already_breaks_a_rule_passes_through_untouched(
     assert not d.pending
 
 
-def test_sessions_come_from_codexs_session_id_header_then_prompt_cache_key(store: Store) -> None:
+def test_sessions_come_from_codexs_session_id_header_then_prompt_cache_key(
+    store: SqliteStore,
+) -> None:
     raw = fixture("middle")
     d = make(codex_config(), store, dialect="responses", session=None)
     r = d.send(raw, **{"session-id": "01a22c54-411d-7d33-a708-9561f201632e"})
@@ -243,7 +245,7 @@ def test_sessions_come_from_codexs_session_id_header_then_prompt_cache_key(store
 
 
 def test_the_expand_tool_is_appended_in_the_responses_shape_with_constant_bytes(
-    store: Store,
+    store: SqliteStore,
 ) -> None:
     turns = grow("middle", 5)
     d = make(codex_config(), store, dialect="responses")
@@ -269,7 +271,7 @@ def test_the_expand_tool_is_appended_in_the_responses_shape_with_constant_bytes(
 
 
 def test_the_expand_tool_is_not_injected_when_tools_live_in_an_additional_tools_item(
-    store: Store,
+    store: SqliteStore,
 ) -> None:
     turns = grow("default_model_additional_tools", 3)
     d = make(codex_config(), store, dialect="responses")
@@ -299,7 +301,7 @@ def test_the_expand_tool_is_not_injected_when_tools_live_in_an_additional_tools_
     ],
 )
 def test_requests_without_visible_history_pass_through_with_the_reason(
-    store: Store, doc: Json, why: str
+    store: SqliteStore, doc: Json, why: str
 ) -> None:
     d = make(codex_config(), store, dialect="responses")
     r = d.send(json.dumps(doc).encode())

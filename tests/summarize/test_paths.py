@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from cg.state.store import Store
+from cg.state.sqlite import SqliteStore
 from cg.summarize.component import (
     Commission,
     SharedSummarizer,
@@ -41,8 +41,8 @@ from tests.transcripts import (
 
 
 @pytest.fixture
-def store(tmp_path: Path) -> Iterator[Store]:
-    s = Store(tmp_path / "cg.sqlite3")
+def store(tmp_path: Path) -> Iterator[SqliteStore]:
+    s = SqliteStore(tmp_path / "cg.sqlite3")
     yield s
     s.close()
 
@@ -50,7 +50,9 @@ def store(tmp_path: Path) -> Iterator[Store]:
 RAW = cc_dumps(grow(fixture_body(CC16), 3)[-1])
 
 
-def job_for(store: Store, fake: SharedFake, raw: bytes = RAW, **cfg: Any) -> tuple[Any, Commission]:
+def job_for(
+    store: SqliteStore, fake: SharedFake, raw: bytes = RAW, **cfg: Any
+) -> tuple[Any, Commission]:
     """(driver, its one commission) with the forwarded body handed over as the addon does."""
     d = make(config(**cfg), store, summarizer=fake, session=uuid.uuid4().hex)
     d.send(raw)

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from cg.state.store import Store
+from cg.state.sqlite import SqliteStore
 from cg.summarize.prompt import (
     HEADER,
     LEVELS,
@@ -236,7 +236,7 @@ def test_a_rolling_summary_is_given_the_previous_one() -> None:
 
 def test_the_commissioned_prompt_on_claude_code_traffic(tmp_path: Path) -> None:
     body = fixture_body(CC16)
-    store = Store(tmp_path / "cg.sqlite3")
+    store = SqliteStore(tmp_path / "cg.sqlite3")
     d = make(config(custom_prompt="Keep every command verbatim.", summary_level="concise"), store)
     d.send(body)
     assert len(d.pending) == 1
@@ -255,7 +255,7 @@ def test_the_commissioned_prompt_on_claude_code_traffic(tmp_path: Path) -> None:
 
 def test_the_rolling_prompt_on_a_grown_session(tmp_path: Path) -> None:
     turns = grow(fixture_body(CC16), 6, output_words=200)
-    store = Store(tmp_path / "cg.sqlite3")
+    store = SqliteStore(tmp_path / "cg.sqlite3")
     d = make(config(resummarize_tokens=1000), store)
     d.send(turns[0])
     assert d.drain() == ["completed"]

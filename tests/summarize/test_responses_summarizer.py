@@ -18,7 +18,7 @@ from cg.billing.tap import UsageTap
 from cg.proxy.agents import codex
 from cg.state.facts import FactsCache
 from cg.state.session import resolve_session, session_of
-from cg.state.store import Store
+from cg.state.sqlite import SqliteStore
 from cg.summarize.client import Origin, answer_text, resolve_endpoint
 from cg.summarize.component import Commission
 from cg.summarize.config import ModelConfig, parse_summarize
@@ -39,13 +39,13 @@ URL = "https://api.example.test/v1/responses"
 
 
 @pytest.fixture
-def store(tmp_path: Path) -> Iterator[Store]:
-    s = Store(tmp_path / "cg.sqlite3")
+def store(tmp_path: Path) -> Iterator[SqliteStore]:
+    s = SqliteStore(tmp_path / "cg.sqlite3")
     yield s
     s.close()
 
 
-def codex_job(store: Store, raw: bytes) -> Commission:
+def codex_job(store: SqliteStore, raw: bytes) -> Commission:
     d = make(config(keep_first=2, keep_last=3), store, dialect="responses")
     d.send(raw)
     assert len(d.pending) == 1  # guard: the trigger fired and a span existed
@@ -56,7 +56,7 @@ def codex_job(store: Store, raw: bytes) -> Commission:
 
 
 def test_the_shared_request_is_the_forwarded_codex_request_plus_one_user_item(
-    store: Store,
+    store: SqliteStore,
 ) -> None:
     raw = grow("middle", 3)[2]
     job = codex_job(store, raw)
@@ -253,7 +253,7 @@ def test_the_usage_tap_reads_a_rendered_responses_stream_in_small_chunks() -> No
     assert tap.model == "gpt-5.1-codex" and not tap.truncated
 
 
-def test_the_standalone_prompt_is_grounded_in_codexs_user_turns(store: Store) -> None:
+def test_the_standalone_prompt_is_grounded_in_codexs_user_turns(store: SqliteStore) -> None:
     """The task and the latest user turn of a Codex transcript (`input_text` parts) are what
     the summary is written toward; tool outputs are masked, calls shown."""
     job = codex_job(store, grow("middle", 3)[2])

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from cg.state.store import Store
+from cg.state.sqlite import SqliteStore
 from cg.summarize.component import Commission
 from cg.summarize.prompt import HEADER, MAX_TOKENS, build_instruction
 from cg.summarize.shared import Layout, SharedRequest, build, forces_a_tool, output_limits
@@ -35,13 +35,15 @@ Json = Any
 
 
 @pytest.fixture
-def store(tmp_path: Path) -> Iterator[Store]:
-    s = Store(tmp_path / "cg.sqlite3")
+def store(tmp_path: Path) -> Iterator[SqliteStore]:
+    s = SqliteStore(tmp_path / "cg.sqlite3")
     yield s
     s.close()
 
 
-def commissioned(store: Store, raw: bytes, dialect: str = "anthropic", **cfg: Any) -> Commission:
+def commissioned(
+    store: SqliteStore, raw: bytes, dialect: str = "anthropic", **cfg: Any
+) -> Commission:
     """The one job the component commissions for `raw` (a vacuity guard if none)."""
     d = make(config(**cfg), store, dialect)
     d.send(raw)

@@ -17,7 +17,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from cg.state.store import Store
+from cg.state.sqlite import SqliteStore
 from cg.summarize.span import Span, repair_orphans, select_span
 from cg.wire.body import index_body
 from cg.wire.dialects import ANTHROPIC, DIALECTS, OPENAI
@@ -241,8 +241,8 @@ def test_select_span_never_raises_and_respects_its_bounds(
 
 
 @pytest.fixture
-def store(tmp_path: Path) -> Iterator[Store]:
-    s = Store(tmp_path / "cg.sqlite3")
+def store(tmp_path: Path) -> Iterator[SqliteStore]:
+    s = SqliteStore(tmp_path / "cg.sqlite3")
     yield s
     s.close()
 
@@ -250,7 +250,7 @@ def store(tmp_path: Path) -> Iterator[Store]:
 TASK = "TASK: port the parser to Rust."
 
 
-def test_a_default_keep_first_folds_the_openai_task_into_the_summary(store: Store) -> None:
+def test_a_default_keep_first_folds_the_openai_task_into_the_summary(store: SqliteStore) -> None:
     """(a) The historical shape: [system, summary, tail…] — the task is summarized away (it is
     still the grounding of the prompt, and the stash holds it verbatim)."""
     msgs = openai_transcript(6, TASK)
@@ -270,7 +270,7 @@ def test_a_default_keep_first_folds_the_openai_task_into_the_summary(store: Stor
     assert stash is not None and stash.sources()[0] == src[1]  # the task, verbatim
 
 
-def test_keep_first_2_keeps_system_and_task_byte_identical(store: Store) -> None:
+def test_keep_first_2_keeps_system_and_task_byte_identical(store: SqliteStore) -> None:
     """(b) keep_first: 2 retains [system, task]."""
     msgs = openai_transcript(6, TASK)
     raw = openai_body(msgs)
@@ -282,7 +282,7 @@ def test_keep_first_2_keeps_system_and_task_byte_identical(store: Store) -> None
     assert out_messages(r)[2]["role"] == "user"
 
 
-def test_a_dangling_tool_call_in_the_head_retreats(store: Store) -> None:
+def test_a_dangling_tool_call_in_the_head_retreats(store: SqliteStore) -> None:
     """(c) keep_first: 2 on [system, call, result, …]: keeping the call would emit an unanswered
     call, so the head retreats to [system]."""
     msgs = [o("system", "s"), *openai_transcript(6, TASK)[2:]]
@@ -296,7 +296,7 @@ def test_a_dangling_tool_call_in_the_head_retreats(store: Store) -> None:
 
 @pytest.mark.parametrize("dialect", ["anthropic", "openai"])
 def test_two_consecutive_tool_calls_in_the_head_retreat_past_both(
-    store: Store, dialect: str
+    store: SqliteStore, dialect: str
 ) -> None:
     """(c) Malformed input (a call answered by nothing, then another call): one decrement would
     keep the first call; the loop retreats past both."""
@@ -319,7 +319,7 @@ def test_two_consecutive_tool_calls_in_the_head_retreat_past_both(
     assert all("tool_use" not in s and "tool_calls" not in s for s in out[:kept])
 
 
-def test_keep_first_0_is_honoured(store: Store) -> None:
+def test_keep_first_0_is_honoured(store: SqliteStore) -> None:
     """(d) keep_first: 0 summarizes from the first message: the summary opens the array."""
     msgs = openai_transcript(6, TASK)
     raw = openai_body(msgs)
@@ -339,7 +339,7 @@ def test_negative_keep_first_is_refused_before_anything_runs() -> None:
 # --------------------------------------------------------------------------------------------
 
 
-def test_keep_first_2_on_claude_code_retreats_off_its_system_message(store: Store) -> None:
+def test_keep_first_2_on_claude_code_retreats_off_its_system_message(store: SqliteStore) -> None:
     body = fixture_body(CC16)
     raw = cc_dumps(body)
     assert [m["role"] for m in body["messages"][:3]] == ["user", "system", "assistant"]
@@ -353,7 +353,7 @@ def test_keep_first_2_on_claude_code_retreats_off_its_system_message(store: Stor
 
 
 @pytest.mark.parametrize("keep_first", [1, 2, 3])
-def test_the_summary_is_never_a_system_message(store: Store, keep_first: int) -> None:
+def test_the_summary_is_never_a_system_message(store: SqliteStore, keep_first: int) -> None:
     raw = cc_dumps(fixture_body(CC16))
     r = two_turns(make(config(keep_first=keep_first), store), raw)
     i, _ = summary_of(r)
@@ -373,7 +373,7 @@ def test_the_summary_is_never_a_system_message(store: Store, keep_first: int) ->
     (4, ["system", "assistant", "user"]),  # starts at a result: advances to the system message
 ])  # fmt: skip
 def test_the_tail_on_claude_code_never_starts_with_a_tool_result(
-    store: Store, keep_last: int, tail_roles: list[str]
+    store: SqliteStore, keep_last: int, tail_roles: list[str]
 ) -> None:
     raw = cc_dumps(fixture_body(CC16))
     r = two_turns(make(config(keep_last=keep_last), store), raw)
@@ -384,7 +384,7 @@ def test_the_tail_on_claude_code_never_starts_with_a_tool_result(
     assert validate_shape(out, "anthropic") == []
 
 
-def test_a_transcript_too_short_for_a_span_passes_through(store: Store) -> None:
+def test_a_transcript_too_short_for_a_span_passes_through(store: SqliteStore) -> None:
     d = make(config(keep_first=2, keep_last=3), store, "openai")
     for n in range(6):
         r = d.send(openai_body(openai_transcript(4)[:n]))
@@ -471,7 +471,7 @@ def test_a_valid_plan_is_left_alone() -> None:
 
 
 def test_repair_acts_on_the_real_path_when_history_after_the_checkpoint_changed(
-    store: Store,
+    store: SqliteStore,
 ) -> None:
     """The checkpoint covers up to a tool call whose result the client later inserts right
     after it (history edited past the covered prefix): the result's block is cut from the

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from cg.state.store import Store
+from cg.state.sqlite import SqliteStore
 from cg.state.tokens import TokenCounter
 from cg.summarize import component
 from cg.summarize.triggers import (
@@ -238,7 +238,9 @@ def test_the_component_remembers_each_models_window_as_resolve_window_gives_it(
     """`Summarize.window` is `resolve_window` under the component's tables, asked once per
     model and 1M beta: the same answers in any order, again and again, and past its bound."""
     user = {"claude-sonnet-4-5": 50_000, "my-local": 32_768}
-    comp = component.Summarize(config(), Store(tmp_path / "w.db"), TokenCounter(), user, TABLE)
+    comp = component.Summarize(
+        config(), SqliteStore(tmp_path / "w.db"), TokenCounter(), user, TABLE
+    )
     betas = ["", "context-1m-2025-08-07", "claude-code-20250219,context-1m-2025-08-07"]
     models: list[Any] = ["claude-sonnet-4-5", "claude-opus-4-8", "my-local-model-v2", "m/x", "",
                          None, 42, ["gpt-4o"], "gpt-4.1-nano"]  # fmt: skip
@@ -258,13 +260,13 @@ def test_the_component_remembers_each_models_window_as_resolve_window_gives_it(
 
 
 @pytest.fixture
-def store(tmp_path: Path) -> Iterator[Store]:
-    s = Store(tmp_path / "cg.sqlite3")
+def store(tmp_path: Path) -> Iterator[SqliteStore]:
+    s = SqliteStore(tmp_path / "cg.sqlite3")
     yield s
     s.close()
 
 
-def test_cold_cache_first_sight_is_warm_then_expiry_commissions(store: Store) -> None:
+def test_cold_cache_first_sight_is_warm_then_expiry_commissions(store: SqliteStore) -> None:
     turns = grow(fixture_body(CC16), 4, output_words=30)
     d = make(config(cache_state="cold"), store)
     t0 = d.now
@@ -285,7 +287,7 @@ def test_cold_cache_first_sight_is_warm_then_expiry_commissions(store: Store) ->
     assert r.outcome == "rewritten" and record(r)["trigger"]["cache"] == "warm"
 
 
-def test_a_1h_ttl_keeps_the_cache_warm_for_an_hour(store: Store) -> None:
+def test_a_1h_ttl_keeps_the_cache_warm_for_an_hour(store: SqliteStore) -> None:
     turns = grow(fixture_body(CC16), 3, output_words=30)
     for body in turns:
         body["messages"][-1]["content"][-1]["cache_control"] = {"type": "ephemeral", "ttl": "1h"}
@@ -300,7 +302,7 @@ def test_a_1h_ttl_keeps_the_cache_warm_for_an_hour(store: Store) -> None:
 
 
 def test_a_1h_ttl_outside_the_messages_is_read_again_only_when_that_text_changes(
-    store: Store, monkeypatch: pytest.MonkeyPatch
+    store: SqliteStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The TTL asked outside the transcript array (a top-level `cache_control`) is memoised on
     the warm index, which a next turn inherits only when every byte outside the array repeats."""
@@ -327,7 +329,7 @@ def test_a_1h_ttl_outside_the_messages_is_read_again_only_when_that_text_changes
     assert cache.prefix_hits == 1  # vacuity: turn 3 was built on turn 2 (the others differ outside)
 
 
-def test_the_ceiling_commissions_at_first_sight_with_a_cold_cache_state(store: Store) -> None:
+def test_the_ceiling_commissions_at_first_sight_with_a_cold_cache_state(store: SqliteStore) -> None:
     body = fixture_body(CC16)
     d = make(config(cache_state="cold", trigger={"min_messages": 10_000}), store)
     probe = record(d.send(body))
@@ -346,7 +348,7 @@ def test_the_ceiling_commissions_at_first_sight_with_a_cold_cache_state(store: S
     assert len(d2.pending) == 1
 
 
-def test_a_huge_tool_output_commissions_regardless(store: Store) -> None:
+def test_a_huge_tool_output_commissions_regardless(store: SqliteStore) -> None:
     body = fixture_body(CC16)
     body["messages"][5]["content"][0]["content"] = "word " * 12_000
     d = make(
@@ -359,7 +361,7 @@ def test_a_huge_tool_output_commissions_regardless(store: Store) -> None:
     assert len(d.pending) == 1
 
 
-def test_the_fraction_gate_on_real_traffic(store: Store) -> None:
+def test_the_fraction_gate_on_real_traffic(store: SqliteStore) -> None:
     body = fixture_body(CC16)
     d = make(config(trigger={"min_request_frac": 0.9}), store)
     rec = record(d.send(body))
@@ -378,12 +380,12 @@ def test_the_fraction_gate_on_real_traffic(store: Store) -> None:
     assert not unknown.pending
 
 
-def test_model_windows_reach_the_component(store: Store) -> None:
+def test_model_windows_reach_the_component(store: SqliteStore) -> None:
     d = make(config(), store, model_windows={"aws/claude-sonnet-5": 64_000})
     assert record(d.send(fixture_body(CC_TOOL_USE)))["window"] == 64_000
 
 
-def test_request_tokens_count_the_system_prompt_and_tools(store: Store) -> None:
+def test_request_tokens_count_the_system_prompt_and_tools(store: SqliteStore) -> None:
     body = fixture_body(CC16)
     d = make(config(), store)
     with_all = record(d.send(body))["tokens"]
