@@ -39,6 +39,7 @@ from cg.proxy import view as views
 from cg.proxy.agents import CLAUDE_CODE, CODEX, claude_code, codex, codex_compaction
 from cg.proxy.calls import call_flow
 from cg.proxy.environ import CONTROL_TOKEN_ENV, unknown_variables, unused_cheap_model
+from cg.proxy.flowstate import Flows, FlowState
 from cg.proxy.message import bounded_content, content, content_type, set_content
 from cg.proxy.meter import Meter, late_index
 from cg.proxy.providers import ProviderHosts
@@ -90,7 +91,6 @@ CREDENTIAL_HEADERS = ("authorization", "x-api-key", "api-key", "x-goog-api-key")
 REDACTED = "[redacted by context-guru]"
 _CREDENTIAL_NAMES = frozenset(n.encode() for n in CREDENTIAL_HEADERS)
 _REDACTED_BYTES = REDACTED.encode()
-MAX_LIVE = 10_000  # provider flows in flight; one that never ended is redacted past this
 FACTS_INLINE = 200  # token counts written back on the loop after an answer, at most
 
 
@@ -241,8 +241,8 @@ class ContextGuru:
         self._flushing: asyncio.Task[None] | None = None  # a write-back of many token counts
         self.control = control.ControlPolicy()
         self.redact = True
-        # Provider flows whose request still holds its credential: redacted when done.
-        self.live: dict[str, http.HTTPFlow] = {}
+        # Provider flows in flight, each with its state; ending one redacts its credential.
+        self.flows = Flows(self._ended)
         self.providers = ProviderHosts()  # which flows the addon does not route are providers'
         self.store_error: str | None = None  # why the configured store could not be opened
         self.started = False  # `running` was called: start-up is over
@@ -257,18 +257,24 @@ class ContextGuru:
         # pool, uncapped: each holds a connection for a whole generation).
         self.relay_pool = HttpPool(max_connections=None)
         self.relay = Relay(self.relay_pool.client)
-        self.relayed: dict[str, RelayJob] = {}
         self._bg: set[asyncio.Task[None]] = set()  # held, so that they are not collected
-        self.originals: dict[str, bytes | None] = {}
         self.keep_backup = True  # `flow.backup()` before a rewrite, for a UI's Revert
-        self.meter = Meter(self.stats.usage_reads)
-        # Summary jobs waiting for their commissioning flow's answer to begin, by flow id.
-        self.awaiting: dict[str, list[Any]] = {}
+        self.meter = Meter(self.stats.usage_reads, self.flows)
         self.expand = ExpandPolicy("auto", None)
         self.views = views.all_views(self._stash)
         # Flows shown for our own calls, being added (kept referenced until done).
         self.showing: set[asyncio.Task[None]] = set()
         self.off_loop = pages.OffLoop()  # the control answers that read pages of the store
+
+    @property
+    def live(self) -> dict[str, http.HTTPFlow]:
+        """The provider flows in flight (whose credential is redacted when done), by id."""
+        return {st.flow.id: st.flow for st in self.flows}
+
+    @property
+    def awaiting(self) -> dict[str, list[Any]]:
+        """Summary jobs waiting for their commissioning flow's answer to begin, by flow id."""
+        return {st.flow.id: list(st.awaiting) for st in self.flows if st.awaiting}
 
     def _stash(self, key: str) -> Any:
         """A stash for the views (mitmweb's thread or the loop: a read, never raises out)."""
@@ -677,14 +683,11 @@ class ContextGuru:
         for v in self.views:
             if v in contentviews.views:
                 contentviews.remove(v)
-        for flow in list(self.live.values()):
-            self._release(flow)  # flows in flight at exit: a saved file gets them redacted
+        self.flows.end_all()  # flows in flight at exit: a saved file gets them redacted
         for task in list(self.tasks.values()):
             task.cancel()
         self.tasks.clear()
-        self.awaiting.clear()
         self.relay.close()
-        self.relayed.clear()
         self.offload.close()
         with contextlib.suppress(RuntimeError):  # no running loop: nothing left to close
             loop = asyncio.get_running_loop()
@@ -722,9 +725,7 @@ class ContextGuru:
                 self._hold(flow)  # count_tokens, /v1/models: its key is redacted once done
             return None
         self.stats.requests += 1
-        self.live[flow.id] = flow
-        while len(self.live) > MAX_LIVE:
-            self._release(next(iter(self.live.values())))
+        self.flows.begin(flow)
         if req.data.host not in self.providers.seen:  # its siblings are a provider's too
             self.providers.learn(req.data.host)
         t0 = time.perf_counter()
@@ -900,7 +901,7 @@ class ContextGuru:
                     flow.backup()  # type: ignore[no-untyped-call]
                 try:
                     set_content(req, result.body)
-                    self.originals[flow.id] = original
+                    self.flows.begin(flow).original = original
                 except Exception as e:  # noqa: BLE001 - an encoder error must fail open
                     req.headers.fields, req.raw_content = fields, original
                     record["outcome"] = "failed_open"
@@ -996,7 +997,7 @@ class ContextGuru:
         req.data.content = b""
         # The data fields: the `host` setter would rewrite the Host header as well.
         req.data.scheme, req.data.host, req.data.port = b"http", "127.0.0.1", self.relay.port
-        self.relayed[flow.id] = job
+        self.flows.begin(flow).job = job
         expand["relayed"] = True
 
     def _resolver(self, session: str | None, tenant: str) -> Callable[[str], str]:
@@ -1015,7 +1016,8 @@ class ContextGuru:
     def _unrelay(self, flow: http.HTTPFlow) -> RelayJob | None:
         """The flow's request as it went upstream again (URL, headers, body), and its relay
         token gone."""
-        job = self.relayed.get(flow.id)
+        st = self.flows.get(flow.id)
+        job = st.job if st is not None else None
         if job is not None:
             self.relay.jobs.pop(job.token, None)  # never reached the relay: forget it (its key)
         if job is not None and header(flow.request.headers, RELAY_HEADER) is not None:
@@ -1029,7 +1031,11 @@ class ContextGuru:
         """The flow is answered or failed: its URL as the agent sent it again, and its client
         bytes (a rewritten flow's) and relay job forgotten here; both returned."""
         self._unrelay(flow)
-        return self.originals.pop(flow.id, None), self.relayed.pop(flow.id, None)
+        st = self.flows.get(flow.id)
+        if st is None:
+            return None, None
+        original, job, st.original, st.job = st.original, st.job, None, None
+        return original, job
 
     # -- summaries, off the hot path ------------------------------------------------------------
 
@@ -1058,9 +1064,10 @@ class ContextGuru:
             job.origin = origin
             if forwarded is not None and hasattr(job, "answer_began"):
                 job.forwarded = forwarded
-                if flow_id is not None:
+                st = self.flows.get(flow_id) if flow_id is not None else None
+                if st is not None:
                     job.began = asyncio.Event()
-                    self.awaiting.setdefault(flow_id, []).append(job)
+                    st.awaiting.append(job)
             self.stats.summaries.commissioned += 1
             if not isinstance(comp, Commissioner):
                 continue
@@ -1110,22 +1117,19 @@ class ContextGuru:
 
     def _answer_began(self, flow: http.HTTPFlow) -> None:
         """The flow's answer began (or the flow failed): release the jobs it commissioned."""
-        jobs = self.awaiting.pop(flow.id, None)
-        if not jobs:
+        st = self.flows.get(flow.id)
+        if st is None or not st.awaiting:
             return
+        jobs, st.awaiting = st.awaiting, []
         status = flow.response.status_code if flow.response is not None else None
         for job in jobs:
             job.answer_began(status)
 
     def _unawait(self, flow_id: str | None, job: Any) -> None:
         """Forget a job that ended (or never ran) before its flow's answer began."""
-        if flow_id is None or flow_id not in self.awaiting:
-            return
-        kept = [j for j in self.awaiting[flow_id] if j is not job]
-        if kept:
-            self.awaiting[flow_id] = kept
-        else:
-            del self.awaiting[flow_id]
+        st = self.flows.get(flow_id) if flow_id is not None else None
+        if st is not None:
+            st.awaiting = [j for j in st.awaiting if j is not job]
 
     def _forget(self, session: str, task: asyncio.Task[str]) -> None:
         if self.tasks.get(session) is task:
@@ -1206,7 +1210,7 @@ class ContextGuru:
                     turn.index = await self.offload.run(
                         late_index, flow, dialect, self.max_body, self.max_messages
                     )
-                self.meter.readable.discard(flow.id)  # (tried: not again on the loop)
+                self.meter.tried_late(flow)
             replies = await self._answer(flow)
             record = flow.metadata.get(META)
             if isinstance(record, dict):
@@ -1234,18 +1238,24 @@ class ContextGuru:
 
     def _hold(self, flow: http.HTTPFlow) -> None:
         """A provider flow in flight: its credential is redacted when it is done (or at exit,
-        or once MAX_LIVE newer ones are)."""
-        self.live[flow.id] = flow
-        while len(self.live) > MAX_LIVE:
-            self._release(next(iter(self.live.values())))
+        or once `MAX_FLOWS` newer ones are)."""
+        self.flows.begin(flow)
 
     def _release(self, flow: http.HTTPFlow) -> None:
-        """The flow is done with upstream: forget it, and redact its credential (a turn's, or
-        another provider flow's)."""
-        held = self.live.pop(flow.id, None) is not None
-        if self.redact and (held or META in flow.metadata):
+        """The flow is done with upstream: end its state (`_ended`), and redact its credential
+        (a turn's, or another provider flow's)."""
+        if self.flows.end(flow.id) is None and self.redact and META in flow.metadata:
             redact(flow.request.headers)
             redact_backup(flow)
+
+    def _ended(self, st: FlowState) -> None:
+        """The one cleanup of a flow's state, whatever ended it (its answer, an error, the exit,
+        the cap): its relay token forgotten, its credential redacted."""
+        if st.job is not None:
+            self.relay.jobs.pop(st.job.token, None)
+        if self.redact:
+            redact(st.flow.request.headers)
+            redact_backup(st.flow)
 
     async def _answer(self, flow: http.HTTPFlow) -> list[Reply] | None:
         """A 400 to a rewritten request: re-send the original bytes once, return that answer.
@@ -1355,7 +1365,7 @@ class ContextGuru:
         return out.replies
 
     def error(self, flow: http.HTTPFlow) -> None:
-        if not flow.live and flow.id not in self.live:
+        if not flow.live and flow.id not in self.flows:
             return
         self._answer_began(flow)
         self._drop(flow)
