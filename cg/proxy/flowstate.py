@@ -12,11 +12,13 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from mitmproxy import http
 
+from cg.pipeline.contract import SummaryJob
 from cg.proxy.relay import RelayJob
+from cg.wire.answers import Reply
 
 if TYPE_CHECKING:
     from cg.billing.ledger import Turn
@@ -33,9 +35,11 @@ class FlowState:
     original: bytes | None = None
     job: RelayJob | None = None  # its streamed answer goes through the relay (`cg.proxy.relay`)
     # Summary jobs that wait for this flow's answer to begin (the provider's cache entry).
-    awaiting: list[Any] = field(default_factory=list)
+    awaiting: list[SummaryJob] = field(default_factory=list)
     turn: Turn | None = None  # what the usage ledger books when the answer is read
     readable: bool = False  # its body may be indexed after the fact (a bypassed turn's)
+    # Every round's reply of an expand continuation (the answer's hook), for the meter.
+    replies: list[Reply] | None = None
 
 
 class Flows:
