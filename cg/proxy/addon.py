@@ -34,7 +34,6 @@ from cg.proxy.redact import CREDENTIAL_HEADERS, REDACTED, Redactor, redact, reda
 from cg.proxy.rewriting import BYPASS_HEADER, BYPASS_VALUES, Rewriter
 from cg.proxy.runtime import (
     FACTS_INLINE,
-    META,
     STORE_BUSY_MS,
     STORE_RETRY,
     Runtime,
@@ -42,7 +41,7 @@ from cg.proxy.runtime import (
     repeated_options,
     unknown_options,
 )
-from cg.proxy.view import Views
+from cg.proxy.view import META, Views
 from cg.summarize.client import SummarizerClient
 from cg.wire.upstream import Exchange
 

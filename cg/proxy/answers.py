@@ -23,7 +23,8 @@ from cg.proxy.message import content, content_type, upstream_sni
 from cg.proxy.relay import HEADER as RELAY_HEADER
 from cg.proxy.relay import RelayJob
 from cg.proxy.resend import resend
-from cg.proxy.runtime import META, Runtime
+from cg.proxy.runtime import Runtime
+from cg.proxy.view import META
 from cg.state.session import header
 from cg.wire.answers import Reply, ResponseParseError, tool_calls
 from cg.wire.upstream import Exchange, provider_message

@@ -13,7 +13,8 @@ from mitmproxy import http
 from cg.proxy import offload
 from cg.proxy.message import content_type
 from cg.proxy.meter import late_index
-from cg.proxy.runtime import META, Runtime
+from cg.proxy.runtime import Runtime
+from cg.proxy.view import META
 
 
 class Metering:

@@ -27,7 +27,8 @@ from cg.proxy import view as views
 from cg.proxy.agents import codex_compaction
 from cg.proxy.answers import to_relay
 from cg.proxy.message import bounded_content, set_content, upstream_sni
-from cg.proxy.runtime import META, Runtime
+from cg.proxy.runtime import Runtime
+from cg.proxy.view import META
 from cg.settings import host_allowed
 from cg.state.session import header
 from cg.state.tenant import ANONYMOUS

@@ -36,6 +36,7 @@ from cg.proxy.redact import redact, redact_backup
 from cg.proxy.relay import Relay
 from cg.proxy.stats import Stats
 from cg.proxy.summaries import Summaries
+from cg.proxy.view import META
 from cg.settings import Config, host_patterns, load_presets, no_such, unknown_names
 from cg.state.facts import FactsCache
 from cg.state.store import Store, StoreClaimed, StoreError
@@ -48,7 +49,6 @@ from cg.wire.upstream import upstream_verify
 
 log = logging.getLogger("context_guru")
 
-META = "context_guru"
 # Every store call runs on the event loop: a file another process holds locked may stall all
 # traffic this long per call, never the 5 s a reader (the CLI) may wait.
 STORE_BUSY_MS = 250
