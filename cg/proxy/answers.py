@@ -88,6 +88,8 @@ def to_relay(rt: Runtime, flow: http.HTTPFlow, record: dict[str, Any], tenant: s
 
 
 class Answers:
+    name = "contextguru_answers"  # (unique among every script's addons)
+
     def __init__(self, rt: Runtime) -> None:
         self.rt = rt
 

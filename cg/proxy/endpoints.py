@@ -23,6 +23,8 @@ from cg.state.store import StoreError, valid_key
 
 
 class Control:
+    name = "contextguru_control"  # (unique among every script's addons)
+
     def __init__(self, rt: Runtime) -> None:
         self.rt = rt
 

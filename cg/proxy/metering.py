@@ -18,6 +18,8 @@ from cg.proxy.view import META
 
 
 class Metering:
+    name = "contextguru_metering"  # (unique among every script's addons)
+
     def __init__(self, rt: Runtime) -> None:
         self.rt = rt
 

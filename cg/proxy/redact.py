@@ -51,6 +51,8 @@ def redact_backup(flow: http.HTTPFlow) -> None:
 
 
 class Redactor:
+    name = "contextguru_redactor"  # (unique among every script's addons)
+
     def __init__(self, rt: Runtime) -> None:
         self.rt = rt
 

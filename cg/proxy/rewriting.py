@@ -62,6 +62,8 @@ def _over_cap(dialect: str, e: decode.TooLarge) -> dict[str, Any]:
 
 
 class Rewriter:
+    name = "contextguru_rewriter"  # (unique among every script's addons)
+
     def __init__(self, rt: Runtime) -> None:
         self.rt = rt
 

@@ -664,6 +664,8 @@ class Views:
     """The addon that shows decisions in mitmweb: its contentviews added at `load` (a reloaded
     script's predecessors taken out first) and removed at `done`."""
 
+    name = "contextguru_views"  # (unique among every script's addons)
+
     def __init__(self, stash: Callable[[str], Stash | None]) -> None:
         self.views = all_views(stash)
 
