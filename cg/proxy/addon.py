@@ -89,7 +89,6 @@ class ContextGuru:
             name: [getattr(p, name) for p in self.parts if hasattr(p, name)] for name in HOOKS
         }
         control = next(p for p in self.parts if isinstance(p, Control))
-        self.control_addon = control
         # mitmproxy finds commands by attribute: the control addon's, as this object's too.
         self.stats_command = control.stats_command
         self.sessions_command = control.sessions_command
