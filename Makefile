@@ -6,7 +6,7 @@ PORT ?= 8080
 MODE ?= regular
 ARGS ?=
 
-.PHONY: run test lint typecheck pytest bench clean
+.PHONY: run test lint typecheck deadcode pytest bench clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -30,10 +30,15 @@ lint: $(VENV)/.installed-test
 typecheck: $(VENV)/.installed-test
 	$(BIN)/mypy
 
+# Dead code: every name in cg/, bench/ and tests/ must be used somewhere in them, or be listed in
+# vulture_whitelist.py with the reason it is alive (mitmproxy hooks, pydantic, pytest, ...).
+deadcode: $(VENV)/.installed-test
+	$(BIN)/vulture cg cg_addon.py bench tests vulture_whitelist.py --min-confidence 60
+
 pytest: $(VENV)/.installed-test
 	$(BIN)/pytest -q
 
-test: lint typecheck pytest
+test: lint typecheck deadcode pytest
 
 # In-process, then through real mitmdumps (direct, plain, the addon: c=1 and c=16, the same and
 # a growing body, both dialects, pass-through and checkpoint reuse), the small turn beside the

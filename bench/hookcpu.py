@@ -2,18 +2,17 @@
 
 Why: the CPU a hook costs in a quiet process (`bench.hooks`) is not what it costs in a proxy
 serving 16 clients, where mitmproxy's own work runs between a flow's hooks and evicts theirs
-from the caches: stop 26 measured the addon's hooks at ~55 µs a flow in process and ~112 µs in
-the loaded proxy, and a change that took 38% off the first (the hot modules compiled with
-mypyc) took 10% off the second. What the throughput goal sees is the second. Stop 23 and stop
-26 each built this by hand; here it is kept.
+from the caches: the loaded figure is about twice the quiet one, and a change can move the first
+without the second (docs/benchmarks.md, "The small turn"). What the throughput target sees is
+the second.
 
 Loaded by mitmdump in place of `TREE/cg_addon.py` (named by `CG_HOOKCPU_SCRIPT`), it loads that
 script, wraps its addons' `request`, `responseheaders` and `response` in `time.thread_time_ns`
 (the proxy's main thread: CPU, not wall time), counts the garbage collector's passes and their
 CPU by generation, and answers `GET /_hookcpu` with the running totals (that request is not
 counted). The collector's CPU is counted wherever a pass ran, inside a hook or not, so it
-overlaps the hooks' figures. The timing adds ~2-3 µs a flow to every tree alike (`bench/floor`,
-whose hooks do nothing, reads 2.8 µs): compare trees with each other.
+overlaps the hooks' figures. The timing adds the same small cost a flow to every tree alike
+(`bench/floor`, whose hooks do nothing, reads it): compare trees with each other.
 """
 
 from __future__ import annotations

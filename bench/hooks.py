@@ -17,11 +17,11 @@ towards the 2.4x that `time.thread_time` measures around them inside the proxy a
 That figure moves by +-25% from run to run: read it for the factor, not to compare trees.
 
 `--lean` times `bench/lean`'s script instead (the least a script that meters every flow does),
-the same flows, guarded by its sums: the budget beside the addon's figure (stop 24).
+the same flows, guarded by its sums: the budget beside the addon's figure.
 
 `--real-headers` gives every flow Claude Code's captured request headers (21, its session id
 among them) and an Anthropic answer's (~20: ids, rate limits, the CDN's), where the bench's own
-flows carry 5 and 2: the cost that grows with a message's headers (stop 25).
+flows carry 5 and 2: the cost that grows with a message's headers.
 """
 
 from __future__ import annotations

@@ -1,7 +1,8 @@
 """Hot-path timings on a ~1 MiB, 400-message body: `python -m bench.hotpath [--json] [--check]`.
 
-What runs per request (SPEC §3), step by step and together, for an Anthropic body grown from a
-real Claude Code capture and its OpenAI equivalent (`bench/corpus.py`), on two paths:
+What runs per request (docs/behaviour.md#the-hot-path), step by step and together, for an Anthropic
+body grown from a real Claude Code capture and its OpenAI equivalent (`bench/corpus.py`), on two
+paths:
 
 cold — no `MessageCache` (the first request of a session, or a cache miss): every message is
 parsed and viewed.
@@ -32,8 +33,7 @@ so every call finds 398 messages known and parses 2.
     index_body, the previous   as above, but the previous turn was itself read warm (from the
       turn read warm too       turn before it, untimed, before each call), as in a session:
                                it knows its messages' byte offsets over the prefix it shared,
-                               and this turn finds the rest (an ASCII body's cost ~40 µs more
-                               before stop 25; `--ascii`)
+                               and this turn finds the rest (`--ascii`: the bodies in ASCII)
     index+splice+validate      the budget line, with the cache
     rewrite_body, no comps     as above, with the cache (what the addon does per agent turn)
 

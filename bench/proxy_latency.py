@@ -767,7 +767,7 @@ def markdown(res: dict[str, Any]) -> str:
 def per_round_line(ratios: list[float]) -> str:
     """The rounds' own addon/plain throughput ratios, summarised ("" for fewer than two): a
     round runs plain and the addon seconds apart, so its ratio is free of the drift between
-    rounds that moves each target's median (plain's CPU per request 1.3-1.8 ms across runs)."""
+    rounds that moves each target's median."""
     if len(ratios) < 2:
         return ""
     return (

@@ -2,9 +2,9 @@
 
     python -m bench.sessions OUT_DIR [--only NAME]…
 
-writes one JSONL trace per session (`{"t", "headers", "body"}` per request, SPEC §11) to
-OUT_DIR. Everything is deterministic: the same command writes the same bytes, so the traces
-(tens to hundreds of MB) are regenerated, never committed.
+writes one JSONL trace per session (`{"t", "headers", "body"}` per request,
+docs/behaviour.md#usage-cost-and-savings) to OUT_DIR. Everything is deterministic: the same command
+writes the same bytes, so the traces (tens to hundreds of MB) are regenerated, never committed.
 
 - **Generated sessions** grow a transcript with `bench.corpus`'s machinery (thinking with
   signatures, Bash/Read/Grep/Edit calls, multi-KB tool outputs, system reminders re-injected

@@ -55,15 +55,15 @@ def variants() -> dict[str, dict[str, Any]]:
                 "resummarize_tokens": r,
             }
     out["shared off (never)"] = {"model": {"share_cache": "never"}}
-    # The component with SPEC §5.1's defaults, then the shipped ones added a step at a time.
+    # The component with the first design's defaults, then the shipped ones added a step at a time.
     spec: dict[str, Any] = {
         "cache_state": "cold",
         "resummarize_tokens": 6000,
         "trigger": {"min_request_tokens": 0, "min_request_frac": 0.9, "ceiling_frac": 0.95},
     }
-    out["SPEC 5.1 defaults"] = spec
-    out["SPEC + resum=40k"] = _merge(spec, {"resummarize_tokens": 40_000})
-    out["SPEC + resum=40k + any"] = _merge(
+    out["first defaults"] = spec
+    out["first + resum=40k"] = _merge(spec, {"resummarize_tokens": 40_000})
+    out["first + resum=40k + any"] = _merge(
         spec, {"resummarize_tokens": 40_000, "cache_state": "any"}
     )
     return out

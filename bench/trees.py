@@ -19,7 +19,7 @@ per round (125 each for a body under 100 KB); the first request commissions the 
 1 MB turn does), which is awaited before any round, so every timed turn reuses it.
 `--hook-cpu` loads each tree's script through `bench/hookcpu.py`, which times its hooks and the
 garbage collector inside the loaded proxy: a second table gives each tree's CPU per request in
-each hook and in the collector, and the collector's passes by generation (stop 26).
+each hook and in the collector, and the collector's passes by generation.
 Loopback only; every process started is stopped.
 """
 

@@ -13,8 +13,9 @@ change. With `--summary`, a commissioned summary is completed with that text and
 spliced, so the rewrite itself can be inspected without a model.
 
 `simulate` replays recorded sessions (mitmproxy flow files, JSONL traces) through each preset's
-real pipeline offline and bills every request under the prompt-cache model (SPEC §11): what each
-preset would have cost, as an estimate (`cg.simulate`).
+real pipeline offline and bills every request under the prompt-cache model
+(docs/behaviour.md#usage-cost-and-savings): what each preset would have cost, as an estimate
+(`cg.simulate`).
 """
 
 from __future__ import annotations

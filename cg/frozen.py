@@ -1,8 +1,8 @@
 """`@frozen`: a record the type checker holds immutable, built as a plain slots dataclass.
 
-Why: a frozen dataclass's `__init__` sets each field through `object.__setattr__`, ~0.1 µs a
-field (0.75 µs for `Usage`'s six against 0.19 µs), and a small pass-through flow builds seven
-such records (its usage three times over). mypy, part of `make test`, refuses an assignment to
+Why: a frozen dataclass's `__init__` sets each field through `object.__setattr__`, several
+times a plain slots dataclass's cost (the figures: docs/architecture.md, the layers), and a small
+pass-through flow builds seven such records (its usage three times over). mypy, part of `make test`, refuses an assignment to
 a field of a `@frozen` class as it does a frozen dataclass's (PEP 681's `frozen_default`); at
 run time nothing stops one, and nothing in `cg` makes one. Equal records hash equal, as a
 frozen dataclass's do (`unsafe_hash`). Views take the other way out, tuples

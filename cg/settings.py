@@ -71,7 +71,7 @@ def parse_prices(raw: Mapping[str, Any], source: str) -> dict[str, Price]:
 
 
 class Config(BaseModel):
-    """The config-file shape of SPEC §5.1."""
+    """The config-file shape of docs/behaviour.md#summarize-configuration."""
 
     model_config = ConfigDict(extra="forbid", strict=True)
     pipeline: list[str] = Field(default_factory=list)
@@ -119,7 +119,7 @@ def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
 
 
 # `cg_preset: auto` (the default): Claude Code's requests get `claude-code`, Codex CLI's `codex`,
-# every other request the last one, `summarize` (SPEC §9).
+# every other request the last one, `summarize` (docs/behaviour.md#summarize-presets).
 AUTO = "auto"
 AUTO_PRESETS = ("claude-code", "codex", "summarize")
 

@@ -1,5 +1,5 @@
-"""Hostile request bodies, built streaming (SPEC §13): small bodies that decode to far more than
-the cap, and bodies under the cap that cost the most to read.
+"""Hostile request bodies, built streaming (docs/behaviour.md#bounded-work-and-shared-use): small
+bodies that decode to far more than the cap, and bodies under the cap that cost the most to read.
 
 Each bomb is built from 16 MiB of zeros at a time (never the whole decoded body in memory) in a
 second or two: `br` and `zstd` through their streaming compressors, `gzip` from one compressed

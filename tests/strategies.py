@@ -3,8 +3,8 @@
 `bodies()` draws a `Sample`: a request body as a Python object and as JSON text written by a
 tiny serialiser of our own (`dumps`), which can produce compact, indented and oddly spaced
 output, `\\u` escapes (ensure_ascii, HTML-style `\\u003c`, random needless escapes, even in keys),
-escaped slashes and non-ASCII text. The transcripts obey SPEC §4, so a test can break them on
-purpose (`mutated_messages`) and know what it broke.
+escaped slashes and non-ASCII text. The transcripts obey docs/behaviour.md#shape-rules, so a test
+can break them on purpose (`mutated_messages`) and know what it broke.
 """
 
 from __future__ import annotations
@@ -216,9 +216,9 @@ text_any = st.one_of(
     ),
     st.sampled_from(["", "ok", "Hello, world.", "ls -la /tmp", *_SNIPPETS]),
 )
-# Never blank (SPEC §4 rule 4): something other than whitespace is always present.
+# Never blank (docs/behaviour.md#shape-rules rule 4): something other than whitespace is always
+# present.
 text = text_any.map(lambda s: s if s.strip() else s + "x")
-blank_text = st.sampled_from(["", " ", "\n", "\t \n", "\u00a0", "\u2028", "   \r\n"])
 ident = st.text(alphabet="abcdefghijklmnopqrstuvwxyz0123456789_", min_size=1, max_size=8)
 small_json: st.SearchStrategy[Json] = st.recursive(
     st.one_of(
@@ -287,15 +287,6 @@ def a_document_block(draw: st.DrawFn) -> dict[str, Json]:
         "source": {"type": "text", "media_type": "text/plain", "data": draw(text)},
         "title": draw(text),
     }
-
-
-@st.composite
-def a_unknown_block(draw: st.DrawFn) -> dict[str, Json]:
-    """A block type no dialect knows (yet): a request holding one passes through untouched
-    (SPEC §10), so valid transcripts never hold one; tests put it in on purpose."""
-    block: dict[str, Json] = draw(st.dictionaries(ident, small_json, max_size=3))
-    block["type"] = "x_future_" + draw(ident)
-    return block
 
 
 @st.composite

@@ -1,4 +1,4 @@
-"""The `claude-code` preset (SPEC §5.7) and `cg_preset: auto` (§9).
+"""The `claude-code` preset and `cg_preset: auto` (docs/behaviour.md#summarize-presets).
 
 Claude Code compacts its own transcript at 83.5% of a 200k window (96.7% of 1M). The preset must
 have a checkpoint made and spliced before a request reaches 80% of the window, whatever the
@@ -98,8 +98,8 @@ def test_on_claude_codes_1m_window_the_preset_acts_at_its_token_trigger(store: S
 
 
 def test_the_spec_defaults_would_not_have_acted_before_claude_code_compacts(store: Store) -> None:
-    """Why the preset exists, and why the defaults moved: SPEC §5.1's `summarize` waits for 90%
-    of the window and a cold cache, and Claude Code compacts at 83.5%."""
+    """Why the preset exists, and why the defaults moved: the first design's `summarize` defaults
+    wait for 90% of the window and a cold cache, and Claude Code compacts at 83.5%."""
     spec = {
         "cache_state": "cold",
         "resummarize_tokens": 6000,

@@ -14,7 +14,7 @@ import copy
 import json
 import re
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -305,7 +305,3 @@ def two_turns(
     r2 = d.send(first if second is None else second)
     assert r2.outcome == "rewritten", r2.record
     return r2
-
-
-def concat(parts: Sequence[Sequence[str]]) -> list[str]:
-    return [s for p in parts for s in p]

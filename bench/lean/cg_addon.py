@@ -1,8 +1,8 @@
 """The least a script that meters every provider flow does: a budget, not a product.
 
 `python -m bench.trees bench/floor bench/lean TREE --size 3000 --dialect anthropic --set
-cg_preset=off` runs it beside the no-op floor, a tree and plain mitmdump. Why: stop 23 read the
-addon's +180 us a small turn (over the floor) as what metering a flow must cost. This script
+cg_preset=off` runs it beside the no-op floor, a tree and plain mitmdump. Why: the addon's cost
+over the floor on a small turn is not what metering a flow must cost. This script
 does each thing a metered pass-through flow needs, once and directly, so the difference
 between it and the addon is what the addon's generality costs, not the job:
 

@@ -1,13 +1,13 @@
 """A script whose hooks burn the addon's CPU and touch nothing else: hook cost without footprint.
 
 `python -m bench.trees bench/floor bench/spin . --size 3000 --dialect anthropic --set
-cg_preset=off --hook-cpu` runs it beside the floor, the addon and plain mitmdump. Why: stop 26
-measured the addon's hooks at ~108 µs a flow inside the loaded proxy and the addon at ~+150 µs
-over the floor, and could not say whether the rest was the hooks' CPU counted again (the proxy
+cg_preset=off --hook-cpu` runs it beside the floor, the addon and plain mitmdump. Why: the addon
+costs more over the floor than its hooks' own CPU inside the loaded proxy, and that alone cannot
+say whether the rest is the hooks' CPU counted again (the proxy
 serving fewer requests at a time) or what the hooks do to mitmproxy's own work afterwards (the
 objects and code they bring into the caches, the garbage they leave). This script answers it:
-each hook spins on `time.thread_time_ns` for as long as the addon's takes (60, 5 and 40 µs by
-default, `BENCH_SPIN_US="REQUEST,RESPONSEHEADERS,RESPONSE"` to change), allocating nothing
+each hook spins on `time.thread_time_ns` for as long as the addon's takes (`DEFAULT_US`, from
+docs/benchmarks.md; `BENCH_SPIN_US="REQUEST,RESPONSEHEADERS,RESPONSE"` to change), allocating nothing
 and reading no flow. The addon's cost over this script, with the same hook CPU (the
 `--hook-cpu` table says whether it is), is what its footprint costs the rest of the proxy.
 
@@ -26,7 +26,7 @@ from typing import Any
 from mitmproxy import http
 
 FLOOR = Path(__file__).resolve().parent.parent / "floor" / "cg_addon.py"
-DEFAULT_US = (60, 5, 40)  # the addon's hooks inside the loaded proxy (docs/benchmarks.md, stop 26)
+DEFAULT_US = (60, 5, 40)  # the addon's hooks inside the loaded proxy (docs/benchmarks.md)
 
 
 def budget(spec: str | None) -> tuple[int, int, int]:

@@ -101,19 +101,21 @@ def build(prelude: Prelude, messages: Sequence[MessageFacts], auto: bool) -> Pro
 def prompt_of(index: BodyIndex, facts: FactsCache) -> Prompt:
     """The prompt-cache shape of an indexed request (facts memoised, so cheap on a warm turn).
 
-    The hash chain is memoised on the index too (`memo["chain"]`, one unit per message): a
+    The hash chain is memoised on the index too (`memo.chain`, one unit per message): a
     warm index inherits its shared prefix's units, so a turn hashes only its new messages
     rather than re-chaining ~400 every time."""
     prelude = facts.prelude(index)
     messages = facts.all(index)
-    owner, known = index.memo.get("chain", (None, []))
-    units: list[tuple[bytes, int, bool, bool]] = known if owner is prelude else []
+    owner, known = index.memo.chain
+    units: list[tuple[bytes, int, bool, bool]] = (
+        known if owner is prelude and known is not None else []
+    )
     if len(units) > len(messages):
         units = units[: len(messages)]
     # A turn that repeats every message of the body its memo came from, byte for byte, has
     # that body's prompt (a message's breakpoint is in its bytes, not in its digest): the same
-    # tuples again, not three ~400-long lists rebuilt (~0.06 ms a turn).
-    was, prompt = index.memo.get("prompt", (None, None))
+    # tuples again, not three lists as long as the messages rebuilt.
+    was, prompt = index.memo.prompt
     if (
         units is known
         and len(units) == len(messages)
@@ -129,9 +131,9 @@ def prompt_of(index: BodyIndex, facts: FactsCache) -> Prompt:
             key = chain(key, m.digest)
             total += m.tokens
             units.append((key, total, m.breakpoint, m.long_ttl))
-    index.memo["chain"] = (prelude, units)
-    prompt = _prompt(prelude, units, index.dialect.name != "anthropic")
-    index.memo["prompt"] = (prelude, prompt)
+    index.memo.chain = (prelude, units)
+    prompt = _prompt(prelude, units, index.dialect.auto_cache)
+    index.memo.prompt = (prelude, prompt)
     return prompt
 
 
@@ -183,7 +185,7 @@ class PromptCache:
             if read < self.min_tokens:
                 read = 0
             # Every prefix of min_tokens or more, written or refreshed: one C-speed update
-            # with one shared value (a Python loop over ~400 keys was ~40 us a turn).
+            # with one shared value, not a Python loop over every key.
             first = bisect.bisect_left(prompt.cum, self.min_tokens)
             if first < len(prompt.keys):
                 entry = (now + prompt.ttl, prompt.ttl)

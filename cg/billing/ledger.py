@@ -91,7 +91,7 @@ def request_model(index: BodyIndex | None) -> str | None:
 
 
 def _answered_model(rounds: list[Round]) -> str | None:
-    """The first model an answer named (a loop: `next` of a generator cost ~1 µs a booking)."""
+    """The first model an answer named (a loop: cheaper than `next` of a generator)."""
     for r in rounds:
         if r.model:
             return r.model
@@ -271,8 +271,8 @@ class Ledger:
         tools = index.members.get("tools")
         start = index.byte_offset(tools.start) if tools is not None else at
         key = (part, at - start)
-        owner, known = index.memo.get("tool_tokens", (None, None))
-        if owner is self.facts and isinstance(known, tuple) and known[0] == key:
+        owner, known = index.memo.tool_tokens
+        if owner is self.facts and known is not None and known[0] == key:
             return int(known[1])
         count = self.facts.tokens.count_text
         if tools is None:  # a new member, `,"tools":[...]`: its value is the array
@@ -283,7 +283,7 @@ class Ledger:
                 raise ValueError(f"the tool's place {at} is not inside the tools array")
             now = was[: at - start] + part + was[at - start :]
             added = count(now.decode()) - count(was.decode())
-        index.memo["tool_tokens"] = (self.facts, (key, added))
+        index.memo.tool_tokens = (self.facts, (key, added))
         return added
 
     def _tokens(self, dialect: str, body: bytes | None) -> int:
@@ -343,7 +343,7 @@ def _dump(cache: PromptCache, now: float) -> str:
     live = [(k, e) for k, e in cache.entries.items() if e[0] > now]
     if len(live) > STATE_ENTRIES:
         # The newest by (expiry, place), compared as tuples in C: an OpenAI session holds an
-        # entry per message, and a sort keyed by a Python lambda was ~30 us a commit.
+        # entry per message, and a sort keyed by a Python lambda is slower.
         exps = [e[0] for _, e in live]
         top = heapq.nlargest(STATE_ENTRIES, zip(exps, range(len(live)), strict=True))
         live = [live[i] for i in sorted(i for _, i in top)]

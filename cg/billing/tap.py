@@ -6,7 +6,8 @@ bytes of the one event not finished yet. Only an event whose data names a non-nu
 parsed at all (found with `bytes.count`, at C speed): a 1 MB answer of text deltas costs a scan,
 not a JSON parse per delta. A JSON answer is read whole in the `response` hook (`usage_of_json`).
 
-Which events carry usage is the dialect's business, behind a small `Reader` per wire format:
+Which events carry usage is the dialect's business, behind a small `Reader` per wire format
+(`Dialect.usage_reader`):
 
     anthropic   `message_start.message.usage`, then `message_delta.usage`: cumulative totals,
                 a non-null value replaces the one before
@@ -24,11 +25,14 @@ from __future__ import annotations
 import json
 import zlib
 from collections.abc import Callable
-from typing import Any, ClassVar, Protocol
+from typing import Any
 
 import brotli
 import zstandard
 
+from cg.wire.dialects import DIALECTS
+from cg.wire.dialects.base import UsageReader as Reader
+from cg.wire.dialects.base import answer_model
 from cg.wire.jsonspan import loads
 
 READING = "reading"
@@ -38,80 +42,8 @@ MAX_EVENT = 4 * 1024 * 1024  # an unfinished event longer than this is dropped, 
 _ZLIB_OUT = 1024 * 1024  # decompressed bytes per step: a compression bomb is sliced, not swallowed
 
 
-class Reader(Protocol):
-    """Follows one dialect's usage-carrying events: `raw` is the usage object seen so far,
-    `model` the model the answer names (None if it names none)."""
-
-    raw: Any
-    model: str | None
-
-    def event(self, name: str | None, obj: Any) -> None: ...
-
-
-def _model(obj: Any) -> str | None:
-    m = obj.get("model") if isinstance(obj, dict) else None
-    return m if isinstance(m, str) and m else None
-
-
-class AnthropicReader:
-    def __init__(self) -> None:
-        self.raw: Any = None
-        self.model: str | None = None
-
-    def event(self, name: str | None, obj: Any) -> None:
-        if not isinstance(obj, dict):
-            return
-        kind = name or obj.get("type")
-        if kind == "message_start":
-            msg = obj.get("message")
-            usage = msg.get("usage") if isinstance(msg, dict) else None
-            self.model = _model(msg) or self.model
-            self.raw = dict(usage) if isinstance(usage, dict) else usage
-        elif kind == "message_delta" and "usage" in obj:
-            usage = obj["usage"]
-            if not isinstance(usage, dict) or not isinstance(self.raw, dict):
-                self.raw = dict(usage) if isinstance(usage, dict) else usage
-                return
-            # Cumulative totals: they replace, and an omitted (null) count leaves the one before.
-            for k, v in usage.items():
-                if v is not None or k not in self.raw:
-                    self.raw[k] = v
-
-
-class OpenAIChatReader:
-    def __init__(self) -> None:
-        self.raw: Any = None
-        self.model: str | None = None
-
-    def event(self, name: str | None, obj: Any) -> None:
-        if isinstance(obj, dict) and obj.get("usage") is not None:
-            self.raw = obj["usage"]
-            self.model = _model(obj) or self.model
-
-
-class ResponsesReader:
-    FINAL: ClassVar[frozenset[str]] = frozenset(
-        {"response.completed", "response.incomplete", "response.failed"}
-    )
-
-    def __init__(self) -> None:
-        self.raw: Any = None
-        self.model: str | None = None
-
-    def event(self, name: str | None, obj: Any) -> None:
-        if not isinstance(obj, dict) or (name or obj.get("type")) not in self.FINAL:
-            return
-        resp = obj.get("response")
-        if isinstance(resp, dict) and resp.get("usage") is not None:
-            self.raw = resp["usage"]
-            self.model = _model(resp) or self.model
-
-
-READERS: dict[str, Callable[[], Reader]] = {
-    "anthropic": AnthropicReader,
-    "openai": OpenAIChatReader,
-    "responses": ResponsesReader,
-}
+# Which events carry usage is the dialect's (`Dialect.usage_reader`).
+READERS: dict[str, Callable[[], Reader]] = {name: d.usage_reader for name, d in DIALECTS.items()}
 
 
 def mentions_usage(data: bytes) -> bool:
@@ -126,7 +58,7 @@ def usage_of_json(body: bytes) -> tuple[Any, str | None]:
     top — or (None, None) when the body is not a JSON object. Raises ValueError for a body that
     is not JSON."""
     doc = loads(body)
-    return (doc.get("usage"), _model(doc)) if isinstance(doc, dict) else (None, None)
+    return (doc.get("usage"), answer_model(doc)) if isinstance(doc, dict) else (None, None)
 
 
 # -- content-encoding -------------------------------------------------------------------------

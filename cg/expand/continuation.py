@@ -12,7 +12,7 @@ ourselves, re-send, and give the client only the final answer.
 The client never receives a call to a tool it did not declare, and gets the answer in the form
 it asked for (SSE if it streamed). Its `usage` is the final round's input side (what the context
 now is) with the output summed over the rounds (`client_usage`); every round's own usage is in
-`Outcome.replies`, for the ledger, each counted once.
+`ContinuationResult.replies`, for the ledger, each counted once.
 Continuation rounds go straight upstream, never through the pipeline, so expanded content is
 never summarized or stashed again.
 """
@@ -61,7 +61,7 @@ def _bytes(s: str | bytes) -> bytes:
 
 
 @dataclass(slots=True)
-class Outcome:
+class ContinuationResult:
     """What the client gets (`body`, `content_type`) and what happened, for the record."""
 
     body: bytes
@@ -128,7 +128,7 @@ async def run(
     max_rounds: int = MAX_ROUNDS,
     sni: str | None = None,
     on_round: ExchangeSink | None = None,
-) -> Outcome:
+) -> ContinuationResult:
     """Drive the loop from the first reply; `sent` is the request body that produced it.
     `sni`: `url` names an address; TLS and `Host` name this provider (`sni_name`).
     `on_round` is handed each round's request and answer (a flow of its own in mitmweb)."""
@@ -176,7 +176,7 @@ async def run(
         # and a usage chunk (empty choices) would break clients that never asked for one.
         final = with_usage(final, client_usage(replies))
     if streamed:
-        return Outcome(
+        return ContinuationResult(
             render_sse(final), "text/event-stream; charset=utf-8", rounds, log, replies, final
         )
-    return Outcome(render_json(final), "application/json", rounds, log, replies, final)
+    return ContinuationResult(render_json(final), "application/json", rounds, log, replies, final)

@@ -23,7 +23,8 @@ from typing import Any
 
 from cg.expand.tool import TOOL_NAME, names_tool
 from cg.wire.answers import render_sse
-from cg.wire.reply import Reply, clone, dumps, sse_events, utf8
+from cg.wire.dialects import DIALECTS
+from cg.wire.reply import Reply, clone, dumps, event_json, sse_events, utf8
 
 _ENDS = (b"\n\n", b"\r\n\r\n", b"\r\r")
 
@@ -48,80 +49,23 @@ def _last_end(buf: bytes | bytearray) -> int:
     return best
 
 
-def _data(event: bytes) -> Any:
-    """The event's data as JSON, or None (a comment, `[DONE]`, anything unreadable)."""
-    for _, data in sse_events(event):
-        try:
-            return json.loads(data)
-        except ValueError:
-            return None
-    return None
-
-
 def call_begins(dialect: str, event: bytes) -> tuple[int, int | None] | None:
     """(the position our call takes in the answer, the event's sequence number) when this
-    event starts a call to our tool: an Anthropic `content_block_start` of a `tool_use` (its
-    block index), an OpenAI chunk opening a tool call (its `tool_calls` index), a Responses
-    `response.output_item.added` of a `function_call` (its output index); else None."""
+    event starts a call to our tool (`Dialect.call_begins`: an Anthropic block index, an OpenAI
+    `tool_calls` index, a Responses output index); else None."""
     if not names_tool(event):
         return None
-    obj = _data(event)
+    obj = event_json(event)
     if not isinstance(obj, dict):
         return None
-    if dialect == "anthropic":
-        block = obj.get("content_block")
-        if (
-            obj.get("type") == "content_block_start"
-            and isinstance(block, dict)
-            and block.get("type") == "tool_use"
-            and block.get("name") == TOOL_NAME
-            and isinstance(obj.get("index"), int)
-        ):
-            return obj["index"], None
-        return None
-    if dialect == "openai":
-        for choice in obj.get("choices") or []:
-            delta = choice.get("delta") if isinstance(choice, dict) else None
-            calls = delta.get("tool_calls") if isinstance(delta, dict) else None
-            for tc in calls if isinstance(calls, list) else []:
-                fn = tc.get("function") if isinstance(tc, dict) else None
-                if isinstance(fn, dict) and fn.get("name") == TOOL_NAME:
-                    idx = tc.get("index")
-                    return (idx if isinstance(idx, int) else 0), None
-        return None
-    if dialect == "responses":
-        return _item_added(obj, "function_call", TOOL_NAME)
-    return None
-
-
-def _item_added(obj: Any, kind: str, name: str | None = None) -> tuple[int, int | None] | None:
-    """(output index, sequence number) when `obj` is a Responses `response.output_item.added`
-    of an item of type `kind` (and, if given, named `name`); else None."""
-    item = obj.get("item") if isinstance(obj, dict) else None
-    if (
-        isinstance(obj, dict)
-        and obj.get("type") == "response.output_item.added"
-        and isinstance(item, dict)
-        and item.get("type") == kind
-        and (name is None or item.get("name") == name)
-        and isinstance(obj.get("output_index"), int)
-    ):
-        seq = obj.get("sequence_number")
-        return obj["output_index"], seq if isinstance(seq, int) else None
-    return None
-
-
-def _reasoning_begins(event: bytes) -> tuple[int, int | None] | None:
-    """(output index, sequence number) when this Responses event adds a reasoning item."""
-    if b"response.output_item.added" not in event or b"reasoning" not in event:
-        return None
-    return _item_added(_data(event), "reasoning")
+    return DIALECTS[dialect].call_begins(obj, TOOL_NAME)
 
 
 class ExpandGate:
     """The SSE answer of a turn offered our tool, passed on up to our call (see the module).
 
-    Responses API: a reasoning item is held until the next item begins, since a call to our
+    A dialect whose reasoning items bind the next item (`Dialect.held_reasoning`: the
+    Responses API): a reasoning item is held until the next item begins, since a call to our
     tool takes the reasoning item right before it along when it is stripped (the client would
     otherwise re-send that reasoning without its successor, which the API refuses). When the
     next item is not our call, the reasoning item's events go out then.
@@ -129,6 +73,7 @@ class ExpandGate:
 
     def __init__(self, dialect: str) -> None:
         self.dialect = dialect
+        self._dialect = DIALECTS[dialect]
         self.whole = bytearray()  # every byte of the answer, for the continuation to read
         self.sent = 0  # bytes of `whole` passed on
         self.scanned = 0  # bytes of `whole` read as complete events
@@ -158,9 +103,9 @@ class ExpandGate:
         if end <= self.scanned:
             return b""
         region = self.whole[self.scanned : end]
-        responses = self.dialect == "responses"
+        held = self._dialect.held_reasoning
         if not names_tool(region) and not (
-            responses and (self._reasoning is not None or b"reasoning" in region)
+            held and (self._reasoning is not None or b"reasoning" in region)
         ):
             self.scanned = end
             return self._release(end)
@@ -180,8 +125,8 @@ class ExpandGate:
                     self.held = pos
                 self.scanned = end
                 return self._release(self.held)
-            if responses:
-                reasoning = _reasoning_begins(event)
+            if held:
+                reasoning = self._dialect.reasoning_begins(event)
                 if reasoning is not None:
                     self._reasoning = (pos, *reasoning)
                 elif self._reasoning is not None and b"response.output_item.added" in event:
@@ -216,34 +161,9 @@ def rest(first: Reply, final: Reply, rounds: int, at: int, seq: int | None) -> b
     start event) stays the first answer's; Responses sequence numbers carry on from `seq`.
     """
     d = first.dialect
+    dialect = DIALECTS[d]
     m = clone(final.message)
-    if d == "anthropic":
-        tail = list(m.get("content") or [])
-        m["content"] = list(first.message.get("content") or [])[:at] + (
-            tail[at:] if rounds == 0 else tail
-        )
-    elif d == "openai":
-        m["id"] = first.message.get("id", m.get("id"))
-        choices = m.get("choices") or []
-        fchoices = first.message.get("choices") or []
-        if choices and isinstance(choices[0], dict) and isinstance(choices[0].get("message"), dict):
-            msg = choices[0]["message"]
-            fmsg = fchoices[0].get("message") if fchoices and isinstance(fchoices[0], dict) else {}
-            fcalls = list((fmsg or {}).get("tool_calls") or [])[:at]
-            calls = list(msg.get("tool_calls") or [])
-            calls = fcalls + (calls[at:] if rounds == 0 else calls)
-            if rounds == 0:
-                msg["content"] = None  # sent already: text streams before the calls
-            if calls:
-                msg["tool_calls"] = calls
-            else:
-                msg.pop("tool_calls", None)
-    elif d == "responses":
-        m["id"] = first.message.get("id", m.get("id"))
-        tail = list(m.get("output") or [])
-        m["output"] = list(first.message.get("output") or [])[:at] + (
-            tail[at:] if rounds == 0 else tail
-        )
+    dialect.continued(first.message, m, at, rounds)
     out: list[str] = []
     n = seq
     for name, data in sse_events(render_sse(Reply(d, m))):
@@ -254,38 +174,10 @@ def rest(first: Reply, final: Reply, rounds: int, at: int, seq: int | None) -> b
             continue
         if not isinstance(obj, dict):
             continue
-        kind = obj.get("type")
-        if d == "anthropic":
-            if kind == "message_start":
-                continue
-            idx = obj.get("index")
-            if isinstance(idx, int) and idx < at:
-                continue
-        elif d == "openai":
-            choices = obj.get("choices") or []
-            delta = choices[0].get("delta") if choices and isinstance(choices[0], dict) else None
-            if isinstance(delta, dict):
-                if "role" in delta:
-                    rest_of = {
-                        k: v for k, v in delta.items() if k != "role" and v not in ("", None)
-                    }
-                    if not rest_of:
-                        continue
-                    delta.pop("role")
-                deltas = delta.get("tool_calls")
-                if isinstance(deltas, list) and any(
-                    isinstance(c, dict) and isinstance(c.get("index"), int) and c["index"] < at
-                    for c in deltas
-                ):
-                    continue
-        elif d == "responses":
-            if kind in ("response.created", "response.in_progress"):
-                continue
-            idx = obj.get("output_index")
-            if isinstance(idx, int) and idx < at:
-                continue
-            if n is not None:
-                obj["sequence_number"] = n
-                n += 1
+        if not dialect.resumed_event(obj, at):
+            continue
+        if n is not None:  # only Responses events carry sequence numbers
+            obj["sequence_number"] = n
+            n += 1
         out.append(_frame(name, obj))
     return utf8("".join(out))

@@ -23,13 +23,12 @@ from typing import Any, Literal
 
 from cg.state.store import KEY_PATTERN, Stash, Store
 from cg.wire.body import BodyIndex
+from cg.wire.dialects import DIALECTS
 
 TOOL_NAME = "context_guru_expand"
 _NAME = TOOL_NAME.encode()
 InjectMode = Literal["auto", "always", "never"]
 MAX_EXPANSION_CHARS = 200_000
-
-MARKER_RE = re.compile(rf"(?:<|\\u003[cC]){{2}}cg:({KEY_PATTERN})(?:>|\\u003[eE]){{2}}")
 
 _DESCRIPTION = (
     "Restore, verbatim, the earlier conversation messages that a '=== History Summary ===' "
@@ -42,30 +41,10 @@ _ID = {
 }
 _SCHEMA = {"type": "object", "properties": {"id": _ID}, "required": ["id"]}
 
+# Each dialect's declaration (`Dialect.function_tool`), as the bytes spliced into `tools`.
 TOOL_JSON = {
-    "anthropic": json.dumps(
-        {"name": TOOL_NAME, "description": _DESCRIPTION, "input_schema": _SCHEMA},
-        separators=(",", ":"),
-    ),
-    "openai": json.dumps(
-        {
-            "type": "function",
-            "function": {"name": TOOL_NAME, "description": _DESCRIPTION, "parameters": _SCHEMA},
-        },
-        separators=(",", ":"),
-    ),
-    # The Responses API's function tool is flat, and strict unless told otherwise: a strict
-    # schema closes its objects (`additionalProperties: false`) and requires every property.
-    "responses": json.dumps(
-        {
-            "type": "function",
-            "name": TOOL_NAME,
-            "description": _DESCRIPTION,
-            "parameters": {**_SCHEMA, "additionalProperties": False},
-            "strict": True,
-        },
-        separators=(",", ":"),
-    ),
+    name: json.dumps(d.function_tool(TOOL_NAME, _DESCRIPTION, _SCHEMA), separators=(",", ":"))
+    for name, d in DIALECTS.items()
 }
 
 
@@ -117,25 +96,14 @@ def markers(raw: bytes | memoryview | str) -> Iterator[str]:
 
 def forces_tool_choice(dialect: str, tool_choice: Any) -> bool:
     """A tool_choice we must not widen: the model is told exactly what it may (not) call."""
-    if tool_choice is None:
-        return False
-    if dialect == "anthropic":
-        return isinstance(tool_choice, dict) and tool_choice.get("type") in ("any", "tool", "none")
-    if isinstance(tool_choice, str):
-        return tool_choice in ("required", "none")
-    return isinstance(tool_choice, dict)  # a named function
+    return tool_choice is not None and DIALECTS[dialect].fixed_tool_choice(tool_choice)
 
 
 def declares(dialect: str, tools: Any, name: str = TOOL_NAME) -> bool:
     if not isinstance(tools, list):
         return False
-    for t in tools:
-        if not isinstance(t, dict):
-            continue
-        tname = t.get("name") if dialect != "openai" else (t.get("function") or {}).get("name")
-        if tname == name:
-            return True
-    return False
+    d = DIALECTS[dialect]
+    return any(isinstance(t, dict) and d.tool_name(t) == name for t in tools)
 
 
 def inject_reason(

@@ -18,6 +18,7 @@ import json
 from collections.abc import Mapping
 
 from cg.state.session import header
+from cg.wire.dialects import DIALECTS
 
 CLAUDE_CODE = "claude-code"
 CODEX = "codex"
@@ -42,7 +43,12 @@ def codex(headers: Mapping[str, str], dialect: str | None = None) -> str | None:
         return "user-agent: codex_"
     if header(headers, CODEX_METADATA) is not None:
         return CODEX_METADATA
-    if dialect == "responses" and (header(headers, "session-id") or "").strip():
+    known = DIALECTS.get(dialect) if dialect is not None else None
+    if (
+        known is not None
+        and known.codex_session_header
+        and (header(headers, "session-id") or "").strip()
+    ):
         return "session-id"
     return None
 

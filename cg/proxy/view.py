@@ -537,7 +537,8 @@ class RewriteView(_FlowView):
             for ln in wrap(doc["input"]):
                 yield [("text", ln)]
             return
-        key = "input" if rec.get("dialect") == "responses" else "messages"
+        known = DIALECTS.get(str(rec.get("dialect")))
+        key = known.array_key if known is not None else "messages"
         messages = doc.get(key)
         if not isinstance(messages, list):
             yield [("alert", f"context-guru: the body has no {key!r} array")]

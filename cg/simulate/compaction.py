@@ -26,7 +26,7 @@ from dataclasses import dataclass, replace
 from cg.billing.cache import PromptCache, build
 from cg.billing.prices import PriceTable
 from cg.simulate.tally import Tally
-from cg.simulate.turns import Turn
+from cg.simulate.turns import SimTurn
 from cg.state.facts import MessageFacts
 from cg.wire.usage import Usage
 
@@ -54,7 +54,7 @@ Message = tuple[MessageFacts, str]  # facts, role
 @dataclass(slots=True)
 class _Conversation:
     prefix: tuple[Message, ...] = ()  # what stands for the trace's first `base` messages
-    base: Turn | None = None
+    base: SimTurn | None = None
     context: int = 0
     compactions: int = 0
 
@@ -64,7 +64,7 @@ def _digest(*parts: bytes) -> bytes:
 
 
 def run(
-    turns: Sequence[Turn],
+    turns: Sequence[SimTurn],
     prices: PriceTable,
     summary_ratio: float,
     tick: Callable[[], None] = lambda: None,

@@ -37,13 +37,14 @@ from cg.settings import Config
 from cg.simulate.compaction import agent_threshold
 from cg.simulate.standin import StandIn
 from cg.simulate.tally import Tally
-from cg.simulate.turns import Turn
+from cg.simulate.turns import SimTurn
 from cg.state.facts import FactsCache
 from cg.state.store import Store
 from cg.summarize.client import MAX_TOKENS
 from cg.summarize.component import Commission, Summarize, Summarizer
 from cg.summarize.config import ModelConfig
 from cg.wire.body import MessageCache, index_body
+from cg.wire.dialects import DIALECTS
 from cg.wire.usage import Usage
 
 # The shared-cache call's appended instruction (span, level, framing, format): ~400-600 tokens.
@@ -120,7 +121,7 @@ class ProxyRun:
         self.store.close()
         self._tmp.cleanup()
 
-    def session(self, turns: Sequence[Turn], tick: Callable[[], None] = lambda: None) -> Tally:
+    def session(self, turns: Sequence[SimTurn], tick: Callable[[], None] = lambda: None) -> Tally:
         tally = Tally()
         cache = PromptCache()
         pending: list[_Job] = []
@@ -171,7 +172,7 @@ class ProxyRun:
         self,
         comp: Summarize,
         job: Commission,
-        turn: Turn,
+        turn: SimTurn,
         i: int,
         sent: Prompt,
         cache: PromptCache,
@@ -190,7 +191,7 @@ class ProxyRun:
             text = job.prompt(comp.cfg)
             tokens = self.facts.tokens.count_text(text)
             digest = hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=16)
-            prompt = standalone(digest.digest(), tokens, auto=job.dialect != "anthropic")
+            prompt = standalone(digest.digest(), tokens, auto=DIALECTS[job.dialect].auto_cache)
         tally.charge(self.prices, "summarizer", model, cache.bill(prompt, at))
         size = max(1, round(covered * self.options.summary_ratio))
         size = min(size, MAX_TOKENS.get(comp.cfg.summary_level, MAX_TOKENS["regular"]))

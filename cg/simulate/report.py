@@ -68,13 +68,6 @@ def table(tallies: Mapping[str, Tally], names: list[str]) -> str:
     return "\n".join([line(head), *(line(r) for r in body)])
 
 
-def markdown(tallies: Mapping[str, Tally], names: list[str]) -> str:
-    head = [c for c, _ in COLUMNS]
-    out = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
-    out += ["| " + " | ".join(r) + " |" for r in rows(tallies, names)]
-    return "\n".join(out)
-
-
 def text(result: Result) -> str:
     parts = []
     for s in result.sessions:

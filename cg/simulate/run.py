@@ -26,7 +26,7 @@ from cg.simulate import compaction
 from cg.simulate.proxy import Options, ProxyRun, SummarizerFactory
 from cg.simulate.tally import Tally
 from cg.simulate.trace import Session, Warn, load
-from cg.simulate.turns import Preparer, Turn, fill_outputs
+from cg.simulate.turns import Preparer, SimTurn, fill_outputs
 from cg.state.facts import FactsCache
 from cg.state.tokens import TokenCounter
 from cg.summarize.triggers import shipped_windows
@@ -172,7 +172,7 @@ def simulate(
 class Corpus:
     """Sessions read and prepared once, to be replayed under any number of configs."""
 
-    sessions: list[Session[Turn]]
+    sessions: list[Session[SimTurn]]
     facts: FactsCache
     warnings: list[str]
     seconds: float
@@ -268,7 +268,7 @@ def replay(
     )
 
 
-def _label(s: Session[Turn]) -> str:
+def _label(s: Session[SimTurn]) -> str:
     where = s.turns[0].request.where
     return Path(where.rsplit("#", 1)[0].rsplit(":", 1)[0]).stem
 

@@ -22,7 +22,7 @@ from cg.wire.body import BodyIndex
 
 
 @dataclass(slots=True)
-class Turn:
+class SimTurn:
     """One recorded request as the prompt cache and the agent see it."""
 
     request: Request
@@ -48,7 +48,7 @@ class Turn:
         """The first message's digest: one session id may carry several conversations."""
         return self.messages[0].digest if self.messages else b""
 
-    def extends(self, earlier: Turn) -> bool:
+    def extends(self, earlier: SimTurn) -> bool:
         """This request re-sends every message of `earlier`, in order (cache_control aside)."""
         n = len(earlier.messages)
         return len(self.messages) >= n and all(
@@ -57,7 +57,7 @@ class Turn:
 
 
 class Preparer:
-    """Turns requests into `Turn`s with one shared `FactsCache` and window table."""
+    """Turns requests into `SimTurn`s with one shared `FactsCache` and window table."""
 
     def __init__(
         self, facts: FactsCache, model_windows: Mapping[str, int], table: WindowTable
@@ -66,15 +66,15 @@ class Preparer:
         self.model_windows = model_windows
         self.table = table
 
-    def __call__(self, request: Request, index: BodyIndex) -> Turn:
+    def __call__(self, request: Request, index: BodyIndex) -> SimTurn:
         model_member = index.members.get("model")
         model = model_member.value if model_member is not None else None
         model = model if isinstance(model, str) else None
         beta = next((v for k, v in request.headers.items() if k.lower() == "anthropic-beta"), "")
         prelude = self.facts.prelude(index)
         messages = tuple(self.facts.all(index))
-        auto = index.dialect.name != "anthropic"
-        return Turn(
+        auto = index.dialect.auto_cache
+        return SimTurn(
             request=request,
             model=model,
             window=resolve_window(model, beta, self.model_windows, self.table),
@@ -85,10 +85,10 @@ class Preparer:
         )
 
 
-def fill_outputs(turns: Sequence[Turn]) -> None:
+def fill_outputs(turns: Sequence[SimTurn]) -> None:
     """Set each turn's `output`: what the next request of its conversation adds as the
     assistant's; else the session's median (0 when no turn tells)."""
-    last: dict[bytes, Turn] = {}
+    last: dict[bytes, SimTurn] = {}
     for turn in turns:
         prev = last.get(turn.conversation)
         if prev is not None and turn.extends(prev):

@@ -7,7 +7,8 @@ re-sends every earlier message each turn, so the facts are memoised: first by th
 object (a `MessageCache` hit hands back last turn's view for a verbatim-equal message, so nothing
 is even hashed), then by a digest of its raw bytes, and last in the store (`backing`): a
 restarted proxy reads the token counts of a session's history instead of tokenising it again
-(~0.25 s per MB). New facts are written back in batches (`flush`), off the request's path.
+(the slow part of a restart's first turn: docs/benchmarks.md, `bench.reuse`).
+New facts are written back in batches (`flush`), off the request's path.
 """
 
 from __future__ import annotations
@@ -185,8 +186,8 @@ class FactsCache:
         """Every message's facts. Those no memo knows are asked of the store in one query
         before any is computed: after a restart, that is the whole history but the new turn."""
         n = len(index.messages)
-        owner, known = index.memo.get("facts", (None, []))
-        if owner is not self:
+        owner, known = index.memo.facts
+        if owner is not self or known is None:
             known = []
         if len(known) == n:
             return list(known)
@@ -214,7 +215,7 @@ class FactsCache:
                 self._remember(index.messages[i].view, facts)
                 out[i] = facts
         result = [f for f in out if f is not None]
-        index.memo["facts"] = (self, result)
+        index.memo.facts = (self, result)
         return list(result)
 
     def _load(self, raws: list[bytes]) -> dict[bytes, FactRow]:
@@ -232,7 +233,7 @@ class FactsCache:
     def flush(self) -> None:
         """Write the facts computed since the last flush to the store (best effort), at most
         FLUSH_ROWS a transaction: a large body's 20,000 in one held the store's lock (and every
-        turn's store call on the event loop) for ~200 ms."""
+        turn's store call on the event loop) too long."""
         pending, self._pending = self._pending, []
         if not pending or self.backing is None:
             return
@@ -305,11 +306,11 @@ class FactsCache:
         Memoised on the members' raw text: an agent sends the same system and tools every turn
         (and on the index, which a next turn sharing every byte outside the array inherits).
         """
-        owner, known = index.memo.get("prelude", (None, None))
+        owner, known = index.memo.prelude
         if owner is self and isinstance(known, Prelude):
             return known
         prelude = self._prelude(index)
-        index.memo["prelude"] = (self, prelude)
+        index.memo.prelude = (self, prelude)
         return prelude
 
     def _prelude(self, index: BodyIndex) -> Prelude:

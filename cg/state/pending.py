@@ -1,10 +1,9 @@
 """The per-turn bookkeeping held back for one transaction (`Store.batch_delay`): the usage
 ledger's rows and the sessions' clocks.
 
-Why: each was one SQLite transaction of its own per turn, `BEGIN IMMEDIATE` to `COMMIT`
-(~0.1 ms each). An answer's booking was half of a small turn's response hook (0.75× plain
-mitmdump's throughput at 16 clients), and the session clock 2% of a 1 MB reuse turn's CPU. The
-ledger's writes are sums (usage rows and turn counters are added to, the cache state is
+Why: each was one SQLite transaction of its own per turn, `BEGIN IMMEDIATE` to `COMMIT`, and
+together the largest cost of a small turn's response hook (the figures:
+docs/benchmarks.md#the-per-turn-bookkeeping-batched-cg_store_batch_ms). The ledger's writes are sums (usage rows and turn counters are added to, the cache state is
 replaced) and a clock is replaced, so the turns within one window fold into one row per key
 and go in as one transaction. Each turn is whole in a batch: a turn's rows are never split
 between two commits.

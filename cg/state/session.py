@@ -38,7 +38,7 @@ from typing import Any, overload
 from cg.frozen import frozen
 from cg.state.facts import strip_cache_control
 from cg.wire.body import BodyIndex
-from cg.wire.dialects import SYSTEM_ROLES
+from cg.wire.dialects import DIALECTS, Dialect
 
 HEADER_CG = "x-context-guru-session"
 HEADER_CLAUDE_CODE = "x-claude-code-session-id"
@@ -68,12 +68,12 @@ def header(headers: Mapping[str, str], name: str) -> str | None:
     """Header `name` (given in lower case), case-insensitively; repeated, its values joined
     with ", " as `Headers.get` does. mitmproxy's `Headers` is read from its raw fields, made
     into raw values by lowered raw name once per version of them (`_lowered`), the one value
-    asked for decoded: its own lookup converts every field to `str` first (~2–3 µs), and a
+    asked for decoded: its own lookup converts every field to `str` first, and a
     flow is asked for about nine names over its life."""
     fields = getattr(headers, "fields", None)
     if type(fields) is tuple:
         by_name = _lowered(fields)
-        try:  # (strict first: naming the error handler costs ~30 ns a call, UTF-8 is the rule)
+        try:  # (strict first: naming the error handler costs a little, UTF-8 is the rule)
             raw = by_name.get(name.encode())
             return None if raw is None else raw.decode()
         except UnicodeError:  # as mitmproxy reads a field that is not UTF-8
@@ -97,8 +97,8 @@ _LOWERED: dict[int, tuple[tuple[Any, ...], dict[bytes, bytes]]] = {}
 def _lowered(fields: tuple[Any, ...]) -> dict[bytes, bytes]:
     """Each lowered raw name's raw value (a repeated field's values joined with b", "; the
     separator splits no UTF-8 sequence, so decoding the join is joining the decoded values),
-    made once for the tuple: a lookup is then one dict read and one decode. Decoding every
-    name and value here was ~5 µs for Claude Code's 21 request headers, ~1.9 µs this way."""
+    made once for the tuple: a lookup is then one dict read and one decode, not a decode of
+    every name and value."""
     known = _LOWERED.get(id(fields))
     if known is not None and known[0] is fields:
         return known[1]
@@ -200,24 +200,16 @@ def conversation_head(
 ) -> tuple[object, object]:
     """(system prompt, first user message) of a parsed body, for `resolve_session`.
 
-    `top_level` maps top-level keys to parsed values (only `system` and `instructions` are
-    read); `messages` are the parsed messages (or Responses items). For openai the system prompt
-    is `messages[0]` when its role is system or developer; for anthropic it is the top-level
-    `system`; for responses, `instructions` and the leading developer/system items.
+    `top_level` maps top-level keys to parsed values; `messages` are the parsed messages (or
+    Responses items). Where the system prompt is, is the dialect's `conversation_system`.
     """
-    system: object = None
-    if dialect == "openai":
-        if messages and isinstance(messages[0], dict) and messages[0].get("role") in SYSTEM_ROLES:
-            system = messages[0]
-    elif dialect == "responses":
-        lead = []
-        for m in messages:
-            if not (isinstance(m, dict) and m.get("role") in SYSTEM_ROLES):
-                break
-            lead.append(m)
-        system = [top_level.get("instructions"), lead]
-    else:
-        system = top_level.get("system")
+    return _head(DIALECTS[dialect], top_level, messages)
+
+
+def _head(
+    dialect: Dialect, top_level: Mapping[str, Any], messages: Sequence[Any]
+) -> tuple[object, object]:
+    system = dialect.conversation_system(top_level, messages)
     first_user = next(
         (m for m in messages if isinstance(m, dict) and m.get("role") == "user"), None
     )
@@ -226,7 +218,7 @@ def conversation_head(
 
 class _Values(Sequence[Any]):
     """The parsed values of an index's messages, read where asked: the head of a conversation
-    is its first few messages, and a list of all 400 cost ~0.04 ms a turn."""
+    is its first few messages, and a list of them all would be built every turn."""
 
     __slots__ = ("_messages",)
 
@@ -254,9 +246,9 @@ def session_of(headers: Mapping[str, str], index: BodyIndex, tenant: str = "") -
     `prompt_cache_key` for responses only), for the request's `tenant`. The head hash memoised
     on the index is the plain one (an index may be inherited from another tenant's
     byte-identical body), mixed with the tenant per call."""
-    name = index.dialect.name
-    metadata = index.members.get("metadata") if name == "anthropic" else None
-    cache_key = index.members.get("prompt_cache_key") if name == "responses" else None
+    d = index.dialect
+    metadata = index.members.get(d.metadata_member) if d.metadata_member else None
+    cache_key = index.members.get(d.cache_key_member) if d.cache_key_member else None
     return resolve_session(
         headers,
         metadata.value if metadata is not None else None,
@@ -267,17 +259,17 @@ def session_of(headers: Mapping[str, str], index: BodyIndex, tenant: str = "") -
 
 
 def _head_of(index: BodyIndex) -> str:
-    """The head hash of an indexed body, memoised on the index (`memo["head"]`) as a list as
+    """The head hash of an indexed body, memoised on the index (`memo.head`) as a list as
     long as the messages up to the first user message, with the hash last: a next turn inherits
     the list cut to the messages it shares, so it keeps the hash only while it repeats that
     head byte for byte (the members outside the array, where the system prompt lives, are
     shared whole or the index is not inherited at all). A session without headers re-hashed
     its system prompt and first message at every answer."""
-    known = index.memo.get("head", (None, None))[1]
+    known = index.memo.head[1]
     if isinstance(known, list) and known and known[-1] is not None:
         return str(known[-1])
     top = {k: m.value for k, m in index.members.items()}
-    system, first_user = conversation_head(index.dialect.name, top, _Values(index.messages))
+    system, first_user = _head(index.dialect, top, _Values(index.messages))
     h = head_hash(system, first_user)
     at = next(
         (i for i, m in enumerate(index.messages)
@@ -285,5 +277,5 @@ def _head_of(index: BodyIndex) -> str:
         None,
     )  # fmt: skip
     if at is not None:
-        index.memo["head"] = (None, [None] * at + [h])
+        index.memo.head = (None, [None] * at + [h])
     return h

@@ -1,4 +1,5 @@
-"""Who a request's state belongs to (SPEC §13, tenancy): a keyed fingerprint of its credential.
+"""Who a request's state belongs to (docs/behaviour.md#tenancy): a keyed fingerprint of its
+credential.
 
 A session id is whatever a request says it is (a header, a hash of its opening), so it cannot be
 what keeps one user's stashes and checkpoints from another's: anyone who sends `x-context-guru-
@@ -9,9 +10,9 @@ credential, the first present (non-empty) of `x-api-key`, `authorization`, `api-
 instance so a fleet agrees; a store in memory has a key of its own). The credential itself is
 never written anywhere; its fingerprint, `FINGERPRINT_HEX` hex digits, is.
 
-The MAC is keyed BLAKE2b (BLAKE2's own MAC mode, RFC 7693; the keyed hash SPEC §13 calls an
-HMAC) rather than HMAC-SHA256: it runs on every request, and HMAC-SHA256 costs several times as
-much (measured: docs/reliability.md, tenancy).
+The MAC is keyed BLAKE2b (BLAKE2's own MAC mode, RFC 7693; the keyed hash docs/behaviour.md#tenancy
+asks for, where the first design named an HMAC) rather than HMAC-SHA256: it runs on every
+request, and HMAC-SHA256 costs several times as much (measured: docs/reliability.md, tenancy).
 
 Every stash and checkpoint records the tenant that wrote it, and a request reads only rows of
 its own tenant or rows written before tenancy existed (`UNBOUND`, the migration's mark: they stay

@@ -8,11 +8,11 @@ UTF-8 bytes and `TokenCounter.exact` is False (the reason is in `TokenCounter.fa
 Special-token text in user content (`<|endoftext|>`) is counted as ordinary text, never raised on.
 `count_cached` keys a bounded LRU by a content digest, so the hot path encodes only new messages.
 
-Bounded (SPEC §13): tiktoken's cost and memory grow with the length of one unbroken run (a
-byte-pair merge over the whole run: a 1 GiB one asked it for 32 GiB and aborted the process), so
-no text longer than `MAX_EXACT_CHARS` is encoded, and within a `budget` (what one request may
-spend, `REQUEST_BUDGET_CHARS`) texts past what is left are estimated too. An estimated count
-is the fallback's four bytes a token; `TokenCounter.estimated` counts them.
+Bounded (docs/behaviour.md#bounded-work-and-shared-use): tiktoken's cost and memory grow with the
+length of one unbroken run (a byte-pair merge over the whole run: docs/configuration.md, bounded
+work, has the figure), so no text longer than `MAX_EXACT_CHARS` is encoded, and within a `budget`
+(what one request may spend, `REQUEST_BUDGET_CHARS`) texts past what is left are estimated too. An
+estimated count is the fallback's four bytes a token; `TokenCounter.estimated` counts them.
 """
 
 from __future__ import annotations

@@ -42,6 +42,8 @@ from cg.summarize.component import (
 from cg.summarize.config import ModelConfig
 from cg.summarize.prompt import MAX_TOKENS as MAX_TOKENS
 from cg.wire.answers import Reply, ResponseParseError, parse_json, parse_sse
+from cg.wire.dialects import ANTHROPIC, DIALECTS
+from cg.wire.dialects.anthropic import ANTHROPIC_VERSION as ANTHROPIC_VERSION
 from cg.wire.upstream import Exchange, exchange_of, sni_extensions, ssl_context
 from cg.wire.usage import Usage, UsageError, from_provider
 
@@ -52,23 +54,9 @@ RETRY_STATUS = frozenset({408, 409, 429, 500, 502, 503, 504, 529})
 REFUSED_STATUS = frozenset({400, 413, 422})  # the request as sent: no retry helps
 MAX_ATTEMPTS = 3
 # `model.provider` names a wire format: `openai` is Chat Completions, `responses` the OpenAI
-# Responses API (same host and key, its own path).
-DEFAULT_BASE = {
-    "anthropic": "https://api.anthropic.com",
-    "openai": "https://api.openai.com",
-    "responses": "https://api.openai.com",
-}
-KEY_ENV = {
-    "anthropic": "ANTHROPIC_API_KEY",
-    "openai": "OPENAI_API_KEY",
-    "responses": "OPENAI_API_KEY",
-}
-PATHS = {
-    "anthropic": "/v1/messages",
-    "openai": "/v1/chat/completions",
-    "responses": "/v1/responses",
-}
-ANTHROPIC_VERSION = "2023-06-01"
+# Responses API (same host and key, its own path): `Dialect.default_base`, `.key_env` and
+# `.path_suffix`.
+PATHS = {name: d.path_suffix for name, d in DIALECTS.items()}
 # Headers of the intercepted request that an `incoming` summary may reuse: the credential, the
 # API version and betas (a beta can change how the prompt is rendered, so the shared call needs
 # the agent's), and OpenAI's organisation and project (the prompt cache is per organisation, and
@@ -106,11 +94,9 @@ class Origin:
         return cls(url, kept, sni)
 
     def headers_for(self, dialect: str) -> dict[str, str]:
-        """The reused headers, with the API version an Anthropic request needs if it had none."""
-        headers = dict(self.headers)
-        if dialect == "anthropic":
-            headers.setdefault("anthropic-version", ANTHROPIC_VERSION)
-        return headers
+        """The reused headers, with what a request in `dialect` needs if it had none (the API
+        version of an Anthropic one: `Dialect.summarizer_headers`)."""
+        return DIALECTS[dialect].summarizer_headers(self.headers)
 
 
 def _origin(job: Commission) -> Origin:
@@ -163,78 +149,32 @@ def resolve_endpoint(
             raise NoModel("model.source incoming: the request names no model")
         return Endpoint(job.dialect, origin.url, model, origin.headers_for(job.dialect), origin.sni)
 
-    provider = cfg.provider or "anthropic"
+    d = DIALECTS[cfg.provider or ANTHROPIC.name]
     if not cfg.model:
         raise NoModel("model.source config: no model.model (or CHEAP_MODEL) set")
     if cfg.api_key is None and shared:
         raise NoModel(
             "cg_shared: model.source config has no key of its own (model.api_key or "
-            f"CHEAP_MODEL_API_KEY); {KEY_ENV[provider]} is not used on a shared proxy"
+            f"CHEAP_MODEL_API_KEY); {d.key_env} is not used on a shared proxy"
         )
-    key = cfg.api_key.get_secret_value() if cfg.api_key else env.get(KEY_ENV[provider], "")
-    base = cfg.base_url or DEFAULT_BASE[provider]
-    headers: dict[str, str] = {}
-    if provider == "anthropic":
-        headers["anthropic-version"] = ANTHROPIC_VERSION
-        if key:
-            if (cfg.auth or "x-api-key") == "bearer":
-                headers["authorization"] = f"Bearer {key}"
-            else:
-                headers["x-api-key"] = key
-    elif key:
-        headers["authorization"] = f"Bearer {key}"
-    return Endpoint(provider, _join(base, PATHS[provider]), cfg.model, headers)
+    key = cfg.api_key.get_secret_value() if cfg.api_key else env.get(d.key_env, "")
+    base = cfg.base_url or d.default_base
+    headers = d.auth_headers(key, bearer=cfg.auth == "bearer")
+    return Endpoint(d.name, _join(base, d.path_suffix), cfg.model, headers)
 
 
 def request_body(ep: Endpoint, prompt: str, level: str) -> dict[str, Any]:
-    messages = [{"role": "user", "content": prompt}]
-    if ep.dialect == "anthropic":
-        return {"model": ep.model, "max_tokens": MAX_TOKENS.get(level, 4096), "messages": messages}
-    if ep.dialect == "responses":
-        # One user turn; nothing of it is kept at the provider.
-        return {"model": ep.model, "input": prompt, "store": False}
-    return {"model": ep.model, "messages": messages}
+    return DIALECTS[ep.dialect].summary_request(ep.model, prompt, MAX_TOKENS.get(level, 4096))
 
 
 def answer_text(dialect: str, doc: Any) -> str | None:
     """The text of a non-streaming answer in any dialect; None when it has none."""
     if not isinstance(doc, dict):
         raise SummarizerError("the answer is not a JSON object")
-    if dialect == "anthropic":
-        blocks = doc.get("content")
-        if not isinstance(blocks, list):
-            raise SummarizerError("the answer has no 'content' array")
-        text = "".join(
-            b["text"] for b in blocks if isinstance(b, dict) and isinstance(b.get("text"), str)
-        )
-    elif dialect == "responses":
-        output = doc.get("output")
-        if not isinstance(output, list):
-            raise SummarizerError("the answer has no 'output' array")
-        text = "".join(
-            p["text"]
-            for item in output
-            if isinstance(item, dict) and item.get("type") == "message"
-            for p in item.get("content") or []
-            if isinstance(p, dict)
-            and p.get("type") == "output_text"
-            and isinstance(p.get("text"), str)
-        )
-    else:
-        choices = doc.get("choices")
-        if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
-            raise SummarizerError("the answer has no 'choices'")
-        message = choices[0].get("message")
-        content = message.get("content") if isinstance(message, dict) else None
-        if isinstance(content, list):
-            content = "".join(
-                p["text"]
-                for p in content
-                if isinstance(p, dict)
-                and p.get("type") == "text"
-                and isinstance(p.get("text"), str)
-            )
-        text = content if isinstance(content, str) else ""
+    try:
+        text = DIALECTS[dialect].answer_text(doc)
+    except ResponseParseError as e:
+        raise SummarizerError(str(e)) from None
     return text if text.strip() else None
 
 
@@ -283,7 +223,7 @@ class SummarizerClient:
         credential and version headers. The answer's text (not its thinking, not its tool
         calls); None when it has none."""
         origin = _origin(job)
-        if job.dialect not in PATHS:
+        if job.dialect not in DIALECTS:
             raise NoModel(f"no shared-cache summarizer for the {job.dialect} dialect")
         headers = origin.headers_for(job.dialect)
         resp = await self._post(origin.url, body, headers, origin.sni, job, "shared")

@@ -36,7 +36,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Literal, Protocol, runtime_checkable
 
 from cg.pipeline.contract import RequestContext, Step
-from cg.state.facts import FactsCache, MessageFacts, canonical_digest
+from cg.state.facts import FactsCache, MessageFacts
 from cg.state.session import header
 from cg.state.store import Checkpoint, Store, StoreError, owner, stash_key
 from cg.state.tenant import CONVERSATION_HEX, UNBOUND
@@ -61,8 +61,9 @@ from cg.wire.splice import Insert, Keep, Plan, is_identity
 
 # `deferred`: another instance sharing the store holds the claim on this conversation, or has
 # already written a newer checkpoint (`Store.claim`): its summary is reused, none is made here.
-Outcome = Literal["completed", "blank", "failed", "timed_out", "no_model", "deferred"]
-Path = Literal["shared", "fallback", "standalone"]
+SummaryOutcome = Literal["completed", "blank", "failed", "timed_out", "no_model", "deferred"]
+# Which request wrote (or tried to write) a summary.
+SummaryRoute = Literal["shared", "fallback", "standalone"]
 # How long a shared-cache job waits for its commissioning turn's answer to begin (the provider
 # writes its cache entry then). Bounded, so a flow that never answers cannot hold a job.
 ANSWER_WAIT = 60.0
@@ -139,7 +140,7 @@ class Commission:
     layouts: tuple[Layout, ...] = ()
     began: asyncio.Event | None = field(default=None, repr=False)
     answer_status: int | None = None  # the commissioning answer's HTTP status, once it began
-    path: Path | None = None  # which request wrote (or tried to write) the summary
+    path: SummaryRoute | None = None  # which request wrote (or tried to write) the summary
     note: str = ""  # why that path, for the log line
     # Who shows the job's calls (the mitmproxy face): the commissioning flow's id, and the id
     # its first call's flow is to have (named in the commissioning flow's comment up front).
@@ -181,12 +182,6 @@ class Commission:
             custom_prompt=cfg.custom_prompt,
             previous_summary=self.previous_summary,
         )
-
-
-def message_digest(index: BodyIndex, i: int) -> bytes:
-    """What message i says, blind to where the client moved `cache_control` (see
-    `cg.state.facts.canonical_digest`); `Summarize` reads it memoised from a `FactsCache`."""
-    return canonical_digest(index.messages[i].value)
 
 
 INSERTS_MAX = 256  # checkpoint messages remembered (read and counted) at once
@@ -255,10 +250,10 @@ class Summarize:
         self.facts.backing = store
         self.answer_wait = ANSWER_WAIT
         # A checkpoint's summary message, read (its view) and counted once: a reuse turn
-        # re-sent the same message and parsed and tokenised it twice (~0.1 ms a turn).
+        # re-sent the same message and parsed and tokenised it twice.
         self._inserts: dict[str, tuple[Insert, int]] = {}
         # The window of each model seen, with and without the 1M beta: looked up every turn,
-        # it walked the whole table for the longest prefix (~13 us a turn under load).
+        # it walked the whole table for the longest prefix.
         self._windows: dict[tuple[str, bool], int | None] = {}
 
     def window(self, model: object, beta_header: str) -> int | None:
@@ -294,23 +289,22 @@ class Summarize:
 
     def _outside_ttl(self, index: BodyIndex) -> float:
         """`cache_ttl` of the text outside the transcript array, memoised on the index: a next
-        turn that shares every byte outside the array inherits it (0.33 ms a turn of searching
-        a Claude Code body's system and tools again)."""
-        owner, known = index.memo.get("outside_ttl", (None, None))
-        if owner is self and isinstance(known, float):
+        turn that shares every byte outside the array inherits it, rather than searching a
+        Claude Code body's system and tools again."""
+        owner, known = index.memo.outside_ttl
+        if owner is self and known is not None:
             return known
         ttl = cache_ttl(_outside(index))
-        index.memo["outside_ttl"] = (self, ttl)
+        index.memo.outside_ttl = (self, ttl)
         return ttl
 
     def _totals(self, index: BodyIndex, stats: Sequence[MessageFacts]) -> list[_Totals]:
         """Running totals over the messages (tokens, output tokens, the largest output, any
         breakpoint asking a 1 h TTL), one entry per message, memoised on the index as a list:
         a next turn inherits the entries of the messages it repeats byte for byte and adds
-        only its new ones (three passes over ~400 facts every turn were ~0.15 ms at 16 turns in
-        flight)."""
-        owner, known = index.memo.get("totals", (None, None))
-        cum: list[_Totals] = known if owner is self.facts and isinstance(known, list) else []
+        only its new ones (not three passes over every message's facts every turn)."""
+        owner, known = index.memo.totals
+        cum: list[_Totals] = known if owner is self.facts and known is not None else []
         if len(cum) < len(stats):  # an inherited list is as long as the messages shared
             cum = list(cum)
             tokens, outputs, top, long = cum[-1] if cum else (0, 0, 0, False)
@@ -320,18 +314,18 @@ class Summarize:
                 top = max(top, *f.outputs) if f.outputs else top
                 long = long or f.long_ttl
                 cum.append((tokens, outputs, top, long))
-        index.memo["totals"] = (self.facts, cum)
+        index.memo.totals = (self.facts, cum)
         return cum
 
     def _covered_hash(self, index: BodyIndex, stats: Sequence[MessageFacts], ce: int) -> str:
         """`prefix_hash(digests[:ce])`, memoised on the index as a list of `ce` entries (the
         hash last): a list memo is cut to the prefix a next turn shares, so it is still `ce`
         long exactly when that turn repeats the first `ce` messages byte for byte."""
-        owner, known = index.memo.get("covered_hash", (None, None))
-        if owner is self and isinstance(known, list) and len(known) == ce and ce:
+        owner, known = index.memo.covered_hash
+        if owner is self and known is not None and len(known) == ce and ce:
             return str(known[-1])
         h = prefix_hash(list(map(_DIGEST, stats[:ce])))
-        index.memo["covered_hash"] = (self, [None] * (ce - 1) + [h] if ce else [])
+        index.memo.covered_hash = (self, [None] * (ce - 1) + [h] if ce else [])
         return h
 
     def apply(self, req: RequestContext, plan: Plan) -> Step:
@@ -643,7 +637,9 @@ class Summarize:
         self.inflight.discard(job.conversation)
         job.origin = None
 
-    async def complete(self, job: Commission, summarizer: Summarizer | None = None) -> Outcome:
+    async def complete(
+        self, job: Commission, summarizer: Summarizer | None = None
+    ) -> SummaryOutcome:
         """Run the summarizer for `job` (default: this component's) and store the result as the
         session's checkpoint. With no summarizer at all, the job is a counted no-op."""
         summarizer = summarizer or self.summarizer
@@ -756,9 +752,13 @@ class Summarize:
         if model.model and model.model != job.model:
             return "model.model names another model than the request's"
         auto = model.share_cache == "auto"
-        if auto and job.dialect == "anthropic" and b'"cache_control"' not in job.forwarded:
-            # Anthropic caches only up to a breakpoint: without one the transcript would be
-            # billed in full, dearer than the standalone prompt's masked copy.
+        if (
+            auto
+            and not DIALECTS[job.dialect].auto_cache
+            and b'"cache_control"' not in job.forwarded
+        ):
+            # A provider that caches only up to a breakpoint (Anthropic): without one the
+            # transcript would be billed in full, dearer than the standalone prompt's masked copy.
             return "the request sets no cache_control: nothing was cached"
         began = await job.wait_answer(self.answer_wait)
         if auto and not began:

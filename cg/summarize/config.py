@@ -20,8 +20,6 @@ from pydantic import (
 
 from cg.settings import describe
 
-Fraction = float
-
 
 class TriggerConfig(BaseModel):
     """Request-level gates, ANDed; a zero or unset gate imposes nothing."""

@@ -60,49 +60,17 @@ class SharedRequest:
     changed: dict[str, Any]
 
 
-def _int(v: Any) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
-
-
 def forces_a_tool(dialect: str, tool_choice: Any) -> bool:
     """A tool_choice under which the answer must be a tool call (so it can hold no summary).
 
     `none` is not one: it forbids tools, which is what the instruction asks anyway."""
-    if tool_choice is None:
-        return False
-    if dialect == "anthropic":
-        return isinstance(tool_choice, dict) and tool_choice.get("type") in ("any", "tool")
-    return tool_choice == "required" or isinstance(tool_choice, dict)
+    return tool_choice is not None and DIALECTS[dialect].forces_a_tool(tool_choice)
 
 
 def output_limits(dialect: str, members: Mapping[str, Member], level: str) -> dict[str, Any]:
-    """The members whose values the shared request changes, and their new values."""
-    budget = MAX_TOKENS[level]
-    out: dict[str, Any] = {}
-    if dialect == "anthropic":
-        limit = members.get("max_tokens")
-        if limit is None or not _int(limit.value):
-            return out
-        thinking = members.get("thinking")
-        kind = thinking.value.get("type") if thinking and isinstance(thinking.value, dict) else None
-        want = max(limit.value, budget) if kind not in (None, "disabled") else budget
-        if want != limit.value:
-            out["max_tokens"] = want
-        return out
-    if dialect == "responses":
-        # A stream reports its usage in `response.completed` whatever the request asked.
-        limit = members.get("max_output_tokens")
-        if limit is not None and _int(limit.value) and limit.value < budget:
-            out["max_output_tokens"] = budget
-        return out
-    for key in ("max_tokens", "max_completion_tokens"):
-        limit = members.get(key)
-        if limit is not None and _int(limit.value) and limit.value < budget:
-            out[key] = budget
-    stream = members.get("stream")
-    if stream is not None and stream.value is True and "stream_options" not in members:
-        out["stream"] = False
-    return out
+    """The members whose values the shared request changes, and their new values
+    (`Dialect.summary_limits`, for the level's budget)."""
+    return DIALECTS[dialect].summary_limits(members, MAX_TOKENS[level])
 
 
 def build(

@@ -33,6 +33,7 @@ from cg.wire.jsonspan import (
     walk_document,
     walk_object,
 )
+from cg.wire.memo import Memo
 
 _OBJECT_START = re.compile(rb"[ \t\r\n]*\{")
 
@@ -110,10 +111,9 @@ class BodyIndex:
     # Byte offsets (in `raw`) of each message's end, then of the array's end: computed when a
     # later turn compares its bytes with this one's; a warm index inherits its shared prefix's.
     _byte_ends: list[int] = field(default_factory=list)
-    # What readers computed about this body, by name: a list aligned with `messages` is carried
-    # over its shared prefix to the next turn's index (`MessageCache.extend`), anything else
-    # whole (that index shares every byte outside the array too).
-    memo: dict[str, Any] = field(default_factory=dict)
+    # What readers computed about this body, in the slots `cg.wire.memo` declares: carried
+    # to the next turn's index (`MessageCache.extend`), per message or whole by declaration.
+    memo: Memo = field(default_factory=Memo)
     shared: int = 0  # leading messages shared byte for byte with the previous turn's body
     # `views`, built once (a reuse turn asks for them three times) and, like `_byte_ends`,
     # inherited over the shared prefix by a next turn's index.
@@ -123,8 +123,8 @@ class BodyIndex:
         """Where each message ends in `raw`, and (last) where the array ends. A warm turn's
         index inherits its shared prefix's; only the rest is found. Whether characters are
         bytes is asked of the text's strings (`Chars.ascii`, constant time a segment), never
-        of `raw`: `bytes.isascii` reads up to the first non-ASCII byte, all ~1 MB of an ASCII
-        body (~64 µs), and the previous turn's were asked again every warm turn."""
+        of `raw`: `bytes.isascii` reads up to the first non-ASCII byte, all of an ASCII body,
+        and the previous turn's were asked again every warm turn."""
         n = len(self.messages)
         ends = self._byte_ends
         if len(ends) == n + 1:
@@ -154,10 +154,10 @@ class BodyIndex:
             raise ValueError(f"character {p} is inside the transcript array")
         if self.chars.ascii:
             return p
-        _, known = self.memo.get("byte_offsets", (None, None))
-        if not isinstance(known, dict):
+        known = self.memo.byte_offsets[1]
+        if known is None:
             known = {}
-            self.memo["byte_offsets"] = (None, known)
+            self.memo.byte_offsets = (None, known)
         key = p if p <= arr.start else -1 - (p - arr.end)  # before: >= 0; after: < 0
         delta = known.get(key)
         if delta is None:
@@ -295,7 +295,7 @@ class MessageCache:
                 continue
             ends = prev.byte_ends()
             # A view of the previous body: a prefix is compared where it lies, never copied
-            # (each copy of a ~1 MB prefix cost ~0.04 ms, up to ~9 per turn in the search).
+            # (a copy of a ~1 MB prefix, up to ~9 per turn in the search).
             was = memoryview(prev.raw)
             if not raw.startswith(was[: ends[0]]):
                 continue
@@ -366,8 +366,7 @@ def _extend(
     index = BodyIndex(raw, chars, dialect, by_key, arr, out, shared=k)
     index._byte_ends = ends[:k]
     index._views = prev.views[:k]
-    for name, (owner, value) in prev.memo.items():
-        index.memo[name] = (owner, value[:k] if isinstance(value, list) else value)
+    index.memo = prev.memo.carried(k)
     return index
 
 

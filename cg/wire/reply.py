@@ -196,6 +196,16 @@ def sse_events(body: bytes) -> Iterator[tuple[str | None, str]]:
         yield event, "\n".join(data)
 
 
+def event_json(event: bytes) -> Any:
+    """The data of one SSE event as JSON, or None (a comment, `[DONE]`, anything unreadable)."""
+    for _, data in sse_events(event):
+        try:
+            return json.loads(data)
+        except ValueError:
+            return None
+    return None
+
+
 def is_count(x: Json) -> bool:
     """A JSON number that is not a boolean (usage counts)."""
     return isinstance(x, int | float) and not isinstance(x, bool)

@@ -147,7 +147,9 @@ def test_the_chain_memoised_on_a_warm_index_equals_one_built_from_scratch(turn: 
     assert p2 == build(facts.prelude(fresh), facts.all(fresh), dialect.name != "anthropic")
     # Vacuity guard: the second index inherited the first one's chain where they share messages.
     if second.shared:
-        assert second.memo["chain"][1][: second.shared] == first.memo["chain"][1][: second.shared]
+        warm, cold = second.memo.chain[1], first.memo.chain[1]
+        assert warm is not None and cold is not None
+        assert warm[: second.shared] == cold[: second.shared]
     # The whole body again: the memoised prompt itself, not one rebuilt.
     if turn.how == "same" and turn.sample.messages:
         assert second.shared == len(turn.sample.messages) and p2 is p1
@@ -161,7 +163,9 @@ def test_a_claude_code_next_turn_hashes_only_its_new_messages() -> None:
     prompt_of(first, facts)
     second = index_body(json.dumps(body).encode(), ANTHROPIC, cache)
     assert second.shared == len(body["messages"]) - 2
-    inherited = list(second.memo["chain"][1])
+    chained = second.memo.chain[1]
+    assert chained is not None
+    inherited = list(chained)
     assert len(inherited) == second.shared
     hashed: list[bytes] = []
     real = cache_mod.chain

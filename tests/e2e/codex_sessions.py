@@ -37,7 +37,7 @@ from tests import responses_api as api
 from tests.codex_script import EXPAND_TOOL, CodexScript, Step, is_compaction, session
 from tests.e2e.agents import Sent, tapped, wait_settled
 from tests.e2e.codex import Run, run_codex
-from tests.e2e.harness import Proxy, by_id, header_pairs, poll
+from tests.e2e.harness import Proxy, by_id, header_pairs
 from tests.fakeprovider import FakeProvider, Recorded
 
 # The tests that need the proxy to speak Responses (the `responses` dialect: decision records,
@@ -273,14 +273,6 @@ def drive_codex(
     sent = [x for x in tapped(tap)[seen:] if x.method == "POST"]
     assert {x.path for x in tapped(tap)[seen:]} == {RESPONSES}, "Codex made other requests"
     return CodexSession(run, script, sent, audit(sent, fake, proxy))
-
-
-def wait_turns(fake: FakeProvider, n: int) -> None:
-    """Until the provider has answered `n` agent requests (the summarizer's not counted)."""
-    for _ in poll(10.0):
-        if len([r for r in fake.requests if not r.is_summarizer]) >= n:
-            return
-    raise TimeoutError(f"fewer than {n} agent requests reached the provider")
 
 
 # -- what a summarized Codex session looks like ----------------------------------------------------

@@ -1,6 +1,6 @@
-"""Hostile requests through a real mitmdump (SPEC §13): decompression bombs and large bodies,
-each sent while a small agent turn and `/_cg/health` are asked again and again, with the proxy's
-peak RSS read from the kernel.
+"""Hostile requests through a real mitmdump (docs/behaviour.md#bounded-work-and-shared-use):
+decompression bombs and large bodies, each sent while a small agent turn and `/_cg/health` are asked
+again and again, with the proxy's peak RSS read from the kernel.
 
     python -m tests.e2e.hostile [--json] [--only NAME ...]   the probe: docs/reliability.md's
                                                               figures, one line per body

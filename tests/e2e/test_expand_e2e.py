@@ -1,4 +1,5 @@
-"""Expand (SPEC §6) through a real `mitmdump -s cg_addon.py`, driven by the official SDKs.
+"""Expand (docs/behaviour.md#expand) through a real `mitmdump -s cg_addon.py`, driven by the
+official SDKs.
 
 One proxy runs the `summarize` preset with lowered triggers and its own `cg_db`. Each test primes
 its own session: turn 1 commissions a summary (forwarded untouched), the summary completes in the
@@ -75,7 +76,7 @@ OPENAI_TOOLS = [
 ]
 # The credential an `Agent` sends (the SDKs' own header for it, `SdkClient`'s default key): a
 # raw request continuing an agent's session sends it too, since the session's state is that
-# credential's (SPEC §13 tenancy).
+# credential's (docs/behaviour.md#tenancy).
 CREDENTIAL = {"anthropic": {"x-api-key": "sk-e2e"}, "openai": {"authorization": "Bearer sk-e2e"}}
 # What turn 1 commissions: messages[HEAD:CUT] of its transcript are summarized and stashed.
 SPAN = {"anthropic": (1, 4), "openai": (1, 5)}

@@ -1,5 +1,5 @@
-"""Hostile requests through a real mitmdump (SPEC §13, issue 29): none kills, stalls or crosses
-the proxy.
+"""Hostile requests through a real mitmdump (docs/behaviour.md#bounded-work-and-shared-use, issue
+29): none kills, stalls or crosses the proxy.
 
 - A decompression bomb (1.7 KB of br, 33 KB of zstd, 1 MB of gzip, a chain: each 1 GiB decoded)
   passes through byte-identical, read no further than the cap, and the proxy's peak RSS stays
@@ -61,8 +61,8 @@ def test_a_bomb_passes_through_untouched_and_the_proxy_stays_small(
     assert got.status == 200 and got.error is None, got
     assert got.forwarded_identical, got  # the upstream got the client's bytes exactly
     assert (got.outcome, got.bound) == ("passed_through", "cg_max_body_mb"), got
-    # SPEC §13's budget is 2× idle plus the cap; the test allows another 32 MiB of slack
-    # (what the allocator keeps). Before: gigabytes, then an abort.
+    # The budget (docs/reliability.md, bounded work) is 2× idle plus the cap; the test allows
+    # another 32 MiB of slack (what the allocator keeps).
     assert got.peak_rss_mib < 2 * idle + 64, got
     assert got.slowest_turn_ms < STALL_S * 1000 and got.slowest_health_ms < STALL_S * 1000, got
 

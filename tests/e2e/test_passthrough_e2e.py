@@ -1,7 +1,8 @@
 """Raw HTTP through a real `mitmdump -s cg_addon.py` (`off` preset): nothing changes on the way.
 
-Real captured bodies, bad input (SPEC §10), huge bodies, control endpoints, non-provider paths
-and the bypass header. Every test first proves the provider (or the addon) actually answered.
+Real captured bodies, bad input (docs/behaviour.md#errors-and-bad-input), huge bodies, control
+endpoints, non-provider paths and the bypass header. Every test first proves the provider (or the
+addon) actually answered.
 """
 
 from __future__ import annotations
@@ -99,7 +100,7 @@ def test_claude_code_tool_use_fixture_with_odd_whitespace_is_byte_identical(prox
     assert cg["messages_in"] == len(fixture["body"]["messages"])
 
 
-# -- bad input (SPEC §10): forwarded unchanged, and the record says why ----------------------
+# -- bad input (docs/behaviour.md#errors-and-bad-input): forwarded unchanged, and the record says why ---
 
 BAD_BODIES = [
     ("invalid-json", b'{"model":"m","messages":[{"role":"user","content":"hi"}', "malformed JSON"),

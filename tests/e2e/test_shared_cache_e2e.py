@@ -1,4 +1,5 @@
-"""The summarizer call that shares the prompt cache (SPEC §5.5), through a real mitmdump.
+"""The summarizer call that shares the prompt cache
+(docs/behaviour.md#summarize-the-summarizer-call), through a real mitmdump.
 
 A fake provider that bills the prompt cache as Anthropic and OpenAI do (tests/promptcache.py,
 on a hand-driven clock) sits behind the proxy; the official SDKs (and Claude Code's own captured

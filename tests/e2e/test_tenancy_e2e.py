@@ -1,6 +1,6 @@
-"""Tenancy (issue 29, SPEC §13) through a real `mitmdump -s cg_addon.py`, driven by the official
-anthropic SDK: state is bound to who sends a request (the fingerprint of its API key), not to the
-session header it names.
+"""Tenancy (issue 29, docs/behaviour.md#tenancy) through a real `mitmdump -s cg_addon.py`, driven by
+the official anthropic SDK: state is bound to who sends a request (the fingerprint of its API key),
+not to the session header it names.
 
 - **cross-credential expand**: user one (key K1, session A) is summarized and stashed; user two
   (key K2) names session A (`x-context-guru-session` or `x-claude-code-session-id`) and carries

@@ -11,8 +11,8 @@ chromium, headless, driven by playwright; never a downloaded browser): what a pe
   same view.
 
 Without chromium these tests are skipped saying how to install it — unless `CG_REQUIRE_BROWSER`
-is set (`.ci/run` sets it), when they fail. `CG_SCREENSHOTS=docs/img` writes the README's
-screenshots.
+is set (`.ci/run` sets it), when they fail. `CG_SCREENSHOTS=docs/img` writes the
+screenshots of docs/mitmweb.md.
 """
 
 from __future__ import annotations
@@ -90,7 +90,7 @@ def page(browser: Any) -> Iterator[Any]:
 
 @pytest.fixture(scope="module")
 def shots(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """Where screenshots go: CG_SCREENSHOTS (docs/img for the README), else a temp folder."""
+    """Where screenshots go: CG_SCREENSHOTS (docs/img, for docs/mitmweb.md), else a temp folder."""
     out = os.environ.get(SCREENSHOTS_ENV)
     path = (REPO / out) if out else tmp_path_factory.mktemp("screenshots")
     path.mkdir(parents=True, exist_ok=True)

@@ -27,7 +27,7 @@ from tests.fakeprovider import FakeProvider, Reply
 MITMWEB = Path(sys.executable).parent / "mitmweb"
 CHROMIUM = Path("/usr/bin/chromium")
 REQUIRE_ENV = "CG_REQUIRE_BROWSER"  # set by .ci/run: a missing browser fails, never skips
-SCREENSHOTS_ENV = "CG_SCREENSHOTS"  # a folder: the screenshots go there (docs/img for the README)
+SCREENSHOTS_ENV = "CG_SCREENSHOTS"  # a folder for the screenshots (docs/img: docs/mitmweb.md)
 INSTALL_HINT = (
     "the browser tests drive Debian's chromium headless: install it with "
     "`sudo apt-get update && sudo apt-get install -y chromium` (playwright never downloads one)"

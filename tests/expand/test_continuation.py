@@ -166,7 +166,7 @@ async def run(
     stream: bool,
     resolver: Callable[[str], str] = answers,
     sent: str | None = None,
-) -> continuation.Outcome:
+) -> continuation.ContinuationResult:
     dialect = up.dialect
     base = ANTHROPIC_SENT if dialect == "anthropic" else OPENAI_SENT
     body = sent or base.replace("STREAM", "true" if stream else "false")
@@ -182,7 +182,7 @@ async def run(
     )
 
 
-def final(out: continuation.Outcome, dialect: str) -> Reply:
+def final(out: continuation.ContinuationResult, dialect: str) -> Reply:
     if out.content_type.startswith("text/event-stream"):
         return parse_sse(dialect, out.body)
     assert out.content_type == "application/json"

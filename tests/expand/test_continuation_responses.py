@@ -67,7 +67,7 @@ async def run(client: Any, up: Upstream, first: dict[str, Any], stream: bool) ->
     )
 
 
-def final(out: continuation.Outcome) -> Reply:
+def final(out: continuation.ContinuationResult) -> Reply:
     if out.content_type.startswith("text/event-stream"):
         return parse_sse("responses", out.body)
     return parse_json("responses", out.body)

@@ -48,7 +48,8 @@ def corpus() -> list[Path]:
 def test_the_corpus_holds_what_was_found():
     assert {p.parent.name for p in corpus()} >= {"answer_json", "answer_sse", "hooks"}
     assert all(p.parent.name in TARGETS for p in corpus())
-    # The decompression bombs of SPEC §13: 1 GiB of br, zstd and gzip-in-br; 64 MiB of gzip.
+    # The decompression bombs of docs/behaviour.md#bounded-work-and-shared-use: 1 GiB of br, zstd
+    # and gzip-in-br; 64 MiB of gzip.
     bombs = {p.stem.rsplit("-", 1)[0] for p in corpus() if p.stem.startswith("bomb-")}
     assert bombs == {"bomb-br", "bomb-zstd", "bomb-gzip", "bomb-gzip-br"}
 

@@ -1,8 +1,8 @@
-"""Tenancy on the hot path (SPEC §13): `rewrite_body` with the `summarize` component over real
-Claude Code captures, each request carrying its tenant (the fingerprint the addon makes of its
-credential). A session id is only what a request says: another credential naming it gets none
-of its checkpoints, stashes or expand tool, and cannot destroy them; state written before
-tenancy stays its session's, and the record says it was unbound."""
+"""Tenancy on the hot path (docs/behaviour.md#bounded-work-and-shared-use): `rewrite_body` with the
+`summarize` component over real Claude Code captures, each request carrying its tenant (the
+fingerprint the addon makes of its credential). A session id is only what a request says: another
+credential naming it gets none of its checkpoints, stashes or expand tool, and cannot destroy them;
+state written before tenancy stays its session's, and the record says it was unbound."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
-"""cg.proxy.offload and the request hook's bounds (SPEC §13), in-process: a large body is read in
-the worker thread while the event loop serves other turns; a body over a bound passes through
-byte-identical, the bound named in its record."""
+"""cg.proxy.offload and the request hook's bounds (docs/behaviour.md#bounded-work-and-shared-use),
+in-process: a large body is read in the worker thread while the event loop serves other turns; a
+body over a bound passes through byte-identical, the bound named in its record."""
 
 from __future__ import annotations
 

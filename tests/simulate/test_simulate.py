@@ -1,6 +1,6 @@
-"""The cost simulator (SPEC §11): known answers, the baseline's threshold, output shapes, bad
-input. Traces are small (the 16-turn real capture, generated sessions of 30-40 short rounds);
-the big corpus is only for docs/savings.md."""
+"""The cost simulator (docs/behaviour.md#usage-cost-and-savings): known answers, the baseline's
+threshold, output shapes, bad input. Traces are small (the 16-turn real capture, generated sessions
+of 30-40 short rounds); the big corpus is only for docs/savings.md."""
 
 from __future__ import annotations
 

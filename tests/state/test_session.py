@@ -279,7 +279,7 @@ def test_a_body_without_a_user_message_is_hashed_every_time_never_memoised() -> 
     cache = MessageCache()
     first = index_body(_body(SYSTEM, [{"role": "assistant", "content": "a"}]), ANTHROPIC, cache)
     assert session_of({}, first).id == head_hash(SYSTEM, None)
-    assert "head" not in first.memo
+    assert first.memo.head == (None, None)
     grown = [{"role": "assistant", "content": "a"}, {"role": "user", "content": "now a task"}]
     index = index_body(_body(SYSTEM, grown), ANTHROPIC, cache)
     assert index.shared == 1

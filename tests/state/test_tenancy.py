@@ -1,7 +1,7 @@
-"""Tenancy in the store (SPEC §13): the keyed credential fingerprint, the read rules on both
-engines, the migrations of existing stores (their rows unbound and readable by their session),
-the quota eviction (one session's or one credential's flood never evicts another's live stash),
-and the head-hash session of each tenant."""
+"""Tenancy in the store (docs/behaviour.md#bounded-work-and-shared-use): the keyed credential
+fingerprint, the read rules on both engines, the migrations of existing stores (their rows unbound
+and readable by their session), the quota eviction (one session's or one credential's flood never
+evicts another's live stash), and the head-hash session of each tenant."""
 
 from __future__ import annotations
 

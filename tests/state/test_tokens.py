@@ -133,7 +133,7 @@ def test_an_unknown_encoding_name_falls_back_without_downloading():
     assert not c.exact
 
 
-# -- bounded (SPEC §13) ------------------------------------------------------------------------
+# -- bounded (docs/behaviour.md#bounded-work-and-shared-use) ---------------------------------------
 
 
 def test_no_text_past_the_bound_is_encoded(monkeypatch: pytest.MonkeyPatch):

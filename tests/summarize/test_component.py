@@ -1,6 +1,7 @@
-"""cg.summarize.component: checkpoints and their reuse (SPEC §5.6), the commission loop, marker
-modes and the store (§6, §7), sessions (§8), over real Claude Code captures grown turn by turn and
-over random transcripts in both dialects.
+"""cg.summarize.component: checkpoints and their reuse
+(docs/behaviour.md#summarize-checkpoints-and-reuse), the commission loop, marker modes and the store
+(docs/behaviour.md#expand, #the-store), sessions (#sessions), over real Claude Code captures grown
+turn by turn and over random transcripts in both dialects.
 
 Every test drives `rewrite_body` (the real hot path) with the component alone and completes the
 commissions it returns with an in-process fake summarizer; `two_turns` and the explicit
@@ -162,7 +163,9 @@ def test_running_totals_memoised_on_a_warm_index_equal_ones_summed_afresh(turn: 
         assert top == max((max(f.outputs) for f in upto if f.outputs), default=0)
         assert long == any(f.long_ttl for f in upto)
     if second.shared:  # vacuity guard: the warm index inherited the first one's entries
-        assert second.memo["totals"][1][: second.shared] == first.memo["totals"][1][: second.shared]
+        warm, cold = second.memo.totals[1], first.memo.totals[1]
+        assert warm is not None and cold is not None
+        assert warm[: second.shared] == cold[: second.shared]
 
 
 @pytest.mark.parametrize("keep_last", [0, 1, 3])
@@ -692,9 +695,10 @@ def test_the_openai_round_trip_keeps_system_and_task_with_keep_first_2(store: St
 
 
 def test_a_span_over_the_stash_bound_is_not_summarized(db: Path) -> None:
-    """SPEC §13: a stash holds at most a quarter of the stashes' share of `store.max_mb`; a
-    span over it commissions nothing (in `full` mode: its stash could not be kept), said in
-    the record; the same span under a larger store is summarized (the guard of the path)."""
+    """docs/behaviour.md#bounded-work-and-shared-use: a stash holds at most a quarter of the
+    stashes' share of `store.max_mb`; a span over it commissions nothing (in `full` mode: its stash
+    could not be kept), said in the record; the same span under a larger store is summarized (the
+    guard of the path)."""
     turns = grow(fixture_body(CC16), 2, output_words=30)
     small = Store(db, max_mb=0.05)  # a stash bound of ~6.5 KB: under the fixture's span
     d = make(config(), small)

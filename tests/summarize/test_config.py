@@ -1,5 +1,6 @@
-"""cg.summarize.config: the defaults of SPEC §5.1, strict refusal naming key and value, the legacy
-`start_from_message` fold, `CHEAP_MODEL*` env, and a write-only `api_key`."""
+"""cg.summarize.config: the defaults of docs/behaviour.md#summarize-configuration, strict refusal
+naming key and value, the legacy `start_from_message` fold, `CHEAP_MODEL*` env, and a write-only
+`api_key`."""
 
 from __future__ import annotations
 
@@ -20,8 +21,9 @@ def refused(raw: dict[str, Any], env: dict[str, str] | None = None) -> str:
 
 
 def test_defaults_are_the_spec_table_but_the_triggers_the_simulator_chose() -> None:
-    """SPEC §5.1's table, except four values docs/savings.md chose with the cost simulator
-    (SPEC: resummarize_tokens 6000, cache_state cold, min_request_frac 0.9, no token gate)."""
+    """The table of docs/behaviour.md#summarize-configuration, whose four trigger values
+    docs/savings.md chose with the cost simulator (the first design's: resummarize_tokens 6000,
+    cache_state cold, min_request_frac 0.9, no token gate)."""
     cfg = parse_summarize({}, env={})
     assert cfg.summary_level == "regular"
     assert (cfg.keep_first, cfg.keep_last) == (1, 3)

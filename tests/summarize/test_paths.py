@@ -1,6 +1,7 @@
-"""cg.summarize.component: which request writes a summary (SPEC §5.5) — the shared-cache call,
-its one fallback to the standalone prompt, or the standalone prompt alone — and when the shared
-call may go (once the commissioning answer has begun).
+"""cg.summarize.component: which request writes a summary
+(docs/behaviour.md#summarize-the-summarizer-call) — the shared-cache call, its one fallback to the
+standalone prompt, or the standalone prompt alone — and when the shared call may go (once the
+commissioning answer has begun).
 
 Jobs come from the real hot path (`rewrite_body` with the component, over grown Claude Code
 captures); the summarizer is an in-process fake with both requests, so each test can see which

@@ -1,5 +1,6 @@
-"""cg.summarize.prompt: the trajectory, its grounding, the instruction and its limits (SPEC §5.5),
-and the summary text (§5.6)."""
+"""cg.summarize.prompt: the trajectory, its grounding, the instruction and its limits
+(docs/behaviour.md#summarize-the-summarizer-call), and the summary text
+(docs/behaviour.md#summarize-checkpoints-and-reuse)."""
 
 from __future__ import annotations
 

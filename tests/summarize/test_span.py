@@ -1,4 +1,5 @@
-"""cg.summarize.span: `[head | span | tail]` (SPEC §5.3) and orphan repair (§5.4).
+"""cg.summarize.span: `[head | span | tail]` (docs/behaviour.md#summarize-the-span) and orphan
+repair (docs/behaviour.md#summarize-orphaned-tool-results).
 
 The seed's four `keep_first` cases run through the real two-turn path (turn 1 commissions and
 forwards untouched, `complete()` runs the fake summarizer, turn 2 splices); `two_turns` asserts

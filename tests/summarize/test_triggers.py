@@ -1,5 +1,6 @@
 """cg.summarize.triggers: the request gates, windows, the hard triggers and the cache state
-(SPEC §5.2), unit by unit and through the component with an injected clock."""
+(docs/behaviour.md#summarize-triggers), unit by unit and through the component with an injected
+clock."""
 
 from __future__ import annotations
 

@@ -173,8 +173,9 @@ def test_deeply_nested_body_is_rejected_not_crashed() -> None:
 def test_unknown_content_anywhere_rejects_the_body_with_the_reason(
     dialect: Any, body: Any, where: str
 ) -> None:
-    """SPEC §10 / issue 12: a block type, part type or role the addon does not know may carry a
-    rule of its own, so the whole request passes through; the reason names it."""
+    """docs/behaviour.md#errors-and-bad-input / issue 12: a block type, part type or role the addon
+    does not know may carry a rule of its own, so the whole request passes through; the reason names
+    it."""
     with pytest.raises(BodyRejected) as e:
         index_body(json.dumps(body).encode(), dialect)
     assert str(e.value) == where
@@ -349,7 +350,7 @@ def test_byte_ends_of_a_warm_chain_are_the_bodys_byte_offsets(mark: str) -> None
     assert warm == 5  # every turn after the first was read warm
 
 
-# -- bounded (SPEC §13) ------------------------------------------------------------------------
+# -- bounded (docs/behaviour.md#bounded-work-and-shared-use) ---------------------------------------
 
 
 def _tiny(n: int) -> bytes:

@@ -1,4 +1,5 @@
-"""cg.wire.shape: the four list rules of SPEC §4, the role check on the bytes, and `introduced`."""
+"""cg.wire.shape: the four list rules of docs/behaviour.md#shape-rules, the role check on the bytes,
+and `introduced`."""
 
 from __future__ import annotations
 
@@ -463,7 +464,8 @@ def _is_blank(m: dict[str, Any], dialect: str, last: bool) -> bool:
 
 
 def oracle(msgs: Msgs, dialect: str) -> set[tuple[int, str]]:
-    """SPEC §4, written independently: find each message's run owner first, then the sets."""
+    """docs/behaviour.md#shape-rules, written independently: find each message's run owner first,
+    then the sets."""
     n = len(msgs)
     roles = [m.get("role") for m in msgs]
     out: set[tuple[int, str]] = set()

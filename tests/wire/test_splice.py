@@ -443,7 +443,7 @@ def _stranger(idx: BodyIndex) -> Insert:
 @given(bodies(), st.data())
 def test_the_array_role_check_is_the_whole_array_read(s: Sample, data: Any) -> None:
     """`check_wire_array` reads each message alone and skips a kept message a turn before it
-    read clean (`memo["wire_ok"]`, inherited over the shared prefix); over two turns, cold and
+    read clean (`memo.wire_ok`, inherited over the shared prefix); over two turns, cold and
     warm, with inserts of a refused role, it reports what reading the joined array reports."""
     dialect = DIALECTS[s.dialect]
     cache = MessageCache()
@@ -478,10 +478,10 @@ def test_the_array_role_check_reads_a_kept_message_once(monkeypatch: pytest.Monk
     plan: list[Piece] = [Keep(0), summary, Keep(3)]
     _, _, parts = splice_array_bytes(first, plan)
     assert check_wire_array(first, plan, parts) == []
-    assert first.memo["wire_ok"][1] == [True, False, False, True]
+    assert first.memo.wire_ok[1] == [True, False, False, True]
     more = [*msgs, {"role": "assistant", "content": "d"}, {"role": "user", "content": "e"}]
     warm = index_body(json.dumps({"model": "m", "messages": more}).encode(), OPENAI, cache)
-    assert warm.shared == 4 and warm.memo["wire_ok"][1] == [True, False, False, True]
+    assert warm.shared == 4 and warm.memo.wire_ok[1] == [True, False, False, True]
     plan = [Keep(0), summary, Keep(3), Keep(4), Keep(5)]
     _, _, parts = splice_array_bytes(warm, plan)
     read: list[str] = []
@@ -494,7 +494,7 @@ def test_the_array_role_check_reads_a_kept_message_once(monkeypatch: pytest.Monk
     monkeypatch.setattr(shape._DECODER, "raw_decode", counted)
     assert check_wire_array(warm, plan, parts) == []
     assert [json.loads(t) for t in read] == [json.loads(summary.json)]
-    assert warm.memo["wire_ok"][1] == [True, False, False, True, True, True]
+    assert warm.memo.wire_ok[1] == [True, False, False, True, True, True]
 
 
 def test_the_array_role_check_refuses_a_slice_off_by_a_byte() -> None:

@@ -7,8 +7,8 @@ and streamed back as the API streams it.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from typing import Any, ClassVar
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any, ClassVar, cast
 
 from cg.wire.dialects.base import (
     BlockView,
@@ -16,9 +16,12 @@ from cg.wire.dialects.base import (
     MessageShapeError,
     MessageView,
     Pairing,
+    UsageReader,
+    answer_model,
     is_blank_text,
     message_role,
 )
+from cg.wire.jsonspan import Member
 from cg.wire.reply import (
     Call,
     Json,
@@ -36,6 +39,7 @@ from cg.wire.reply import (
     sse_event,
     sse_events,
 )
+from cg.wire.usage import Usage, from_anthropic
 
 
 def _result_text(content: Any) -> str:
@@ -96,11 +100,133 @@ def _block(block: Any) -> BlockView:
     return BlockView(kind, f"[{kind}]")
 
 
+ANTHROPIC_VERSION = "2023-06-01"
+
+
+def _int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+class AnthropicReader:
+    """`message_start.message.usage`, then `message_delta.usage`: cumulative totals, a
+    non-null value replacing the one before."""
+
+    def __init__(self) -> None:
+        self.raw: Any = None
+        self.model: str | None = None
+
+    def event(self, name: str | None, obj: Any) -> None:
+        if not isinstance(obj, dict):
+            return
+        kind = name or obj.get("type")
+        if kind == "message_start":
+            msg = obj.get("message")
+            usage = msg.get("usage") if isinstance(msg, dict) else None
+            self.model = answer_model(msg) or self.model
+            self.raw = dict(usage) if isinstance(usage, dict) else usage
+        elif kind == "message_delta" and "usage" in obj:
+            usage = obj["usage"]
+            if not isinstance(usage, dict) or not isinstance(self.raw, dict):
+                self.raw = dict(usage) if isinstance(usage, dict) else usage
+                return
+            # Cumulative totals: they replace, and an omitted (null) count leaves the one before.
+            for k, v in usage.items():
+                if v is not None or k not in self.raw:
+                    self.raw[k] = v
+
+
 class Anthropic(Dialect):
     name: ClassVar[str] = "anthropic"
     path_suffix: ClassVar[str] = "/v1/messages"
     wire_roles: ClassVar[frozenset[str]] = frozenset({"user", "assistant", "system"})
     pairing: ClassVar[Pairing] = "next"
+    auto_cache: ClassVar[bool] = False
+    metadata_member: ClassVar[str | None] = "metadata"
+    default_base: ClassVar[str] = "https://api.anthropic.com"
+    key_env: ClassVar[str] = "ANTHROPIC_API_KEY"
+
+    def conversation_system(self, top_level: Mapping[str, Any], messages: Sequence[Any]) -> object:
+        return top_level.get("system")
+
+    def summarizer_headers(self, headers: Mapping[str, str]) -> dict[str, str]:
+        out = dict(headers)
+        out.setdefault("anthropic-version", ANTHROPIC_VERSION)
+        return out
+
+    def auth_headers(self, key: str, bearer: bool) -> dict[str, str]:
+        out = {"anthropic-version": ANTHROPIC_VERSION}
+        if key:
+            if bearer:
+                out["authorization"] = f"Bearer {key}"
+            else:
+                out["x-api-key"] = key
+        return out
+
+    def summary_request(self, model: str, prompt: str, max_tokens: int) -> dict[str, Any]:
+        messages = [{"role": "user", "content": prompt}]
+        return {"model": model, "max_tokens": max_tokens, "messages": messages}
+
+    def answer_text(self, doc: JsonObject) -> str:
+        blocks = doc.get("content")
+        if not isinstance(blocks, list):
+            raise ResponseParseError("the answer has no 'content' array")
+        return "".join(
+            b["text"] for b in blocks if isinstance(b, dict) and isinstance(b.get("text"), str)
+        )
+
+    def summary_limits(self, members: Mapping[str, Member], budget: int) -> dict[str, Any]:
+        """`max_tokens`: the budget; with thinking on, the agent's own limit when larger (it is
+        already > budget_tokens, which the API requires, and known to fit this model)."""
+        out: dict[str, Any] = {}
+        limit = members.get("max_tokens")
+        if limit is None or not _int(limit.value):
+            return out
+        thinking = members.get("thinking")
+        kind = thinking.value.get("type") if thinking and isinstance(thinking.value, dict) else None
+        want = max(limit.value, budget) if kind not in (None, "disabled") else budget
+        if want != limit.value:
+            out["max_tokens"] = want
+        return out
+
+    def forces_a_tool(self, tool_choice: Any) -> bool:
+        return isinstance(tool_choice, dict) and tool_choice.get("type") in ("any", "tool")
+
+    def fixed_tool_choice(self, tool_choice: Any) -> bool:
+        return isinstance(tool_choice, dict) and tool_choice.get("type") in ("any", "tool", "none")
+
+    def function_tool(self, name: str, description: str, schema: JsonObject) -> JsonObject:
+        return {"name": name, "description": description, "input_schema": schema}
+
+    def usage(self, u: Any) -> Usage:
+        return from_anthropic(u)
+
+    def usage_reader(self) -> UsageReader:
+        return AnthropicReader()
+
+    def call_begins(self, obj: JsonObject, name: str) -> tuple[int, int | None] | None:
+        """A `content_block_start` of a `tool_use` block: its block index."""
+        block = obj.get("content_block")
+        if (
+            obj.get("type") == "content_block_start"
+            and isinstance(block, dict)
+            and block.get("type") == "tool_use"
+            and block.get("name") == name
+            and isinstance(obj.get("index"), int)
+        ):
+            return cast(int, obj["index"]), None
+        return None
+
+    def continued(self, first: JsonObject, final: JsonObject, at: int, rounds: int) -> None:
+        tail = list(cast(list[Json], final.get("content") or []))
+        final["content"] = list(cast(list[Json], first.get("content") or []))[:at] + (
+            tail[at:] if rounds == 0 else tail
+        )
+
+    def resumed_event(self, obj: JsonObject, at: int) -> bool:
+        if obj.get("type") == "message_start":
+            return False
+        idx = obj.get("index")
+        return not (isinstance(idx, int) and idx < at)
 
     def view(self, message: Any) -> MessageView:
         # Every message of a cold body comes through here (400 for a 1 MB Claude Code turn):
@@ -135,12 +261,12 @@ class Anthropic(Dialect):
                 tid = b.get("id")
                 tid = tid if isinstance(tid, str) else ""
                 calls.append(tid)
-                blocks.append(BlockView(kind, "", False, tid, None, b))
+                blocks.append(BlockView(kind, "", False, None, b))
             elif kind == "tool_result":
                 rid = b.get("tool_use_id")
                 rid = rid if isinstance(rid, str) else ""
                 results.append(rid)
-                blocks.append(BlockView(kind, _result_text(b.get("content")), False, None, rid))
+                blocks.append(BlockView(kind, _result_text(b.get("content")), False, rid))
             else:
                 blocks.append(_block(b))
         return MessageView(role, None, "blocks", tuple(blocks), tuple(calls), tuple(results), blank)

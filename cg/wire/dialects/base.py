@@ -7,10 +7,12 @@ and the splice works from the original bytes. Nothing here is ever serialised ba
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator, Mapping
-from typing import Any, ClassVar, Literal, NamedTuple, cast
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any, ClassVar, Literal, NamedTuple, Protocol, cast
 
+from cg.wire.jsonspan import Member
 from cg.wire.reply import Call, JsonObject, is_count
+from cg.wire.usage import Usage, from_openai
 
 ContentForm = Literal["string", "blocks", "null", "missing", "other"]
 # How a tool result finds its call: in the next message (anthropic), in the run of `tool`
@@ -23,6 +25,22 @@ SYSTEM_ROLES = frozenset({"system", "developer"})
 _ENCODER = json.JSONEncoder(ensure_ascii=False)
 
 
+class UsageReader(Protocol):
+    """Follows one dialect's usage-carrying SSE events (`cg.billing.tap`): `raw` is the usage
+    object seen so far, `model` the model the answer names (None if it names none)."""
+
+    raw: Any
+    model: str | None
+
+    def event(self, name: str | None, obj: Any) -> None: ...
+
+
+def answer_model(obj: Any) -> str | None:
+    """The non-empty `model` string of an answer object, or None."""
+    m = obj.get("model") if isinstance(obj, dict) else None
+    return m if isinstance(m, str) and m else None
+
+
 class MessageShapeError(ValueError):
     """A message is not an object, or its role is not a string: the body passes through."""
 
@@ -31,17 +49,16 @@ class BlockView(NamedTuple):
     """One content block (anthropic) or content part (openai).
 
     Views are immutable tuples rather than frozen dataclasses: a frozen dataclass's `__init__`
-    sets each field through `object.__setattr__`, 0.78 µs a block against ~0.2 µs for a tuple,
-    and a cold 1 MB body builds ~750 blocks and 400 messages (~1 ms of its ~2.8 ms of views).
+    sets each field through `object.__setattr__`, several times a tuple's cost, and a cold 1 MB
+    body builds ~750 blocks and 400 messages.
 
     `text` is read off the hot path only (token counts, the summarizer's prompt), so a block
     whose rendering costs work keeps what it needs in `call` and renders on demand: an
-    Anthropic `tool_use` block's input re-encoded was ~0.4 ms of every cold 1 MB body."""
+    Anthropic `tool_use` block's input re-encoded was a large part of every cold body's views."""
 
     type: str
     shown: str = ""  # the text, when it is at hand (`call` unset)
     blank: bool = False
-    tool_call_id: str | None = None
     tool_result_id: str | None = None
     call: Mapping[str, Any] | None = None  # a `tool_use` block, rendered by `text`
 
@@ -116,9 +133,6 @@ class Dialect:
     # The top-level key of the transcript array: `messages`, or the Responses API's `input`.
     array_key: ClassVar[str] = "messages"
     pairing: ClassVar[Pairing] = "run"
-    # SPEC §4 rule 1 (a mid-array system message is followed by an assistant turn): Anthropic's,
-    # applied to Chat Completions too; the Responses API places developer items anywhere.
-    system_position: ClassVar[bool] = True
     # A request that already breaks a shape rule passes through untouched (the provider answers
     # it as it would) instead of being rewritten around the breakage.
     strict_input: ClassVar[bool] = False
@@ -230,6 +244,106 @@ class Dialect:
         a, b = (usage.get(k) for k in self.usage_total_of)
         if is_count(a) and is_count(b):
             usage["total_tokens"] = cast(int, a) + cast(int, b)
+
+    # -- what the layers above ask of a wire format -------------------------------------------
+
+    # The provider caches a prompt's prefixes by itself (OpenAI); without it, only up to the
+    # request's `cache_control` breakpoints (Anthropic).
+    auto_cache: ClassVar[bool]
+    # The top-level member whose `user_id` may name the session (Anthropic's `metadata`), and
+    # the one that names it outright (the Responses API's `prompt_cache_key`).
+    metadata_member: ClassVar[str | None] = None
+    cache_key_member: ClassVar[str | None] = None
+    # A bare `session-id` header names a Codex CLI session (the name is generic; Codex speaks
+    # only the Responses API).
+    codex_session_header: ClassVar[bool] = False
+    # A reasoning item of an answer binds the item after it, so a stream holds it back until
+    # that item begins (`cg.expand.stream.ExpandGate`).
+    held_reasoning: ClassVar[bool] = False
+    # The summarizer's own endpoint when `model.source` is `config`: the provider's base URL
+    # and the environment variable of its key.
+    default_base: ClassVar[str]
+    key_env: ClassVar[str]
+
+    def conversation_system(self, top_level: Mapping[str, Any], messages: Sequence[Any]) -> object:
+        """The system prompt of a parsed body, for the session's head hash (`top_level` maps
+        top-level keys to parsed values; `messages` are the parsed messages)."""
+        raise NotImplementedError
+
+    def summarizer_headers(self, headers: Mapping[str, str]) -> dict[str, str]:
+        """The agent's reused headers as a summarizer request to the same endpoint needs them."""
+        return dict(headers)
+
+    def auth_headers(self, key: str, bearer: bool) -> dict[str, str]:
+        """The headers of a summarizer request of our own carrying `key` (`bearer`: the config
+        asks for `Authorization: Bearer` where the provider has another form)."""
+        return {"authorization": f"Bearer {key}"} if key else {}
+
+    def summary_request(self, model: str, prompt: str, max_tokens: int) -> dict[str, Any]:
+        """The standalone summarizer request: `prompt` as one user turn."""
+        raise NotImplementedError
+
+    def answer_text(self, doc: JsonObject) -> str:
+        """The text of a non-streaming answer ("" when it has none); ResponseParseError when
+        the answer has not the shape that holds text."""
+        raise NotImplementedError
+
+    def summary_limits(self, members: Mapping[str, Member], budget: int) -> dict[str, Any]:
+        """The members whose values the shared summarizer request changes (the output limit,
+        and what it takes for the answer to report its usage), and their new values."""
+        raise NotImplementedError
+
+    def forces_a_tool(self, tool_choice: Any) -> bool:
+        """A (non-None) tool_choice under which the answer must be a tool call. This form is
+        OpenAI's (Chat Completions and Responses)."""
+        return tool_choice == "required" or isinstance(tool_choice, dict)
+
+    def fixed_tool_choice(self, tool_choice: Any) -> bool:
+        """A (non-None) tool_choice that says exactly what the model may (not) call, so a tool
+        must not be added to it. This form is OpenAI's."""
+        if isinstance(tool_choice, str):
+            return tool_choice in ("required", "none")
+        return isinstance(tool_choice, dict)  # a named function
+
+    def tool_name(self, tool: JsonObject) -> object:
+        """The name a `tools` entry declares."""
+        return tool.get("name")
+
+    def function_tool(self, name: str, description: str, schema: JsonObject) -> JsonObject:
+        """A client-side tool declaration, as the `tools` array holds it."""
+        raise NotImplementedError
+
+    def usage(self, u: Any) -> Usage:
+        """The usage object of an answer (`cg.wire.usage`); UsageError when it is not one."""
+        return from_openai(u)
+
+    def usage_reader(self) -> UsageReader:
+        """A fresh follower of a streamed answer's usage-carrying events."""
+        raise NotImplementedError
+
+    # -- resuming a stream whose start the client holds (`cg.expand.stream`) --------------------
+
+    def call_begins(self, obj: JsonObject, name: str) -> tuple[int, int | None] | None:
+        """(the position the call takes in the answer, the event's sequence number) when this
+        SSE event's data starts a call to tool `name`; else None."""
+        raise NotImplementedError
+
+    def reasoning_begins(self, event: bytes) -> tuple[int, int | None] | None:
+        """(output index, sequence number) when this SSE event adds a reasoning item that
+        `held_reasoning` holds back; else None."""
+        return None
+
+    def continued(self, first: JsonObject, final: JsonObject, at: int, rounds: int) -> None:
+        """Make `final` (a copy the caller owns) the answer whose stream completes one the
+        client holds `first` of up to position `at` (in place): after `rounds` >= 1 a new
+        round's whole content follows what was sent; with 0, `final` is `first` stripped and
+        its entries from `at` on follow. The message's identity stays the first answer's."""
+        raise NotImplementedError
+
+    def resumed_event(self, obj: JsonObject, at: int) -> bool:
+        """Whether an event of `continued`'s rendered stream goes to a client that holds the
+        stream up to position `at` (it may be edited in place to fit)."""
+        raise NotImplementedError
 
 
 def message_role(message: Any) -> str:

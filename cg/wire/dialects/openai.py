@@ -8,18 +8,22 @@ of `stream_options.include_usage`), edited and streamed back as chunks.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any, ClassVar, cast
 
 from cg.wire.dialects.base import (
+    SYSTEM_ROLES,
     BlockView,
     Dialect,
     MessageShapeError,
     MessageView,
+    UsageReader,
+    answer_model,
     is_blank_text,
     message_role,
 )
+from cg.wire.jsonspan import Member
 from cg.wire.reply import (
     Call,
     Json,
@@ -64,12 +68,131 @@ def _call_text(name: Any, arguments: Any) -> str:
     )
 
 
+def _int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+class OpenAIChatReader:
+    """The chunk with a non-null `usage` (present only when the client asked
+    `stream_options.include_usage`; the request is never changed to ask for it)."""
+
+    def __init__(self) -> None:
+        self.raw: Any = None
+        self.model: str | None = None
+
+    def event(self, name: str | None, obj: Any) -> None:
+        if isinstance(obj, dict) and obj.get("usage") is not None:
+            self.raw = obj["usage"]
+            self.model = answer_model(obj) or self.model
+
+
 class OpenAI(Dialect):
     name: ClassVar[str] = "openai"
     path_suffix: ClassVar[str] = "/v1/chat/completions"
     wire_roles: ClassVar[frozenset[str]] = frozenset(
         {"system", "developer", "user", "assistant", "tool", "function"}
     )
+
+    auto_cache: ClassVar[bool] = True
+    default_base: ClassVar[str] = "https://api.openai.com"
+    key_env: ClassVar[str] = "OPENAI_API_KEY"
+
+    def conversation_system(self, top_level: Mapping[str, Any], messages: Sequence[Any]) -> object:
+        """`messages[0]` when its role is system or developer."""
+        if messages and isinstance(messages[0], dict) and messages[0].get("role") in SYSTEM_ROLES:
+            return messages[0]
+        return None
+
+    def summary_request(self, model: str, prompt: str, max_tokens: int) -> dict[str, Any]:
+        return {"model": model, "messages": [{"role": "user", "content": prompt}]}
+
+    def answer_text(self, doc: JsonObject) -> str:
+        choices = doc.get("choices")
+        if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
+            raise ResponseParseError("the answer has no 'choices'")
+        message = choices[0].get("message")
+        content = message.get("content") if isinstance(message, dict) else None
+        if isinstance(content, list):
+            content = "".join(
+                p["text"]
+                for p in content
+                if isinstance(p, dict)
+                and p.get("type") == "text"
+                and isinstance(p.get("text"), str)
+            )
+        return content if isinstance(content, str) else ""
+
+    def summary_limits(self, members: Mapping[str, Member], budget: int) -> dict[str, Any]:
+        """`max_tokens` / `max_completion_tokens` raised to the budget (never added); `stream`
+        false when the agent streamed without `stream_options`: a stream reports no usage
+        without `include_usage`, and `stream_options` is refused without `stream: true`."""
+        out: dict[str, Any] = {}
+        for key in ("max_tokens", "max_completion_tokens"):
+            limit = members.get(key)
+            if limit is not None and _int(limit.value) and limit.value < budget:
+                out[key] = budget
+        stream = members.get("stream")
+        if stream is not None and stream.value is True and "stream_options" not in members:
+            out["stream"] = False
+        return out
+
+    def tool_name(self, tool: JsonObject) -> object:
+        return cast(JsonObject, tool.get("function") or {}).get("name")
+
+    def function_tool(self, name: str, description: str, schema: JsonObject) -> JsonObject:
+        return {
+            "type": "function",
+            "function": {"name": name, "description": description, "parameters": schema},
+        }
+
+    def usage_reader(self) -> UsageReader:
+        return OpenAIChatReader()
+
+    def call_begins(self, obj: JsonObject, name: str) -> tuple[int, int | None] | None:
+        """A chunk opening a tool call: its `tool_calls` index."""
+        for choice in cast(list[Json], obj.get("choices") or []):
+            delta = choice.get("delta") if isinstance(choice, dict) else None
+            calls = delta.get("tool_calls") if isinstance(delta, dict) else None
+            for tc in calls if isinstance(calls, list) else []:
+                fn = tc.get("function") if isinstance(tc, dict) else None
+                if isinstance(fn, dict) and fn.get("name") == name:
+                    idx = tc.get("index")
+                    return (idx if isinstance(idx, int) else 0), None
+        return None
+
+    def continued(self, first: JsonObject, final: JsonObject, at: int, rounds: int) -> None:
+        final["id"] = first.get("id", final.get("id"))
+        choices = cast(list[Json], final.get("choices") or [])
+        fchoices = cast(list[Json], first.get("choices") or [])
+        if choices and isinstance(choices[0], dict) and isinstance(choices[0].get("message"), dict):
+            msg = cast(JsonObject, choices[0]["message"])
+            fmsg = fchoices[0].get("message") if fchoices and isinstance(fchoices[0], dict) else {}
+            fcalls = list(cast(list[Json], (fmsg or {}).get("tool_calls") or []))[:at]
+            calls = list(cast(list[Json], msg.get("tool_calls") or []))
+            calls = fcalls + (calls[at:] if rounds == 0 else calls)
+            if rounds == 0:
+                msg["content"] = None  # sent already: text streams before the calls
+            if calls:
+                msg["tool_calls"] = calls
+            else:
+                msg.pop("tool_calls", None)
+
+    def resumed_event(self, obj: JsonObject, at: int) -> bool:
+        choices = cast(list[Json], obj.get("choices") or [])
+        delta = choices[0].get("delta") if choices and isinstance(choices[0], dict) else None
+        if isinstance(delta, dict):
+            if "role" in delta:
+                rest_of = {k: v for k, v in delta.items() if k != "role" and v not in ("", None)}
+                if not rest_of:
+                    return False
+                delta.pop("role")
+            deltas = delta.get("tool_calls")
+            if isinstance(deltas, list) and any(
+                isinstance(c, dict) and isinstance(c.get("index"), int) and c["index"] < at
+                for c in deltas
+            ):
+                return False
+        return True
 
     def view(self, message: Any) -> MessageView:
         role = message_role(message)

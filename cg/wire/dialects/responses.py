@@ -20,17 +20,21 @@ streams it.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
-from typing import Any, ClassVar
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any, ClassVar, cast
 
 from cg.wire.dialects.base import (
+    SYSTEM_ROLES,
     BlockView,
     Dialect,
     MessageShapeError,
     MessageView,
     Pairing,
+    UsageReader,
+    answer_model,
     is_blank_text,
 )
+from cg.wire.jsonspan import Member
 from cg.wire.reply import (
     Call,
     Json,
@@ -42,6 +46,7 @@ from cg.wire.reply import (
     call_input,
     clone,
     dumps,
+    event_json,
     json_pieces,
     loads_json,
     pieces,
@@ -175,14 +180,132 @@ def _message(item: dict[str, Any], kind: str, item_id: str | None) -> MessageVie
     return MessageView(role, text, "blocks", blocks, (), (), blank, kind, item_id)
 
 
+def _int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+class ResponsesReader:
+    """`response.completed` / `.incomplete` / `.failed`: `response.usage`."""
+
+    FINAL: ClassVar[frozenset[str]] = frozenset(
+        {"response.completed", "response.incomplete", "response.failed"}
+    )
+
+    def __init__(self) -> None:
+        self.raw: Any = None
+        self.model: str | None = None
+
+    def event(self, name: str | None, obj: Any) -> None:
+        if not isinstance(obj, dict) or (name or obj.get("type")) not in self.FINAL:
+            return
+        resp = obj.get("response")
+        if isinstance(resp, dict) and resp.get("usage") is not None:
+            self.raw = resp["usage"]
+            self.model = answer_model(resp) or self.model
+
+
+def _item_added(obj: Any, kind: str, name: str | None = None) -> tuple[int, int | None] | None:
+    """(output index, sequence number) when `obj` is a `response.output_item.added` of an item
+    of type `kind` (and, if given, named `name`); else None."""
+    item = obj.get("item") if isinstance(obj, dict) else None
+    if (
+        isinstance(obj, dict)
+        and obj.get("type") == "response.output_item.added"
+        and isinstance(item, dict)
+        and item.get("type") == kind
+        and (name is None or item.get("name") == name)
+        and isinstance(obj.get("output_index"), int)
+    ):
+        seq = obj.get("sequence_number")
+        return obj["output_index"], seq if isinstance(seq, int) else None
+    return None
+
+
 class Responses(Dialect):
     name: ClassVar[str] = "responses"
     path_suffix: ClassVar[str] = "/v1/responses"
     wire_roles: ClassVar[frozenset[str]] = MESSAGE_ROLES
     array_key: ClassVar[str] = "input"
     pairing: ClassVar[Pairing] = "id"
-    system_position: ClassVar[bool] = False
     strict_input: ClassVar[bool] = True
+    auto_cache: ClassVar[bool] = True
+    cache_key_member: ClassVar[str | None] = "prompt_cache_key"
+    codex_session_header: ClassVar[bool] = True
+    held_reasoning: ClassVar[bool] = True
+    default_base: ClassVar[str] = "https://api.openai.com"
+    key_env: ClassVar[str] = "OPENAI_API_KEY"
+
+    def conversation_system(self, top_level: Mapping[str, Any], messages: Sequence[Any]) -> object:
+        """`instructions` and the leading developer/system items."""
+        lead = []
+        for m in messages:
+            if not (isinstance(m, dict) and m.get("role") in SYSTEM_ROLES):
+                break
+            lead.append(m)
+        return [top_level.get("instructions"), lead]
+
+    def summary_request(self, model: str, prompt: str, max_tokens: int) -> dict[str, Any]:
+        # One user turn; nothing of it is kept at the provider.
+        return {"model": model, "input": prompt, "store": False}
+
+    def answer_text(self, doc: JsonObject) -> str:
+        output = doc.get("output")
+        if not isinstance(output, list):
+            raise ResponseParseError("the answer has no 'output' array")
+        return "".join(
+            p["text"]
+            for item in output
+            if isinstance(item, dict) and item.get("type") == "message"
+            for p in cast(list[Json], item.get("content") or [])
+            if isinstance(p, dict)
+            and p.get("type") == "output_text"
+            and isinstance(p.get("text"), str)
+        )
+
+    def summary_limits(self, members: Mapping[str, Member], budget: int) -> dict[str, Any]:
+        """`max_output_tokens` raised to the budget (never added). A stream reports its usage
+        in `response.completed` whatever the request asked."""
+        out: dict[str, Any] = {}
+        limit = members.get("max_output_tokens")
+        if limit is not None and _int(limit.value) and limit.value < budget:
+            out["max_output_tokens"] = budget
+        return out
+
+    def function_tool(self, name: str, description: str, schema: JsonObject) -> JsonObject:
+        """Flat, and strict unless told otherwise: a strict schema closes its objects
+        (`additionalProperties: false`) and requires every property."""
+        return {
+            "type": "function",
+            "name": name,
+            "description": description,
+            "parameters": {**schema, "additionalProperties": False},
+            "strict": True,
+        }
+
+    def usage_reader(self) -> UsageReader:
+        return ResponsesReader()
+
+    def call_begins(self, obj: JsonObject, name: str) -> tuple[int, int | None] | None:
+        """A `response.output_item.added` of a `function_call`: its output index."""
+        return _item_added(obj, "function_call", name)
+
+    def reasoning_begins(self, event: bytes) -> tuple[int, int | None] | None:
+        if b"response.output_item.added" not in event or b"reasoning" not in event:
+            return None
+        return _item_added(event_json(event), "reasoning")
+
+    def continued(self, first: JsonObject, final: JsonObject, at: int, rounds: int) -> None:
+        final["id"] = first.get("id", final.get("id"))
+        tail = list(cast(list[Json], final.get("output") or []))
+        final["output"] = list(cast(list[Json], first.get("output") or []))[:at] + (
+            tail[at:] if rounds == 0 else tail
+        )
+
+    def resumed_event(self, obj: JsonObject, at: int) -> bool:
+        if obj.get("type") in ("response.created", "response.in_progress"):
+            return False
+        idx = obj.get("output_index")
+        return not (isinstance(idx, int) and idx < at)
 
     def refuse(self, members: Mapping[str, Any]) -> str | None:
         for key, what in (
