@@ -1,5 +1,6 @@
-"""mitmproxy entry point: `mitmdump -s cg_addon.py`."""
+"""mitmproxy entry point: `mitmdump -s cg_addon.py`. context-guru's addons, in the order
+mitmproxy calls them (`cg.proxy.addon`)."""
 
-from cg.proxy.addon import ContextGuru
+from cg.proxy.addon import addons as _addons
 
-addons = [ContextGuru()]
+addons = _addons()

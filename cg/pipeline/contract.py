@@ -4,12 +4,14 @@ A component (`summarize`, or one of yours) gets a `RequestContext` — the index
 session, its tenant, its headers (never persisted), the clock — and the plan so far, and
 answers a `Step`: a new `Plan` of the messages (`cg.wire.splice`: Keep, Cut, Insert) or None to
 skip, with a reason either way, what it stashed, and any work to run off the hot path
-(`commission`, run by a `Commissioner`'s `complete`). Components import this module; the
+(`commission`, run by a `Commissioner`'s `complete`; a `Job`, and a `SummaryJob` when its
+runner is to hand it the forwarded body and hold it until the turn's answer begins). Components import this module; the
 runner and `rewrite_body` above it never import a component.
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
@@ -65,3 +67,38 @@ class Commissioner(Protocol):
     async def complete(self, job: Any) -> str: ...
 
     def abandon(self, job: Any) -> None: ...
+
+
+@runtime_checkable
+class Job(Protocol):
+    """A commission as its runner sees it: the session it is for (one job at a time per
+    session), and the endpoint and credential its calls go with (`origin`: set by the runner,
+    held in memory only, dropped by the job when it ends)."""
+
+    session: str
+    origin: Any
+
+
+@runtime_checkable
+class SummaryJob(Job, Protocol):
+    """A summary job (`cg.summarize.component.Commission`): the runner also hands it the body
+    as forwarded upstream (the shared-cache call) and tells it when the commissioning flow's
+    answer began; it shows its calls as flows of their own, named after that flow."""
+
+    dialect: str
+    head: int
+    end: int
+    forwarded: bytes | None
+    began: asyncio.Event | None
+    flow_id: str | None
+    call_flow_id: str | None
+
+    @property
+    def path(self) -> str | None:
+        """Which request wrote (or tried to write) the summary, once it ended."""
+
+    @property
+    def note(self) -> str:
+        """Why that request, for the log line."""
+
+    def answer_began(self, status: int | None) -> None: ...

@@ -45,25 +45,129 @@ from cg.wire.splice import (
     splice_array_bytes,
 )
 
-Outcome = Literal["passed_through", "rewritten", "failed_open"]
+RewriteOutcome = Literal["passed_through", "rewritten", "failed_open"]
+
+
+@dataclass(slots=True)
+class Draft:
+    """The decision being made, filled in as `rewrite_body` goes (`freeze` makes it the
+    record). Unset fields (None) are left out of the record."""
+
+    dialect: str
+    timings_ms: dict[str, float] = field(default_factory=dict)
+    bound: str | None = None
+    messages_in: int | None = None
+    stream: bool | None = None
+    input_violations: list[dict[str, Any]] | None = None
+    session: str | None = None
+    tenant: str | None = None
+    session_skipped: list[str] | None = None
+    invalidated: list[str] | None = None
+    components: list[dict[str, Any]] | None = None
+    messages_out: int | None = None
+    violations: list[dict[str, Any]] | None = None
+    expand: dict[str, Any] | None = None
+
+    def freeze(self, outcome: RewriteOutcome, reason: str) -> Decision:
+        return Decision(
+            self.dialect,
+            outcome,
+            reason,
+            self.timings_ms,
+            self.bound,
+            self.messages_in,
+            self.stream,
+            self.input_violations,
+            self.session,
+            self.tenant,
+            self.session_skipped,
+            self.invalidated,
+            self.components,
+            self.messages_out,
+            self.violations,
+            self.expand,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """What `rewrite_body` decided for one request body, and why: the decision record
+    (SPEC's keys), made once. `to_json` is the form `flow.metadata["context_guru"]` holds (and
+    `-w` files, mitmweb's view and the e2e tests read); the proxy adds what it learns later
+    (the preset, the answer's ledger and expand rounds, a re-send) to that form."""
+
+    dialect: str
+    outcome: RewriteOutcome
+    reason: str
+    timings_ms: dict[str, float]
+    bound: str | None = None  # which bound a body over it met (cg_max_messages, …)
+    messages_in: int | None = None
+    stream: bool | None = None
+    input_violations: list[dict[str, Any]] | None = None  # the client's own, as it came
+    session: str | None = None
+    tenant: str | None = None  # `cg.state.tenant.describe`: bound, anonymous or unbound
+    session_skipped: list[str] | None = None
+    invalidated: list[str] | None = None  # what an agent's own compaction made us forget
+    components: list[dict[str, Any]] | None = None  # each component's own record, in order
+    messages_out: int | None = None
+    violations: list[dict[str, Any]] | None = None  # what the rewrite would have introduced
+    expand: dict[str, Any] | None = None  # whether the expand tool went in, and why
+
+    def to_json(self) -> dict[str, Any]:
+        """The record as a JSON object, its keys in the order they were always written: a
+        fresh dict (and fresh `timings_ms` and `expand`, which the proxy adds to)."""
+        out: dict[str, Any] = {"dialect": self.dialect, "timings_ms": dict(self.timings_ms)}
+        if self.bound is not None:
+            out["bound"] = self.bound
+        if self.messages_in is not None:
+            out["messages_in"] = self.messages_in
+        if self.stream is not None:
+            out["stream"] = self.stream
+        if self.input_violations is not None:
+            out["input_violations"] = self.input_violations
+        if self.session is not None:
+            out["session"] = self.session
+        if self.tenant is not None:
+            out["tenant"] = self.tenant
+        if self.session_skipped is not None:
+            out["session_skipped"] = self.session_skipped
+        if self.invalidated is not None:
+            out["invalidated"] = self.invalidated
+        if self.components is not None:
+            out["components"] = self.components
+        if self.messages_out is not None:
+            out["messages_out"] = self.messages_out
+        if self.violations is not None:
+            out["violations"] = self.violations
+        if self.expand is not None:
+            out["expand"] = dict(self.expand)
+        out["outcome"] = self.outcome
+        out["reason"] = self.reason
+        return out
 
 
 @dataclass(slots=True)
 class Rewrite:
     """`body` is the new body to send, or None to send the original bytes unchanged; `index`
-    the client's body as indexed (None when it could not be), for readers after the hot path."""
+    the client's body as indexed (None when it could not be), for readers after the hot path.
+    `record` is the decision's JSON form, made once here: the proxy keeps it on the flow and
+    adds to it."""
 
     body: bytes | None
-    record: dict[str, Any]
+    decision: Decision
     commissions: list[tuple[Component, Any]] = field(default_factory=list)
     index: BodyIndex | None = None
     shape: SentShape | None = None  # what `body` is made of, when there is one
     # Why the body was not read here (over the `inline` limits): the caller reads it elsewhere.
     deferred: str | None = None
+    record: dict[str, Any] = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.record = self.decision.to_json()
 
     @property
-    def outcome(self) -> Outcome:
-        o: Outcome = self.record["outcome"]
+    def outcome(self) -> RewriteOutcome:
+        o: RewriteOutcome = self.record["outcome"]
         return o
 
 
@@ -126,8 +230,8 @@ def _rewrite(
     tenant: str,
 ) -> Rewrite:
     t0 = time.perf_counter()
-    timings: dict[str, float] = {}
-    record: dict[str, Any] = {"dialect": dialect.name, "timings_ms": timings}
+    record = Draft(dialect.name)
+    timings = record.timings_ms
 
     def lap(name: str, since: float) -> float:
         now = time.perf_counter()
@@ -138,13 +242,14 @@ def _rewrite(
     index: BodyIndex | None = None
 
     def done(
-        outcome: Outcome, reason: str, body: bytes | None = None, shape: SentShape | None = None
+        outcome: RewriteOutcome,
+        reason: str,
+        body: bytes | None = None,
+        shape: SentShape | None = None,
     ) -> Rewrite:
-        record["outcome"] = outcome
-        record["reason"] = reason
         timings["total"] = round((time.perf_counter() - t0) * 1000, 3)
         commissions = result.commissions if result is not None else []
-        return Rewrite(body, record, commissions, index, shape)
+        return Rewrite(body, record.freeze(outcome, reason), commissions, index, shape)
 
     try:
         try:
@@ -154,24 +259,24 @@ def _rewrite(
             out.deferred = str(e)
             return out
         except OverBound as e:
-            record["bound"] = e.bound
+            record.bound = e.bound
             return done("passed_through", str(e))
         except BodyRejected as e:
             return done("passed_through", str(e))
         t = lap("index", t0)
-        record["messages_in"] = len(index.messages)
+        record.messages_in = len(index.messages)
         stream = index.members.get("stream")
-        record["stream"] = stream is not None and stream.value is True
+        record.stream = stream is not None and stream.value is True
         before = validate_index(index)
         if before:
-            record["input_violations"] = [v.to_json() for v in before]
+            record.input_violations = [v.to_json() for v in before]
 
         # Resolved here even with no pipeline: the usage ledger books the answer under it.
         sid = session_of(headers or {}, index, tenant)
-        record["session"] = sid.id
-        record["tenant"] = describe(tenant)
+        record.session = sid.id
+        record.tenant = describe(tenant)
         if sid.skipped:  # an explicit id not usable: said, or the user's name is lost unseen
-            record["session_skipped"] = list(sid.skipped)
+            record.session_skipped = list(sid.skipped)
         if not components and agent_compaction is None:
             return done("passed_through", "no components in the pipeline")
         req = RequestContext(
@@ -179,7 +284,7 @@ def _rewrite(
         )
         if agent_compaction is not None:
             forgot = [c.invalidate(req) for c in components if isinstance(c, Invalidates)]
-            record["invalidated"] = [f for f in forgot if f]
+            record.invalidated = [f for f in forgot if f]
             return done("passed_through", agent_compaction)
         if before and dialect.strict_input:
             # The provider will refuse it (or has its own reading of it): it answers as it would.
@@ -187,9 +292,9 @@ def _rewrite(
                 "passed_through", f"the input already breaks {before[0].rule}: {before[0].message}"
             )
         result = run_pipeline(components, req)
-        record["components"] = result.records
+        record.components = result.records
         if any(r.get("tenant") == "unbound" for r in result.records):
-            record["tenant"] = describe(tenant, unbound=True)
+            record.tenant = describe(tenant, unbound=True)
         t = lap("pipeline", t)
         # The new body as edits of the client's bytes: the rebuilt array (if spliced) and the
         # expand tool (if it goes in), joined once at the end; every other byte is the client's.
@@ -200,7 +305,7 @@ def _rewrite(
             start, end, array = splice_array_bytes(index, result.plan)
             edits.append((start, end, array))
             t = lap("splice", t)
-            record["messages_out"] = len(result.plan)
+            record.messages_out = len(result.plan)
             sources = plan_sources(result.plan)
             after = validate_shape(plan_views(index, result.plan), dialect)
             after += separated(index.views, sources, dialect)
@@ -211,7 +316,7 @@ def _rewrite(
                 bad = check_wire_array(index, result.plan, array)
             if bad:
                 lap("validate", t)
-                record["violations"] = [v.to_json() for v in bad]
+                record.violations = [v.to_json() for v in bad]
                 return done("failed_open", f"rewrite introduced {bad[0].rule}: {bad[0].message}")
         tool = None
         if expand is not None:
@@ -219,7 +324,9 @@ def _rewrite(
             # markers are searched where they lie, nothing joined for it.
             view = memoryview(index.raw)
             sent = (view[: edits[0][0]], *array, view[edits[0][1] :]) if edits else (index.raw,)
-            tool = _inject(index, sent, expand, sid.id, record, tenant)
+            notes: dict[str, Any] = {}
+            tool = _inject(index, sent, expand, sid.id, notes, tenant)
+            record.expand = notes.get("expand")
             if tool is not None:
                 at, part = tool
                 edits.append((at, at, (part,)))

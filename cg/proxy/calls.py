@@ -18,7 +18,7 @@ from mitmproxy.net.http import status_codes
 from cg.proxy import view as views
 from cg.wire.upstream import Exchange
 
-# The credential headers (cg.proxy.addon.CREDENTIAL_HEADERS), replaced in every flow shown.
+# The credential headers (cg.proxy.redact.CREDENTIAL_HEADERS), replaced in every flow shown.
 SECRET_HEADERS = frozenset({"authorization", "x-api-key", "api-key", "x-goog-api-key"})
 REDACTED = "[redacted by context-guru]"
 

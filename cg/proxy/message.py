@@ -13,6 +13,7 @@ from mitmproxy import http
 
 from cg.state.session import header
 from cg.wire import decode
+from cg.wire.upstream import sni_name
 
 
 def content(message: http.Message, strict: bool = True) -> bytes | None:
@@ -64,3 +65,23 @@ def set_content(message: http.Message, body: bytes) -> None:
 def content_type(message: http.Message) -> str:
     """The `content-type` header, or ""."""
     return header(message.headers, "content-type") or ""
+
+
+def upstream_sni(req: http.Request) -> str | None:
+    """The provider's name for our own calls' TLS when `req.url` names the address connected
+    to (transparent and local modes): the name the agent asked for (`Host`, `:authority`).
+
+    Remembered by what `pretty_host` reads (the host connected to, the HTTP version, the
+    `:authority` and the `Host` header): a relayed turn asks it every time, and mitmproxy's
+    `pretty_host` parses the authority afresh."""
+    data = req.data
+    key = (data.host, data.http_version, data.authority, header(req.headers, "host"))
+    if key not in _SNI:
+        if len(_SNI) >= SNI_MEMO_MAX:
+            _SNI.clear()
+        _SNI[key] = sni_name(data.host, req.pretty_host)
+    return _SNI[key]
+
+
+SNI_MEMO_MAX = 256
+_SNI: dict[tuple[str, bytes, bytes, str | None], str | None] = {}

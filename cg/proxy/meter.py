@@ -24,6 +24,7 @@ from mitmproxy import http
 
 from cg.billing.ledger import Ledger, Round, Turn
 from cg.billing.tap import UNDECODABLE, UsageTap, usage_of_json
+from cg.proxy.flowstate import Flows
 from cg.proxy.message import bounded_content, content, content_type
 from cg.proxy.stats import UsageCounts
 from cg.wire.answers import Reply
@@ -34,7 +35,6 @@ from cg.wire.usage import Usage, UsageError, from_provider
 
 log = logging.getLogger("context_guru")
 
-MAX_TURNS = 10_000  # flows in flight; a flow that never ended is forgotten past this
 SSE = "text/event-stream"
 
 
@@ -43,11 +43,10 @@ def _ok(status: int) -> bool:
 
 
 class Meter:
-    def __init__(self, counts: UsageCounts) -> None:
+    def __init__(self, counts: UsageCounts, flows: Flows) -> None:
         self.counts = counts
         self.ledger: Ledger | None = None
-        self.turns: dict[str, Turn] = {}
-        self.readable: set[str] = set()  # flows whose body may be indexed after the fact
+        self.flows = flows  # each flow's `turn` and `readable` (`cg.proxy.flowstate`)
         self.max_messages = MAX_MESSAGES  # (the addon's cg_max_messages)
         self.max_body = 32 * 1024 * 1024  # (the addon's cg_max_body_mb, as noted last)
         self._timer: asyncio.TimerHandle | None = None  # commits held bookings (`flush`)
@@ -67,7 +66,8 @@ class Meter:
         raw = flow.request.raw_content
         self.max_body = max_body
         rewritten = record.get("outcome") == "rewritten"
-        self.turns[flow.id] = Turn(
+        st = self.flows.begin(flow)
+        st.turn = Turn(
             str(record.get("dialect")),
             record.get("session") if isinstance(record.get("session"), str) else None,
             index,
@@ -77,14 +77,18 @@ class Meter:
             shape=shape if rewritten else None,
         )
         if index is None and raw is not None and len(raw) <= max_body and "bound" not in record:
-            self.readable.add(flow.id)  # (a body over a bound is not read after the fact either)
-        while len(self.turns) > MAX_TURNS:
-            self._forget(next(iter(self.turns)))
+            st.readable = True  # (a body over a bound is not read after the fact either)
+
+    @property
+    def turns(self) -> dict[str, Turn]:
+        """The turns of the flows in flight, by flow id (a view: the flows' state holds them)."""
+        return {st.flow.id: st.turn for st in self.flows if st.turn is not None}
 
     def stream(self, flow: http.HTTPFlow) -> UsageTap | bool:
         """What `flow.response.stream` becomes for a streamed answer: a tap for a 2xx answer
         of a metered flow, else plain streaming."""
-        turn = self.turns.get(flow.id)
+        st = self.flows.get(flow.id)
+        turn = st.turn if st is not None else None
         if turn is None or flow.response is None or not _ok(flow.response.status_code):
             return True
         try:
@@ -140,10 +144,17 @@ class Meter:
     def late(self, flow: http.HTTPFlow) -> tuple[Turn, str] | None:
         """The flow's turn when its answer will need its body indexed after the fact (a
         bypassed flow: for its session), and the dialect; else None."""
-        turn = self.turns.get(flow.id)
-        if turn is None or turn.index is not None or flow.id not in self.readable:
+        st = self.flows.get(flow.id)
+        turn = st.turn if st is not None else None
+        if st is None or turn is None or turn.index is not None or not st.readable:
             return None
         return turn, turn.dialect
+
+    def tried_late(self, flow: http.HTTPFlow) -> None:
+        """The flow's body was read after the fact (or that failed): not again on the loop."""
+        st = self.flows.get(flow.id)
+        if st is not None:
+            st.readable = False
 
     def summarizer(self, session: str, model: str, usage: Usage) -> None:
         """SummarizerClient's `on_usage`: book one summarizer answer."""
@@ -212,8 +223,12 @@ class Meter:
         log.warning("context-guru: the usage ledger could not be written: %s", e)
 
     def _forget(self, flow_id: str) -> Turn | None:
-        self.readable.discard(flow_id)
-        return self.turns.pop(flow_id, None)
+        """The flow's turn, taken: booked (or dropped) once."""
+        st = self.flows.get(flow_id)
+        if st is None:
+            return None
+        turn, st.turn, st.readable = st.turn, None, False
+        return turn
 
     def _read(self, flow: http.HTTPFlow, dialect: str) -> Round | None:
         """The usage of a 2xx answer: from its tap if it streamed, else from its body."""
@@ -264,7 +279,8 @@ class Meter:
         assert self.ledger is not None
         if record.get("outcome") == "retried_original":
             turn.rewritten = False  # the client's own bytes were what got billed
-        if turn.index is None and flow.id in self.readable:
+        st = self.flows.get(flow.id)
+        if turn.index is None and st is not None and st.readable:
             turn.index = late_index(flow, turn.dialect, self.max_body, self.max_messages)
         sent = content(flow.request, strict=False) if turn.rewritten else None
         try:

@@ -42,7 +42,6 @@ from cg.wire.upstream import HOP_BY_HOP
 log = logging.getLogger("context_guru")
 
 HEADER = "x-context-guru-relay"
-MAX_JOBS = 10_000  # jobs whose request never reached the relay are forgotten past this
 MAX_HEAD = 1024 * 1024
 # The request goes upstream as mitmproxy would send it (the agent's headers, `connection` and
 # `content-encoding` included, with the body as encoded): only our hop's token and what httpx
@@ -103,9 +102,7 @@ class Relay:
 
     def add(self, job: RelayJob) -> str:
         token = secrets.token_hex(16)
-        self.jobs[token] = job
-        while len(self.jobs) > MAX_JOBS:
-            del self.jobs[next(iter(self.jobs))]
+        self.jobs[token] = job  # (bounded by the flows in flight: ending one forgets its job)
         return token
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:

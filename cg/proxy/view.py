@@ -659,3 +659,24 @@ def all_views(stash: Callable[[str], Stash | None]) -> list[contentviews.View]:
 
 def names() -> Iterable[str]:
     return (RewriteView.name, OriginalView.name)
+
+
+class Views:
+    """The addon that shows decisions in mitmweb: its contentviews added at `load` (a reloaded
+    script's predecessors taken out first) and removed at `done`."""
+
+    name = "contextguru_views"  # (unique among every script's addons)
+
+    def __init__(self, stash: Callable[[str], Stash | None]) -> None:
+        self.views = all_views(stash)
+
+    def load(self, loader: Any) -> None:
+        for v in [v for v in contentviews.views if v.name in names()]:
+            contentviews.remove(v)  # a reloaded script leaves its predecessor's views behind
+        for v in self.views:
+            contentviews.add(v)
+
+    def done(self) -> None:
+        for v in self.views:
+            if v in contentviews.views:
+                contentviews.remove(v)

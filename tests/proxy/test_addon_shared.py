@@ -32,7 +32,7 @@ RAW = cc_dumps(grow(fixture_body(CC16), 3)[-1])
 @pytest.fixture
 def fake(monkeypatch: pytest.MonkeyPatch) -> SharedFake:
     f = SharedFake()
-    monkeypatch.setattr("cg.proxy.addon.SummarizerClient", lambda *a, **k: f)
+    monkeypatch.setattr("cg.proxy.runtime.SummarizerClient", lambda *a, **k: f)
     return f
 
 

@@ -1,0 +1,192 @@
+"""The control endpoints (`/_cg/`: the dashboard, health, stats, sessions, expand) and the
+`cg.stats` / `cg.sessions` commands, answered from the runtime's counters, ledger and store.
+
+Who may ask, and the answer's framing, are `cg.proxy.control`'s; the pages that read the store
+are read and rendered off the loop (`cg.proxy.pages`).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from collections.abc import Awaitable
+from typing import Any
+
+from mitmproxy import command, ctx, exceptions, http
+
+from cg import __version__
+from cg.billing.ledger import chart_of
+from cg.billing.listing import PAGE_DEFAULT, BadPage, page_key, page_limit
+from cg.proxy import control, dashboard, pages
+from cg.proxy.runtime import Runtime
+from cg.state import StoreError, valid_key
+
+
+class Control:
+    name = "contextguru_control"  # (unique among every script's addons)
+
+    def __init__(self, rt: Runtime) -> None:
+        self.rt = rt
+
+    def request(self, flow: http.HTTPFlow) -> Awaitable[None] | None:
+        """A `/_cg/` request is answered here (the addons after this one leave it alone)."""
+        if flow.live and control.is_control(flow.request.path):
+            return control.answer(flow, self._routes(), self.rt.control)
+        return None
+
+    def _routes(self) -> dict[str, control.Handler]:
+        return {
+            "": self._dashboard_endpoint,
+            "health": self._health_endpoint,
+            "stats": self._stats_endpoint,
+            "sessions": self._sessions_endpoint,
+            "expand": self._expand_endpoint,
+        }
+
+    def _dashboard_endpoint(
+        self, flow: http.HTTPFlow, caller: control.Caller
+    ) -> http.Response | Awaitable[http.Response]:
+        """`GET /_cg/`: the savings dashboard (HTML) with one page of sessions (`limit`,
+        `cursor` as `/_cg/sessions`), for a local caller; a remote one reads its own session
+        only, as `/_cg/sessions`. Read and rendered off the loop (`cg.proxy.pages`)."""
+        scope = caller.scope()
+        if scope == "":
+            return control.no_session()
+        page = pages.page_args(flow)
+        if isinstance(page, http.Response):
+            return page
+        limit, cursor = page
+        # Copied here, on the loop, which counts (the chart's points: once the page is known).
+        counters = self.rt.stats.to_json() if scope is None else None
+        ledger, meter, count = self.rt.meter.ledger, self.rt.meter, self.rt.tokens.count_text
+
+        def read() -> tuple[dict[str, Any], dict[str, Any]]:
+            doc = pages.sessions_doc(ledger, count, scope, limit, cursor)
+            return doc, ({**counters, **meter.report()} if counters is not None else {})
+
+        def render(doc: dict[str, Any], totals: dict[str, Any], history: Any) -> http.Response:
+            listed = [str(s.get("id")) for s in doc["sessions"]]
+            charts = chart_of(history, ledger.prices, listed) if ledger is not None else {}
+            nxt = doc.get("next")
+            html = dashboard.render(
+                totals,
+                doc["sessions"],
+                charts,
+                error=doc.get("error"),
+                next_href=pages.href(limit, nxt) if nxt else None,
+                first_href=pages.href(limit, None) if cursor else None,
+            )
+            return http.Response.make(
+                200,
+                html.encode("utf-8"),
+                {
+                    "content-type": "text/html; charset=utf-8",
+                    "cache-control": "no-store",
+                    "content-security-policy": dashboard.CSP,
+                    "x-content-type-options": "nosniff",
+                },
+            )
+
+        async def board() -> http.Response:
+            doc, totals = await self.rt.off_loop.run(read)
+            listed = [str(s.get("id")) for s in doc["sessions"]]
+            history = ledger.history_copy(listed) if ledger is not None else {}  # on the loop
+            return await self.rt.off_loop.run(functools.partial(render, doc, totals, history))
+
+        return board()
+
+    def _health_endpoint(self, flow: http.HTTPFlow, caller: control.Caller) -> http.Response:
+        """`{"ok": true, …, "store": {"ok": …}}`: `ok` says the addon answers (it serves, as a
+        pass-through if need be); `store` whether the store is usable, and if not why (the
+        reason to a local caller only: it names the file)."""
+        store = self.rt.store_state()
+        if not caller.local:
+            store = {"ok": store["ok"]}
+        return control.json_response(
+            200,
+            {"ok": True, "version": __version__, "preset": ctx.options.cg_preset, "store": store},
+        )
+
+    def _sessions_endpoint(
+        self, flow: http.HTTPFlow, caller: control.Caller
+    ) -> http.Response | Awaitable[http.Response]:
+        """`GET /_cg/sessions?limit=N&cursor=C`: a page of sessions, read off the loop."""
+        scope = caller.scope()
+        if scope == "":
+            return control.no_session()
+        page = pages.page_args(flow)
+        if isinstance(page, http.Response):
+            return page
+        ledger, count = self.rt.meter.ledger, self.rt.tokens.count_text
+        return self.rt.off_loop.run(
+            lambda: control.json_response(200, pages.sessions_doc(ledger, count, scope, *page))
+        )
+
+    def _stats_endpoint(
+        self, flow: http.HTTPFlow, caller: control.Caller
+    ) -> Awaitable[http.Response]:
+        """`GET /_cg/stats`: the counters (copied here, on the loop, which counts) with the
+        ledger's totals (summed in the store, off the loop)."""
+        counters, meter = self.rt.stats.to_json(), self.rt.meter
+        return self.rt.off_loop.run(
+            lambda: control.json_response(200, {**counters, **meter.report()})
+        )
+
+    def stats_json(self) -> dict[str, Any]:
+        """The counters, with the ledger's `usage` and `savings` (SPEC §9, §11)."""
+        return {**self.rt.stats.to_json(), **self.rt.meter.report()}
+
+    def sessions_json(
+        self, session: str | None = None, limit: int = PAGE_DEFAULT, cursor: str | None = None
+    ) -> dict[str, Any]:
+        """`GET /_cg/sessions`: a page of sessions (or only `session`) with its checkpoint,
+        usage and savings, and `next`, the cursor of the page after it (None: the last)."""
+        return pages.sessions_doc(
+            self.rt.meter.ledger, self.rt.tokens.count_text, session, limit, cursor
+        )
+
+    @command.command("cg.stats")  # type: ignore[untyped-decorator]
+    def stats_command(self) -> str:
+        """context-guru's counters, usage and savings (as /_cg/stats), as JSON."""
+        return json.dumps(self.stats_json(), ensure_ascii=False, indent=1)
+
+    @command.command("cg.sessions")  # type: ignore[untyped-decorator]
+    def sessions_command(self, cursor: str = "", limit: int = PAGE_DEFAULT) -> str:
+        """A page of sessions with their checkpoint, usage and savings (as /_cg/sessions), as
+        JSON; `cursor`: a page's `next`, for the page after it."""
+        try:
+            page = page_limit(str(limit)), cursor or None
+            if cursor:
+                page_key(cursor)
+        except BadPage as e:
+            raise exceptions.CommandError(str(e)) from None
+        return json.dumps(self.sessions_json(None, *page), ensure_ascii=False, indent=1)
+
+    def _expand_endpoint(self, flow: http.HTTPFlow, caller: control.Caller) -> http.Response:
+        """`GET /_cg/expand?id=KEY`: the stashed span as JSON; 404 unknown, 400 malformed. A
+        remote caller reads only its own session's stashes."""
+        key = flow.request.query.get("id", "")
+        if not valid_key(key):
+            return control.json_response(400, {"error": f"not a context-guru id: {key[:64]!r}"})
+        scope = caller.scope()
+        if scope == "":
+            return control.no_session()
+        try:
+            stash = self.rt.store.get_stash(key, scope) if self.rt.store is not None else None
+        except StoreError as e:
+            return control.json_response(503, {"error": f"the store is unavailable: {e}"})
+        if stash is None:
+            return control.json_response(
+                404, {"error": f"id {key} is unknown or no longer available (expired)"}
+            )
+        return control.json_response(
+            200,
+            {
+                "id": stash.key,
+                "session": stash.session,
+                "created": stash.created,
+                "count": stash.count,
+                "dialect": stash.dialect,
+                "messages": stash.messages(),
+            },
+        )
