@@ -1,5 +1,6 @@
-"""The prompt-cache billing model (SPEC §11): how a provider splits a request's input into what
-it reads from its prompt cache, what it writes to it, and what it bills at the full price.
+"""The prompt-cache billing model (docs/behaviour.md#usage-cost-and-savings): how a provider splits
+a request's input into what it reads from its prompt cache, what it writes to it, and what it bills
+at the full price.
 
 A request is seen as a `Prompt`: a row of units — the prelude (model, tools, system, tool choice,
 thinking: everything the cache keys on before the messages), then each message — each carrying

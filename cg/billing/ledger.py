@@ -1,5 +1,5 @@
-"""The usage ledger (SPEC §11): what each session was billed, and what it would have been billed
-had nothing been rewritten.
+"""The usage ledger (docs/behaviour.md#usage-cost-and-savings): what each session was billed, and
+what it would have been billed had nothing been rewritten.
 
 Per provider answer the addon hands over one `Turn` (what the request hook knew) and the usage
 of every round the turn took (one, or several after an expand continuation). The ledger adds,

@@ -1,4 +1,4 @@
-"""List prices per model, in USD per million tokens (SPEC §11).
+"""List prices per model, in USD per million tokens (docs/behaviour.md#usage-cost-and-savings).
 
 The shipped table is `presets/tables/prices.yaml` (dated, each figure with its source); a
 config's `prices:` map overrides it model by model. A model is matched by its exact name, else by

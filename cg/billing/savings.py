@@ -1,8 +1,9 @@
-"""The ledger priced: `usage` split agent / summarizer, and `savings` (SPEC §11).
+"""The ledger priced: `usage` split agent / summarizer, and `savings`
+(docs/behaviour.md#usage-cost-and-savings).
 
     billed_usd            the ledger's agent and summarizer rows priced: what was billed
     without_rewrite_usd   ESTIMATE: the `estimate` rows priced (what the agent's turns would
-                          have been billed unrewritten; see README "What it saved")
+                          have been billed unrewritten; see docs/control.md "What it saved")
     saved_usd             ESTIMATE: without_rewrite_usd - billed agent - billed summarizer
 
 A model with no price makes every figure it enters `None` (unknown, never zero), and
@@ -22,7 +23,7 @@ ESTIMATED = ("without_rewrite_usd", "saved_usd")
 NOTE = (
     "billed_usd prices the provider's own usage; without_rewrite_usd and saved_usd are "
     "ESTIMATES (the original requests priced under a prompt-cache model, scaled to the "
-    "provider's token counts); see README 'What it saved'"
+    "provider's token counts); see docs/control.md 'What it saved'"
 )
 
 

@@ -1,4 +1,5 @@
-"""Reading the provider's `usage` from an answer as its bytes pass (SPEC §11).
+"""Reading the provider's `usage` from an answer as its bytes pass
+(docs/behaviour.md#usage-cost-and-savings).
 
 A streamed (SSE) answer is never held back: `UsageTap` is a mitmproxy stream callable
 (`flow.response.stream = tap`) that returns every chunk unchanged and, on the side, keeps only the

@@ -1,4 +1,5 @@
-"""Getting the original back (SPEC §6): the `context_guru_expand` tool and its continuation loop.
+"""Getting the original back (docs/behaviour.md#expand): the `context_guru_expand` tool and its
+continuation loop.
 
     tool            markers (`<<cg:KEY>>` in both spellings), the tool's constant bytes per
                     dialect, when to inject it, resolving an id to its stashed span

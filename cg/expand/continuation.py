@@ -1,5 +1,5 @@
-"""The expand continuation loop (SPEC §6): answer the model's `context_guru_expand` calls
-ourselves, re-send, and give the client only the final answer.
+"""The expand continuation loop (docs/behaviour.md#expand): answer the model's `context_guru_expand`
+calls ourselves, re-send, and give the client only the final answer.
 
     response calls only context_guru_expand  ->  resolve ids, append [assistant, results] to the
                                                  body that was sent (Responses: every output

@@ -1,4 +1,5 @@
-"""Reversibility (SPEC §6): the `context_guru_expand` tool, markers, and what an id resolves to.
+"""Reversibility (docs/behaviour.md#expand): the `context_guru_expand` tool, markers, and what an id
+resolves to.
 
 The tool definition is a constant string per dialect, appended after the client's own tools, so
 the bytes are identical on every turn (the provider's prompt cache keeps its prefix). In `auto`

@@ -91,10 +91,11 @@ class Draft:
 
 @dataclass(frozen=True, slots=True)
 class Decision:
-    """What `rewrite_body` decided for one request body, and why: the decision record
-    (SPEC's keys), made once. `to_json` is the form `flow.metadata["context_guru"]` holds (and
-    `-w` files, mitmweb's view and the e2e tests read); the proxy adds what it learns later
-    (the preset, the answer's ledger and expand rounds, a re-send) to that form."""
+    """What `rewrite_body` decided for one request body, and why: the decision record (the
+    documented keys, docs/behaviour.md), made once. `to_json` is the form
+    `flow.metadata["context_guru"]` holds (and `-w` files, mitmweb's view and the e2e tests
+    read); the proxy adds what it learns later (the preset, the answer's ledger and expand
+    rounds, a re-send) to that form."""
 
     dialect: str
     outcome: RewriteOutcome

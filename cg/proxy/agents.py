@@ -1,4 +1,5 @@
-"""Which agent sent a request, told from its own headers (SPEC §9: `cg_preset: auto`).
+"""Which agent sent a request, told from its own headers (docs/behaviour.md#summarize-presets:
+`cg_preset: auto`).
 
 Claude Code and Codex CLI compact their own transcripts near the window, so their traffic gets
 the `claude-code` and `codex` presets' thresholds out of the box; everything else gets

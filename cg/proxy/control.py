@@ -9,14 +9,14 @@ Who is answered (`admit`), each step a refusal of its own:
    a page cannot choose it, so this is what stops DNS rebinding (a page on
    `rebind.attacker.example` whose name now resolves to 127.0.0.1: same origin to the browser,
    no `Origin` sent) and, through a regular proxy, any page's `fetch("http://anything/_cg/…")`.
-   Such a request is refused, not forwarded: SPEC §9 reserves `/_cg/` ("never forwarded"), a
-   forward would carry the caller's control token and session headers to a host it did not
-   mean, and a refusal that names the option tells a person who meant it what to set. A
-   request that names no host at all (HTTP/1.0 without `Host`, as a balancer's health check
-   sends) is no browser's: it passes this step, and the next ones still apply.
-   mitmproxy's reverse mode replaces the `Host` before any hook (`keep_host_header`), so the
-   one the client sent is kept on control requests as they are parsed (`capture_client_host`);
-   where it could not be, a reverse-mode control request is refused (its Host is unknown).
+   Such a request is refused, not forwarded: docs/behaviour.md#the-control-surface reserves `/_cg/`
+   ("never forwarded"), a forward would carry the caller's control token and session headers to a
+   host it did not mean, and a refusal that names the option tells a person who meant it what to
+   set. A request that names no host at all (HTTP/1.0 without `Host`, as a balancer's health check
+   sends) is no browser's: it passes this step, and the next ones still apply. mitmproxy's reverse
+   mode replaces the `Host` before any hook (`keep_host_header`), so the one the client sent is kept
+   on control requests as they are parsed (`capture_client_host`); where it could not be, a
+   reverse-mode control request is refused (its Host is unknown).
 2. **The Origin**: a request carrying `Origin` whose host is not an allowed Host (1), or
    `Origin: null` (a sandboxed frame, a `file:` page), is refused (403). No CORS header is
    ever sent, so no other origin reads an answer in a browser either.
@@ -27,7 +27,8 @@ Who is answered (`admit`), each step a refusal of its own:
    with the token (3), or with `cg_control_remote` and no token, else 403.
 
 A remote caller is scoped to its own session: it proves which one with the header its agent
-sends, `x-context-guru-session` (or `x-claude-code-session-id`), allow-listed as in SPEC §8.
+sends, `x-context-guru-session` (or `x-claude-code-session-id`), allow-listed as in
+docs/behaviour.md#sessions.
 `/_cg/sessions` then lists that session only and `/_cg/expand` resolves only stashes that
 session owns (another session's id is "unknown", never "forbidden": existence is not told).
 `/_cg/stats` is process-wide counters, no session id and no content.
@@ -61,7 +62,7 @@ from cg.state.session import HEADER_CG, HEADER_CLAUDE_CODE, valid_session_id
 PREFIX = "/_cg/"
 _PREFIX_BYTES = PREFIX.encode()
 # The reserved `.test` name a browser or client reaches the dashboard by through a regular
-# proxy (tests/e2e/harness.py, the README); it resolves nowhere, so no page can be served from it.
+# proxy (tests/e2e/harness.py, docs/mitmweb.md); it resolves nowhere, so no page can be served from it.
 DEFAULT_HOSTS = ("context-guru.test",)
 HOSTS_OPTION = "cg_control_hosts"
 REALM = 'realm="context-guru"'

@@ -133,7 +133,8 @@ class Control:
         )
 
     def stats_json(self) -> dict[str, Any]:
-        """The counters, with the ledger's `usage` and `savings` (SPEC §9, §11)."""
+        """The counters, with the ledger's `usage` and `savings`
+        (docs/behaviour.md#the-control-surface, docs/behaviour.md#usage-cost-and-savings)."""
         return {**self.rt.stats.to_json(), **self.rt.meter.report()}
 
     def sessions_json(

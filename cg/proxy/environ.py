@@ -7,8 +7,8 @@ set while every preset in force takes its summarizer from the incoming request (
 incoming`, the default) is not used at all: the summaries are written by the agent's own model,
 at its price, while the user believes a cheap one writes them. The addon checks the environment
 each time its options are configured: an unknown name under our prefixes refuses the options,
-naming it (SPEC: a bad config refuses to load, naming the key); a cheap model set but unused is
-a warning, since the config itself is valid.
+naming it (docs/behaviour.md#errors-and-bad-input: a bad config refuses to load, naming the key); a
+cheap model set but unused is a warning, since the config itself is valid.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
-"""Long reads off the event loop (SPEC §13): one client's large body never stalls another's
-turn or `/_cg/health`.
+"""Long reads off the event loop (docs/behaviour.md#bounded-work-and-shared-use): one client's large
+body never stalls another's turn or `/_cg/health`.
 
 Every flow's hooks run on mitmproxy's one event loop, so a request that takes the addon half a
 second to read (a cold 30 MB body, 20,000 tiny messages, a content-encoded body to inflate) held

@@ -1,4 +1,5 @@
-"""The `cg_*` options, each declared once: name, type, default and help (SPEC's names).
+"""The `cg_*` options, each declared once: name, type, default and help (the public names,
+docs/configuration.md).
 
 Declared by the runtime addon's `load` (`cg.proxy.runtime`); every other addon reads them from
 `ctx.options` or from what the runtime made of them.

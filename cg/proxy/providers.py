@@ -1,5 +1,6 @@
 """Which flows are a provider's besides the turns the addon routes: their credential headers are
-redacted once answered, as a turn's are (SPEC §13, `cg_redact_credentials`).
+redacted once answered, as a turn's are (docs/behaviour.md#bounded-work-and-shared-use,
+`cg_redact_credentials`).
 
 An agent sends its key on more than its turns: `…/v1/messages/count_tokens`, `GET /v1/models`,
 a `HEAD /` as it starts. Those are not the pipeline's, but a saved flow (`mitmdump -w`) or

@@ -403,8 +403,9 @@ class Runtime:
         return self.store
 
     def store_state(self) -> dict[str, Any]:
-        """`/_cg/health`'s `store`: `{"ok": true}` or `{"ok": false, "error": why}` (SPEC §9).
-        Asking is also a retry: a store that failed is tried again (as a request would)."""
+        """`/_cg/health`'s `store`: `{"ok": true}` or `{"ok": false, "error": why}`
+        (docs/behaviour.md#the-control-surface). Asking is also a retry: a store that failed is
+        tried again (as a request would)."""
         try:
             down = self._store_down()
         except Exception as e:  # noqa: BLE001 - the endpoint answers whatever happened

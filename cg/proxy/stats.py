@@ -16,8 +16,9 @@ class SummaryCounts:
     # Jobs not run here: another instance sharing the store claimed the conversation, or had
     # already written a newer checkpoint (its summary is reused instead).
     deferred: int = 0
-    # Which request wrote each job's summary (SPEC §5.5): the shared-cache call, the standalone
-    # prompt after a shared answer with no <summary>, or the standalone prompt alone.
+    # Which request wrote each job's summary (docs/behaviour.md#summarize-the-summarizer-call): the
+    # shared-cache call, the standalone prompt after a shared answer with no <summary>, or the
+    # standalone prompt alone.
     shared: int = 0
     fallback: int = 0
     standalone: int = 0
@@ -25,8 +26,9 @@ class SummaryCounts:
 
 @dataclass(slots=True)
 class UsageCounts:
-    """How reading the providers' `usage` went, answer by answer (SPEC §11): `read` answers
-    booked in the ledger; `missing` 2xx answers that reported none (an OpenAI stream without
+    """How reading the providers' `usage` went, answer by answer
+    (docs/behaviour.md#usage-cost-and-savings): `read` answers booked in the ledger; `missing` 2xx
+    answers that reported none (an OpenAI stream without
     `stream_options.include_usage`); `malformed` usage of the wrong shape, skipped; `truncated`
     streams that ended mid-event (what they reported before is booked); `undecodable` streams
     in a content-encoding the tap cannot undo; `tap_errors` taps disabled by an internal error;

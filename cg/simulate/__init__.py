@@ -1,5 +1,5 @@
-"""The cost simulator (`context-guru simulate`, SPEC §11): what each preset would have cost on
-recorded sessions. Every figure it gives is a model estimate, labelled so.
+"""The cost simulator (`context-guru simulate`, docs/behaviour.md#usage-cost-and-savings): what each
+preset would have cost on recorded sessions. Every figure it gives is a model estimate, labelled so.
 
 The data flows down this list:
 

@@ -62,7 +62,8 @@ class Options:
 
 
 def shares_cache(cfg: ModelConfig) -> bool:
-    """Whether the summarizer call is built on the commissioning request (SPEC §5.5)."""
+    """Whether the summarizer call is built on the commissioning request
+    (docs/behaviour.md#summarize-the-summarizer-call)."""
     return cfg.source == "incoming" and cfg.share_cache != "never"
 
 

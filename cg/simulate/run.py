@@ -1,4 +1,5 @@
-"""`simulate()`: every preset over every recorded session, and the totals (SPEC §11).
+"""`simulate()`: every preset over every recorded session, and the totals
+(docs/behaviour.md#usage-cost-and-savings).
 
 The figures are model estimates, not measurements: the real pipeline of each preset runs
 offline, but the summaries are a stand-in's (unless `model` names a real one), the agent's
@@ -37,7 +38,7 @@ DEFAULT_PRESETS = ("off", "summarize", "summarizer1509", "claude-code", BASELINE
 HOW = (
     "Model estimates, not measurements: each preset's real pipeline replayed offline on a "
     "throwaway store; summaries by {summarizer}; the agent's output per turn read off the "
-    "trace; every request billed under the prompt-cache model of SPEC §11 (5-minute/1-hour "
+    "trace; every request billed under the prompt-cache model of docs/behaviour.md (5-minute/1-hour "
     "TTL, reads 0.1x, writes 1.25x/2x) at the list prices of prices.yaml ({date})."
 )
 

@@ -1,4 +1,4 @@
-"""Which conversation a request belongs to (SPEC §8).
+"""Which conversation a request belongs to (docs/behaviour.md#sessions).
 
 The first usable of, in order:
 

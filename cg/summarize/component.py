@@ -68,7 +68,7 @@ SummaryRoute = Literal["shared", "fallback", "standalone"]
 # writes its cache entry then). Bounded, so a flow that never answers cannot hold a job.
 ANSWER_WAIT = 60.0
 # A job's reading of a body this long, or a span of this many messages, runs in a thread: the
-# event loop serves every turn meanwhile (SPEC §13).
+# event loop serves every turn meanwhile (docs/behaviour.md#bounded-work-and-shared-use).
 OFF_LOOP_BYTES = 256 * 1024
 OFF_LOOP_MESSAGES = 2000
 FACTS_INLINE = 200  # token counts a job writes back on the loop, at most

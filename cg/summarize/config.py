@@ -1,5 +1,6 @@
-"""The `summarize` component's configuration (SPEC §5.1), strict: unknown keys and bad values
-are refused with a message naming the key and the value; nothing is clamped."""
+"""The `summarize` component's configuration (docs/behaviour.md#summarize-configuration), strict:
+unknown keys and bad values are refused with a message naming the key and the value; nothing is
+clamped."""
 
 from __future__ import annotations
 
@@ -25,7 +26,7 @@ class TriggerConfig(BaseModel):
     """Request-level gates, ANDed; a zero or unset gate imposes nothing."""
 
     model_config = ConfigDict(extra="forbid", strict=True)
-    # Defaults chosen with the cost simulator (docs/savings.md), where SPEC §5.1's (no token
+    # Defaults chosen with the cost simulator (docs/savings.md), where the first design's defaults (no token
     # gate, 90% of the window, a cold cache, a roll-forward every 6,000 tokens) barely paid: a
     # first summary at an absolute size, in any cache state, rolled forward rarely.
     min_request_tokens: int = Field(60_000, ge=0)
@@ -52,9 +53,9 @@ class ModelConfig(BaseModel):
     api_key: SecretStr | None = None
     auth: Literal["x-api-key", "bearer"] | None = None
     # auto: with source incoming, the summarizer call is the commissioning request plus one
-    # instruction, so the provider reads the transcript from its prompt cache (SPEC §5.5), where
-    # that pays (the commissioning answer began, no forced tool choice); always: whenever it
-    # can; never: the standalone prompt only.
+    # instruction, so the provider reads the transcript from its prompt cache
+    # (docs/behaviour.md#summarize-the-summarizer-call), where that pays (the commissioning answer
+    # began, no forced tool choice); always: whenever it can; never: the standalone prompt only.
     share_cache: Literal["auto", "always", "never"] = "auto"
 
     @field_validator("share_cache")

@@ -1,4 +1,5 @@
-"""The summarizer's prompt (SPEC §5.5) and the summary message it turns into (§5.6).
+"""The summarizer's prompt (docs/behaviour.md#summarize-the-summarizer-call) and the summary message
+it turns into (docs/behaviour.md#summarize-checkpoints-and-reuse).
 
 The prompt is grounded in the task: the first user turn and the latest user and assistant turns
 are given as what to summarize toward. An operator's `custom_prompt` is framed as the operator's

@@ -1,5 +1,5 @@
-"""The shared-cache summarizer request (SPEC §5.5): the agent's own request, as it was forwarded
-upstream, plus one user instruction.
+"""The shared-cache summarizer request (docs/behaviour.md#summarize-the-summarizer-call): the
+agent's own request, as it was forwarded upstream, plus one user instruction.
 
 The provider has cached that request's prompt by the time its answer begins. A request that
 repeats those bytes — `model`, `system`, `tools`, `tool_choice`, `thinking`, every message, every

@@ -1,9 +1,9 @@
 """Where the summary goes: `[head | span | tail]`, and orphaned tool results after the splice.
 
 The head retreats and the tail moves so that no tool exchange is split across a boundary and the
-user-role summary never follows a mid-array system message (SPEC §5.3). Orphan repair (§5.4) is
-the safety net behind those rules: it cuts a tool result whose call is gone, block by block, and
-never invents a placeholder.
+user-role summary never follows a mid-array system message (docs/behaviour.md#summarize-the-span).
+Orphan repair (docs/behaviour.md#summarize-orphaned-tool-results) is the safety net behind those
+rules: it cuts a tool result whose call is gone, block by block, and never invents a placeholder.
 
 Responses items (`_select_items`): the leading system items (developer/system messages, an
 `additional_tools` item among them) are always kept and `keep_first` counts after them; no

@@ -1,4 +1,4 @@
-"""When a first summary is worth commissioning (SPEC §5.2).
+"""When a first summary is worth commissioning (docs/behaviour.md#summarize-triggers).
 
 Request gates are ANDed and a zero gate imposes nothing. A fraction gate needs the model's
 window; when the window is unknown the gate is not resolvable and does not fire (the decision

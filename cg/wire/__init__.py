@@ -8,8 +8,9 @@
                 stream back), JSON and SSE; `route` picks one by method and path
     reply       one answer as data (`Reply`, `Call`, the parse errors) and the JSON/SSE primitives
     answers     the dialect-blind face over answers: parse_json/sse, tool_calls, render_*, usage
-    usage       `Usage`: an answer's `usage` in the provider-neutral names of SPEC §11
-    upstream    a request upstream with the agent's own headers, a provider's error message
+    usage       `Usage`: an answer's `usage` in the provider-neutral names of
+    docs/behaviour.md#usage-cost-and-savings upstream    a request upstream with the agent's own
+    headers, a provider's error message
 
 May import: nothing else of cg: the bottom of the stack (docs/architecture.md).
 """

@@ -1,13 +1,13 @@
 """Provider answers as data, whatever the dialect: parse, inspect, edit and re-render one reply.
 
-The expand continuation loop (SPEC §6) has to read what the model answered, run the calls it
-made to our injected tool (`context_guru_expand`), send the conversation again, and finally hand
-the client one response in the form it asked for — JSON or SSE — that never mentions a tool the
-client did not declare. A streamed response cannot be patched event by event for that: a call to
-our tool may sit between two of the client's, and the usage must cover every round. So the
-whole response is buffered, rebuilt as the message the provider would have returned without
-streaming (`Reply`), edited as data, and rendered back in the provider's own wire format. Each
-dialect module (`cg.wire.dialects.*`) knows its own format; this module dispatches to it.
+The expand continuation loop (docs/behaviour.md#expand) has to read what the model answered, run the
+calls it made to our injected tool (`context_guru_expand`), send the conversation again, and finally
+hand the client one response in the form it asked for — JSON or SSE — that never mentions a tool the
+client did not declare. A streamed response cannot be patched event by event for that: a call to our
+tool may sit between two of the client's, and the usage must cover every round. So the whole
+response is buffered, rebuilt as the message the provider would have returned without streaming
+(`Reply`), edited as data, and rendered back in the provider's own wire format. Each dialect module
+(`cg.wire.dialects.*`) knows its own format; this module dispatches to it.
 
     parse_json / parse_sse   body bytes  -> Reply      (ResponseParseError when malformed)
     tool_calls / strip_calls                           what the model called / a copy without

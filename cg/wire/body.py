@@ -43,8 +43,9 @@ class BodyRejected(ValueError):
 
 
 class OverBound(BodyRejected):
-    """The body is past a bound on the work it may cost (SPEC §13); `bound` names it (the
-    option or limit, for the decision record), and the body passes through untouched."""
+    """The body is past a bound on the work it may cost
+    (docs/behaviour.md#bounded-work-and-shared-use); `bound` names it (the option or limit, for the
+    decision record), and the body passes through untouched."""
 
     def __init__(self, bound: str, why: str) -> None:
         super().__init__(why)

@@ -1,5 +1,6 @@
-"""A request body's content-encoding undone under a bound (SPEC §13): never more than `limit`
-bytes are produced, at any stage of a chain.
+"""A request body's content-encoding undone under a bound
+(docs/behaviour.md#bounded-work-and-shared-use): never more than `limit` bytes are produced, at any
+stage of a chain.
 
 Why not mitmproxy's `get_content`: it decodes the whole body before anyone can look at its
 size, so a 1.7 KB brotli body (or 33 KB of zstd, 1 MB of gzip) becomes 1 GiB in memory. Here

@@ -1,4 +1,5 @@
-"""Shape invariants of a message list (SPEC §4) and the role check on the bytes actually sent.
+"""Shape invariants of a message list (docs/behaviour.md#shape-rules) and the role check on the
+bytes actually sent.
 
 Rule ids are stable; messages use the provider's own wording, so a refusal in the decision record
 reads like the 400 it prevented:

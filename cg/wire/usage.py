@@ -1,4 +1,5 @@
-"""One answer's token counts, in the provider-neutral names of SPEC §11.
+"""One answer's token counts, in the provider-neutral names of
+docs/behaviour.md#usage-cost-and-savings.
 
     input_tokens            input billed at the full price (Anthropic `input_tokens`; OpenAI
                             `prompt_tokens` / `input_tokens` minus the cached part)
@@ -65,7 +66,8 @@ class Usage:
         return self.input_tokens + self.cache_write_tokens + self.cache_read_tokens
 
     def to_json(self) -> dict[str, int]:
-        """The five keys of SPEC §11 (the 1-hour share of the writes is a pricing detail)."""
+        """The five keys of docs/behaviour.md#usage-cost-and-savings (the 1-hour share of the writes
+        is a pricing detail)."""
         return {
             "input_tokens": self.input_tokens,
             "cache_write_tokens": self.cache_write_tokens,

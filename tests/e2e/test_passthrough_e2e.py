@@ -100,7 +100,8 @@ def test_claude_code_tool_use_fixture_with_odd_whitespace_is_byte_identical(prox
     assert cg["messages_in"] == len(fixture["body"]["messages"])
 
 
-# -- bad input (docs/behaviour.md#errors-and-bad-input): forwarded unchanged, and the record says why ---
+# -- bad input (docs/behaviour.md#errors-and-bad-input): forwarded unchanged, and the record says
+# why ---
 
 BAD_BODIES = [
     ("invalid-json", b'{"model":"m","messages":[{"role":"user","content":"hi"}', "malformed JSON"),

@@ -62,8 +62,8 @@ def _result_text(content: Any) -> str:
 # rules model (tool_use/tool_result across messages; a server tool's use and result within one
 # assistant message). A block type not listed here may carry a pairing rule of its own (a new
 # server-side block is exactly where the next provider 400 comes from), so a request holding one
-# anywhere passes through untouched (SPEC §10). `tool_result` contents are not checked: they go
-# wherever their block goes.
+# anywhere passes through untouched (docs/behaviour.md#errors-and-bad-input). `tool_result` contents
+# are not checked: they go wherever their block goes.
 KNOWN_BLOCKS = frozenset(
     {
         "text",

@@ -76,8 +76,8 @@ class MessageView(NamedTuple):
 
     `text` is a readable rendering for summaries and token counts, built on demand from the
     blocks when `shown` is None (views are made for every message of a cold body; the text is
-    read only off the hot path). `blank` follows SPEC §4 rule 4: blank content as a whole, or
-    any text/thinking block that is blank.
+    read only off the hot path). `blank` follows docs/behaviour.md#shape-rules rule 4: blank content
+    as a whole, or any text/thinking block that is blank.
 
     Responses items add three facts (the defaults fit a chat message): `kind`, the item's
     `type` (`message`, `reasoning`, `function_call`, …) and `item_id`, its `id`, for the

@@ -43,7 +43,7 @@ from cg.wire.reply import (
 )
 
 # The content part types of Chat Completions messages; a request holding any other part type
-# passes through untouched (SPEC §10: unknown content is never cut).
+# passes through untouched (docs/behaviour.md#errors-and-bad-input: unknown content is never cut).
 KNOWN_PARTS = frozenset({"text", "image_url", "input_audio", "file", "refusal"})
 
 

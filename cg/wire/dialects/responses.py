@@ -397,7 +397,7 @@ class Responses(Dialect):
             "content": [{"type": "input_text", "text": text}],
         }
 
-    # -- the provider's wording (param "input"; see README "Shape rules" for the sources) -----
+    # -- the provider's wording (param "input"; see docs/agents.md "Shape rules" for the sources) -----
 
     def msg_unanswered(self, i: int, ids: list[str], view: MessageView | None = None) -> str:
         what = CALLS.get(view.kind if view else "", "function call")
