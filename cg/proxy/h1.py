@@ -1,10 +1,9 @@
 """The relay's upstream leg: a small HTTP/1.1 client on asyncio streams.
 
 Every streamed turn offered `context_guru_expand` (on a summarized session: nearly every turn)
-goes upstream from the relay (`cg.proxy.relay`). httpx spent ~0.65 ms of CPU on each such
-request over loopback (its layers, httpcore's state machine, anyio, a scan of every pooled
-connection), and ~1.1 ms at 16 in flight: half of what the relay cost a 1 MB reuse turn. This
-client does only what that leg needs: one POST with the agent's headers as bytes, the answer's
+goes upstream from the relay (`cg.proxy.relay`), and httpx's CPU per request over loopback (its
+layers, httpcore's state machine, anyio, a scan of every pooled connection) was half of what the
+relay cost a reuse turn (docs/benchmarks.md). This client does only what that leg needs: one POST with the agent's headers as bytes, the answer's
 head, and its body de-framed (content-length, chunked, or up to the close), on a kept-alive
 connection per (address, TLS name).
 

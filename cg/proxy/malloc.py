@@ -3,8 +3,8 @@
 Each agent turn makes a few buffers of 1–4 MB (the body, its decoded text: UCS-4 when a single
 emoji is in it) and frees them when the flow is done. glibc serves allocations that size from
 `mmap` (or from heap top that it trims back to the system when freed), so every turn's buffers
-are fresh pages, and every page faults on first touch: ~1,000 minor faults and 1–3 ms per 1 MB
-turn on the machine of docs/benchmarks.md ("Inside the proxy: page faults"). Raising the mmap
+are fresh pages, and every page faults on first touch (docs/benchmarks.md, "Inside the proxy:
+page faults", has the figures). Raising the mmap
 threshold (32 MiB) and the trim threshold (64 MiB) keeps those buffers in the heap, reused turn
 after turn; the process keeps at most 64 MiB of freed heap top instead of returning it at once.
 

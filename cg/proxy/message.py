@@ -1,9 +1,9 @@
 """Reading a flow's request or response the way mitmproxy does, without its per-lookup cost.
 
 Why: mitmproxy's `Headers.get` converts every header field to `str` and builds a list before it
-compares one name (~2–3 µs), and `get_content` asks for `content-encoding` that way each time. A
-provider flow was read that way five times over its life (its body, content type and encoding,
-twice each side): ~10% of the addon's own time on a small turn. These read the raw fields
+compares one name, and `get_content` asks for `content-encoding` that way each time. A provider
+flow was read that way five times over its life (its body, content type and encoding, twice
+each side), a tenth of the addon's own time on a small turn. These read the raw fields
 once per name, and agree with mitmproxy on every input (tests/proxy/test_message.py).
 """
 
