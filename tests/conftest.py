@@ -11,7 +11,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.pgserver import PgServer, missing, required
+from tests.support.pgserver import PgServer, missing, required
 
 
 @pytest.fixture(scope="session")

@@ -16,7 +16,7 @@ between it and the addon is what the addon's generality costs, not the job:
 No decision record, no view, no index, no modelled cache, no estimate rows, no dashboard
 history: what it leaves out is what the addon does beyond the bill. `/_cg/health` answers as
 the addon's does (bench.trees takes it for a tree) and says what it booked, so a test can tell
-that the figure measured a script that metered (tests/test_bench_cpu.py).
+that the figure measured a script that metered (tests/bench/test_proxy_latency.py).
 """
 
 from __future__ import annotations

@@ -26,7 +26,7 @@ from cg.state.tokens import TokenCounter
 from cg.wire.body import MessageCache, index_body
 from cg.wire.dialects import ANTHROPIC, DIALECTS
 from cg.wire.usage import Usage
-from tests.strategies import SETTINGS, NextTurn, next_turns
+from tests.support.strategies import SETTINGS, NextTurn, next_turns
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 

@@ -40,7 +40,7 @@ from cg.wire.splice import (
     splice_array_bytes,
 )
 from cg.wire.usage import Usage
-from tests.strategies import SETTINGS, Sample, bodies
+from tests.support.strategies import SETTINGS, Sample, bodies
 
 M = 1_000_000
 # Round prices, USD per million tokens, so every expected figure below is arithmetic by hand.

@@ -33,7 +33,6 @@ from pathlib import Path
 from typing import Any
 
 from cg.wire.shape import check_wire_roles, validate_shape
-from tests.agent_script import EXPAND_TOOL, AgentScript, session, shape_problems
 from tests.e2e.claude_code import Run, run_claude
 from tests.e2e.harness import (
     Proxy,
@@ -44,7 +43,8 @@ from tests.e2e.harness import (
     poll,
     start_summarize,
 )
-from tests.fakeprovider import FakeProvider, Recorded
+from tests.support.agent_script import EXPAND_TOOL, AgentScript, session, shape_problems
+from tests.support.fakeprovider import FakeProvider, Recorded
 
 TAP = Path(__file__).with_name("tap.py")
 SECRET = "the secret number is 4711"  # in the file the scripted Read reads

@@ -13,7 +13,7 @@ the provider received under that id and the proxy's decision, and checks:
                      bytes as sent, every byte outside `input` and `tools` as sent, `tools` as
                      sent plus (only) the appended `context_guru_expand` function tool; the
                      summary a user message `=== History Summary ===`…`<<cg:KEY>>`; nothing
-                     the API refuses (tests/responses_api.py)
+                     the API refuses (tests/support/responses_api.py)
     continued        a second request under the same id is the addon's expand round: the first
                      body's input, then the model's items with its `context_guru_expand` call,
                      then that call's output
@@ -33,12 +33,12 @@ import pytest
 
 from cg.settings import preset_names
 from cg.wire.dialects import route
-from tests import responses_api as api
-from tests.codex_script import EXPAND_TOOL, CodexScript, Step, is_compaction, session
 from tests.e2e.agents import Sent, tapped, wait_settled
 from tests.e2e.codex import Run, run_codex
 from tests.e2e.harness import Proxy, by_id, header_pairs
-from tests.fakeprovider import FakeProvider, Recorded
+from tests.support import responses_api as api
+from tests.support.codex_script import EXPAND_TOOL, CodexScript, Step, is_compaction, session
+from tests.support.fakeprovider import FakeProvider, Recorded
 
 # The tests that need the proxy to speak Responses (the `responses` dialect: decision records,
 # summarizing, expanding, the ledger) or the `codex` preset. Until those are built the proxy

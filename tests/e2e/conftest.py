@@ -15,7 +15,7 @@ import pytest
 from tests.e2e import codex as codex_cli
 from tests.e2e.claude_code import ClaudeCodeUnavailable, install
 from tests.e2e.harness import Proxy
-from tests.fakeprovider import FakeProvider
+from tests.support.fakeprovider import FakeProvider
 
 
 @pytest.fixture(scope="session")

@@ -36,7 +36,7 @@ from typing import Any
 
 from tests.e2e.harness import poll, start_summarize
 from tests.e2e.load import Result, config, drive, summarizer
-from tests.fakeprovider import FakeProvider, Recorded, Reply
+from tests.support.fakeprovider import FakeProvider, Recorded, Reply
 
 ORPHANS = """
 SELECT c.session, c.key FROM checkpoints c

@@ -32,7 +32,7 @@ import httpx
 import yaml
 
 from cg.proxy import environ
-from tests.fakeprovider import FakeProvider, Recorded
+from tests.support.fakeprovider import FakeProvider, Recorded
 
 REPO = Path(__file__).resolve().parents[2]
 RECORDER = Path(__file__).resolve().parent / "recorder.py"

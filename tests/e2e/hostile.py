@@ -39,8 +39,8 @@ from typing import Any, ClassVar
 
 import httpx
 
-from tests import bombs
 from tests.e2e.harness import LISTENING, MITMDUMP, Proxy, new_id
+from tests.support import bombs
 
 SMALL = json.dumps(
     {

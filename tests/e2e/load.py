@@ -7,7 +7,7 @@ Each session is one agent (anthropic or openai, half of them streaming) with its
 header and a tag of its own in every message it writes; each turn sends the whole transcript so
 far plus one assistant step and one user note (~200 tokens), as an agent does. The proxy runs the
 summarize preset with triggers low enough that every session is summarized a few times (a first
-summary, then roll-forwards), and the fake provider (tests/fakeprovider.py) writes each summary
+summary, then roll-forwards), and the fake provider (tests/support/fakeprovider.py) writes each summary
 from the tags it was shown. The figures, and what must hold:
 
     failures      requests that did not get a 200 with a readable answer: none (the fake answers
@@ -52,7 +52,7 @@ import httpx
 
 from cg.state.policy import STASH_SHARE
 from tests.e2e.harness import Proxy, low, start_summarize
-from tests.fakeprovider import FakeProvider, Recorded, Reply
+from tests.support.fakeprovider import FakeProvider, Recorded, Reply
 
 TAG = re.compile(r"\bS\d{3,}-[0-9a-f]{8}\b")  # 1,000 sessions and more: S1000-…
 MARKER = re.compile(r"<<cg:([0-9a-f]{24})>>")

@@ -6,7 +6,7 @@
     python -m tests.e2e.measure_codex_compaction --set model_auto_compact_token_limit=20000
 
 Codex (installed as the suite installs it, tests/e2e/codex.py) runs a two-step session against the
-fake provider and the scripted model (tests/codex_script.py), which reports usage as the bytes
+fake provider and the scripted model (tests/support/codex_script.py), which reports usage as the bytes
 would bill it plus `X` extra output tokens on every answer. After the first step's command ran,
 Codex either sends its next turn or compacts first; bisecting on `X` finds the smallest first
 answer's `total_tokens` that makes it compact. Adding Codex's own estimate of the step's output
@@ -21,9 +21,9 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from tests.codex_script import CodexScript, request_kind, session
 from tests.e2e.codex import install, run_codex
-from tests.fakeprovider import FakeProvider
+from tests.support.codex_script import CodexScript, request_kind, session
+from tests.support.fakeprovider import FakeProvider
 
 
 def trial(binary: Path, work: Path, config: dict[str, object], extra: int) -> tuple[bool, int]:

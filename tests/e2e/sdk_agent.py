@@ -22,10 +22,10 @@ from typing import Any
 import anthropic
 import openai
 
-from tests.agent_script import EXPAND_TOOL, AgentScript, session
 from tests.e2e.agents import SECRET, Sent, Turn, audit, wait_settled
 from tests.e2e.harness import Capture, Proxy, new_id
-from tests.fakeprovider import FakeProvider
+from tests.support.agent_script import EXPAND_TOOL, AgentScript, session
+from tests.support.fakeprovider import FakeProvider
 
 API_KEY = "sk-sdk-agent-e2e"
 SYSTEM = "You are a coding agent. Use the tools; answer when the task is done."

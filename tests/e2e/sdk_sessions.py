@@ -33,7 +33,7 @@ from openai.lib.streaming.chat import ChatCompletionStreamState
 from cg.wire.answers import Reply as Message
 from cg.wire.answers import render_json, render_sse
 from tests.e2e.harness import Capture, Proxy, new_id
-from tests.fakeprovider import Recorded, Reply
+from tests.support.fakeprovider import Recorded, Reply
 
 SYSTEM = 'You are a coding agent. Ünïcödé, "quotes", </script> and 🚀 survive byte-for-byte.'
 BIG = " ".join(f"detail-{i}" for i in range(300))  # a message worth far more than 200 tokens

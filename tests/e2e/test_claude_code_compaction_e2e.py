@@ -23,11 +23,11 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.agent_script import AgentScript, Call, Step, _reply
 from tests.e2e.agents import start_proxy, tapped, wait_settled
 from tests.e2e.claude_code import run_claude
 from tests.e2e.harness import Proxy
-from tests.fakeprovider import FakeProvider, Recorded, Reply
+from tests.support.agent_script import AgentScript, Call, Step, _reply
+from tests.support.fakeprovider import FakeProvider, Recorded, Reply
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 

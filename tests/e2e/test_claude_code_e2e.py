@@ -1,7 +1,7 @@
 """Claude Code itself (pinned, see tests/e2e/claude_code.py) through `mitmdump -s cg_addon.py`
 in reverse mode (`ANTHROPIC_BASE_URL` at the proxy), driven by a scripted model.
 
-The fake provider answers Claude Code's requests from tests/agent_script.py: turns of Bash
+The fake provider answers Claude Code's requests from tests/support/agent_script.py: turns of Bash
 `echo step N` calls (parallel ones, a Read of a file), signed thinking, streamed as the API
 streams, then a final answer. Claude Code really runs the tools; the script checks their results
 and refuses (400) anything a provider would refuse. The tap (tests/e2e/tap.py) keeps what
@@ -25,8 +25,8 @@ from tests.e2e.agents import (
 )
 from tests.e2e.claude_code import VERSION
 from tests.e2e.harness import low, message_sources
-from tests.fakeprovider import FakeProvider
-from tests.shared_request import split_shared
+from tests.support.fakeprovider import FakeProvider
+from tests.support.shared_request import split_shared
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 

@@ -26,7 +26,6 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.codex_script import CodexScript, request_kind, session
 from tests.e2e.agents import start_proxy
 from tests.e2e.codex_sessions import (
     NEEDS_CODEX_PRESET,
@@ -35,7 +34,8 @@ from tests.e2e.codex_sessions import (
     drive_codex,
 )
 from tests.e2e.harness import Proxy, low
-from tests.fakeprovider import FakeProvider
+from tests.support.codex_script import CodexScript, request_kind, session
+from tests.support.fakeprovider import FakeProvider
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, NEEDS_RESPONSES, NEEDS_CODEX_PRESET]
 

@@ -1,7 +1,7 @@
 """Codex CLI itself (pinned, see tests/e2e/codex.py) through `mitmdump -s cg_addon.py` in
 reverse mode (its model provider's `base_url` at the proxy), driven by a scripted model.
 
-The fake provider answers Codex's requests from tests/codex_script.py: turns of `exec_command`
+The fake provider answers Codex's requests from tests/support/codex_script.py: turns of `exec_command`
 calls (`echo step N`, two in parallel at step 3, preambles), reasoning items with
 `encrypted_content`, streamed as the Responses API streams, then a final answer. Codex really
 runs the commands; the script checks the outputs and refuses (400, in the API's words) anything
@@ -21,7 +21,6 @@ from typing import Any
 
 import pytest
 
-from tests.codex_script import CodexScript, request_kind
 from tests.e2e.agents import start_proxy
 from tests.e2e.codex import VERSION
 from tests.e2e.codex_sessions import (
@@ -38,7 +37,8 @@ from tests.e2e.codex_sessions import (
     text_of,
 )
 from tests.e2e.harness import low
-from tests.fakeprovider import FakeProvider
+from tests.support.codex_script import CodexScript, request_kind
+from tests.support.fakeprovider import FakeProvider
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, NEEDS_RESPONSES]
 

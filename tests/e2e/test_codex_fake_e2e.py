@@ -1,4 +1,4 @@
-"""The scripted model and the Responses fake (tests/codex_script.py, tests/responses_api.py)
+"""The scripted model and the Responses fake (tests/support/codex_script.py, tests/support/responses_api.py)
 against the real Codex binary, with no proxy between them: Codex takes the stream as the API's,
 runs the calls, and round-trips the reasoning items; and a refusal reaches Codex as the error it
 would get from the API — the guard that "Codex saw no error" in the proxy tests is not vacuous.
@@ -11,10 +11,10 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.codex_script import CodexScript, request_kind
 from tests.e2e.codex import run_codex
 from tests.e2e.codex_sessions import codex_steps, elements
-from tests.fakeprovider import FakeProvider
+from tests.support.codex_script import CodexScript, request_kind
+from tests.support.fakeprovider import FakeProvider
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 

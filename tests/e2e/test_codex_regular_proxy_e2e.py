@@ -17,7 +17,6 @@ from typing import Any
 
 import pytest
 
-from tests.codex_script import CodexScript
 from tests.e2e.agents import LOW, start_proxy
 from tests.e2e.codex_sessions import (
     NEEDS_RESPONSES,
@@ -29,7 +28,8 @@ from tests.e2e.codex_sessions import (
 from tests.e2e.harness import Proxy
 from tests.e2e.pki import Pki, make_pki
 from tests.e2e.test_regular_proxy_e2e import hosts, mitm_ca
-from tests.fakeprovider import FakeProvider
+from tests.support.codex_script import CodexScript
+from tests.support.fakeprovider import FakeProvider
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, NEEDS_RESPONSES]
 

@@ -32,7 +32,7 @@ from cg.proxy.environ import CONTROL_TOKEN_ENV
 from tests.e2e.agents import TAP
 from tests.e2e.harness import Proxy, low, new_id, received, start_summarize
 from tests.e2e.sdk_sessions import SdkClient, anthropic_messages
-from tests.fakeprovider import FakeProvider
+from tests.support.fakeprovider import FakeProvider
 
 pytestmark = pytest.mark.e2e
 

@@ -47,7 +47,7 @@ from tests.e2e.sdk_sessions import (
     messages,
     provider_message,
 )
-from tests.fakeprovider import DEFAULT_TEXT, FakeProvider, Recorded, Reply
+from tests.support.fakeprovider import DEFAULT_TEXT, FakeProvider, Recorded, Reply
 
 with warnings.catch_warnings():
     warnings.simplefilter("ignore", DeprecationWarning)

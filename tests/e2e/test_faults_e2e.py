@@ -39,7 +39,7 @@ from tests.e2e.harness import (
     start_summarize,
 )
 from tests.e2e.sdk_sessions import Exchange, SdkClient, anthropic_messages
-from tests.fakeprovider import DEFAULT_TEXT, FakeProvider, Reply, anthropic_error
+from tests.support.fakeprovider import DEFAULT_TEXT, FakeProvider, Reply, anthropic_error
 
 pytestmark = pytest.mark.e2e
 

@@ -10,7 +10,7 @@
 - A second proxy on the same SQLite file is refused at start, naming the first; the file is
   free again once the first stops, or is killed.
 
-The bodies are built streaming (tests/bombs.py); the upstream is tests/e2e/hostile.py's sink, a
+The bodies are built streaming (tests/support/bombs.py); the upstream is tests/e2e/hostile.py's sink, a
 process of its own, so that the client timing a turn shares no interpreter with it.
 """
 
@@ -27,9 +27,9 @@ from typing import Any
 import httpx
 import pytest
 
-from tests import bombs
 from tests.e2e import hostile
 from tests.e2e.harness import Proxy, new_id, poll
+from tests.support import bombs
 
 pytestmark = pytest.mark.e2e
 

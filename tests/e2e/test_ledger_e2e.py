@@ -21,7 +21,7 @@ import pytest
 from cg.cli import main as cli
 from tests.e2e.harness import Proxy, by_id, low, new_id, received, start_summarize
 from tests.e2e.sdk_sessions import SdkClient
-from tests.fakeprovider import FakeProvider, Reply
+from tests.support.fakeprovider import FakeProvider, Reply
 
 pytestmark = pytest.mark.e2e
 

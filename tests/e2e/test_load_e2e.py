@@ -7,7 +7,7 @@ import httpx
 import pytest
 
 from tests.e2e.load import SESSION_HEADER, Result, check_isolation, run
-from tests.fakeprovider import FakeProvider
+from tests.support.fakeprovider import FakeProvider
 
 pytestmark = pytest.mark.e2e
 

@@ -7,7 +7,7 @@ from collections.abc import Iterator
 import pytest
 
 from tests.e2e.harness import Capture, Proxy, assert_forwarded_unchanged, new_id, received
-from tests.fakeprovider import FakeProvider
+from tests.support.fakeprovider import FakeProvider
 
 pytestmark = pytest.mark.e2e
 

@@ -23,7 +23,7 @@ from tests.e2e.harness import (
     new_id,
     received,
 )
-from tests.fakeprovider import DEFAULT_TEXT, FakeProvider, Recorded
+from tests.support.fakeprovider import DEFAULT_TEXT, FakeProvider, Recorded
 
 pytestmark = pytest.mark.e2e
 

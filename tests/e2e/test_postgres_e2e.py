@@ -28,8 +28,8 @@ import yaml
 
 from tests.e2e.harness import Proxy, assert_forwarded_unchanged, low, poll, received
 from tests.e2e.sdk_sessions import SdkClient, anthropic_messages
-from tests.fakeprovider import DEFAULT_TEXT, FakeProvider, Recorded, Reply
-from tests.pgserver import PgServer
+from tests.support.fakeprovider import DEFAULT_TEXT, FakeProvider, Recorded, Reply
+from tests.support.pgserver import PgServer
 
 pytestmark = pytest.mark.e2e
 

@@ -30,7 +30,7 @@ from tests.e2e.agents import (
 from tests.e2e.harness import Capture, Proxy, by_id, header_pairs, new_id
 from tests.e2e.pki import Pki, make_pki
 from tests.e2e.sdk_agent import SdkAgent, run_scripted
-from tests.fakeprovider import DEFAULT_TEXT, FakeProvider
+from tests.support.fakeprovider import DEFAULT_TEXT, FakeProvider
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 

@@ -1,7 +1,7 @@
 """Agents on the official SDKs — anthropic and openai, sync and async clients, streaming and not —
 through `mitmdump -s cg_addon.py` in reverse mode (base URL at the proxy), for a whole session.
 
-The same scripted model as Claude Code's (tests/agent_script.py) drives each agent loop
+The same scripted model as Claude Code's (tests/support/agent_script.py) drives each agent loop
 (tests/e2e/sdk_agent.py) through eight steps of tool calls; triggers are lowered so the session
 is summarized: every request is checked against the bytes the SDK sent (tests/e2e/agents.py),
 the summary is spliced on a later turn and reused byte-identically, and the model's one
@@ -16,7 +16,7 @@ import pytest
 
 from tests.e2e.agents import LOW, assert_expanded_once, assert_summarized, start_proxy
 from tests.e2e.sdk_agent import SdkAgent, run_scripted
-from tests.fakeprovider import FakeProvider
+from tests.support.fakeprovider import FakeProvider
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 

@@ -24,7 +24,13 @@ from tests.e2e.harness import (
     received,
 )
 from tests.e2e.sdk_sessions import sdk_client
-from tests.fakeprovider import DEFAULT_TEXT, FakeProvider, Reply, anthropic_error, openai_error
+from tests.support.fakeprovider import (
+    DEFAULT_TEXT,
+    FakeProvider,
+    Reply,
+    anthropic_error,
+    openai_error,
+)
 
 pytestmark = pytest.mark.e2e
 

@@ -36,7 +36,7 @@ from tests.e2e.harness import (
     start_summarize,
 )
 from tests.e2e.sdk_sessions import SdkClient, answer, provider_message, responses_items, sdk_client
-from tests.fakeprovider import DEFAULT_TEXT, FakeProvider, Recorded, Reply
+from tests.support.fakeprovider import DEFAULT_TEXT, FakeProvider, Recorded, Reply
 
 pytestmark = pytest.mark.e2e
 

@@ -23,7 +23,7 @@ from tests.e2e.agents import LOW, start_proxy
 from tests.e2e.harness import Proxy, low, start_summarize
 from tests.e2e.sdk_agent import API_KEY, SdkAgent, run_scripted
 from tests.e2e.sdk_sessions import SdkClient, anthropic_messages
-from tests.fakeprovider import FakeProvider, anthropic_error
+from tests.support.fakeprovider import FakeProvider, anthropic_error
 
 pytestmark = pytest.mark.e2e
 

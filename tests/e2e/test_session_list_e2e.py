@@ -23,7 +23,7 @@ import pytest
 
 from bench.session_page import populate, session_id
 from tests.e2e.harness import Proxy
-from tests.fakeprovider import FakeProvider
+from tests.support.fakeprovider import FakeProvider
 
 pytestmark = pytest.mark.e2e
 

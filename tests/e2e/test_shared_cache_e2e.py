@@ -1,7 +1,7 @@
 """The summarizer call that shares the prompt cache
 (docs/behaviour.md#summarize-the-summarizer-call), through a real mitmdump.
 
-A fake provider that bills the prompt cache as Anthropic and OpenAI do (tests/promptcache.py,
+A fake provider that bills the prompt cache as Anthropic and OpenAI do (tests/support/promptcache.py,
 on a hand-driven clock) sits behind the proxy; the official SDKs (and Claude Code's own captured
 bytes) are the clients. What is proved here:
 
@@ -27,10 +27,17 @@ import pytest
 
 from tests.e2e.harness import Proxy, low, new_id, received, start_summarize
 from tests.e2e.sdk_sessions import EPHEMERAL, SYSTEM, SdkClient, provider_message
-from tests.fakeprovider import FakeProvider, Recorded, Reply
-from tests.promptcache import Bill, Clock
-from tests.shared_request import split_shared
-from tests.transcripts import CC16, cc_dumps, fixture_body, fixture_headers, grow, openai_transcript
+from tests.support.fakeprovider import FakeProvider, Recorded, Reply
+from tests.support.promptcache import Bill, Clock
+from tests.support.shared_request import split_shared
+from tests.support.transcripts import (
+    CC16,
+    cc_dumps,
+    fixture_body,
+    fixture_headers,
+    grow,
+    openai_transcript,
+)
 
 pytestmark = pytest.mark.e2e
 

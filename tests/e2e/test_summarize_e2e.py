@@ -36,7 +36,7 @@ from tests.e2e.harness import (
     start_summarize,
 )
 from tests.e2e.sdk_sessions import Exchange, SdkClient, anthropic_messages, openai_messages
-from tests.fakeprovider import (
+from tests.support.fakeprovider import (
     DEFAULT_TEXT,
     FakeProvider,
     Recorded,
@@ -44,7 +44,7 @@ from tests.fakeprovider import (
     anthropic_error,
     openai_error,
 )
-from tests.shared_request import split_shared
+from tests.support.shared_request import split_shared
 
 pytestmark = pytest.mark.e2e
 

@@ -41,7 +41,7 @@ from tests.e2e.sdk_sessions import (
     provider_message,
     sdk_client,
 )
-from tests.fakeprovider import FakeProvider, Recorded, Reply
+from tests.support.fakeprovider import FakeProvider, Recorded, Reply
 
 pytestmark = pytest.mark.e2e
 

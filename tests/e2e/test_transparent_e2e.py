@@ -28,7 +28,7 @@ from tests.e2e.harness import Proxy, by_id, new_id
 from tests.e2e.pki import Pki, make_pki
 from tests.e2e.sdk_agent import SdkAgent, run_scripted
 from tests.e2e.sdk_sessions import anthropic_messages
-from tests.fakeprovider import DEFAULT_TEXT, FakeProvider, anthropic_error
+from tests.support.fakeprovider import DEFAULT_TEXT, FakeProvider, anthropic_error
 
 pytestmark = pytest.mark.e2e
 

@@ -39,7 +39,7 @@ from tests.e2e.web import (
     drive,
     start_mitmweb,
 )
-from tests.fakeprovider import FakeProvider
+from tests.support.fakeprovider import FakeProvider
 
 pytestmark = pytest.mark.e2e
 

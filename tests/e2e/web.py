@@ -22,7 +22,7 @@ import httpx
 import yaml
 
 from tests.e2e.harness import Proxy, low
-from tests.fakeprovider import FakeProvider, Reply
+from tests.support.fakeprovider import FakeProvider, Reply
 
 MITMWEB = Path(sys.executable).parent / "mitmweb"
 CHROMIUM = Path("/usr/bin/chromium")

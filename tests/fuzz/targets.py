@@ -53,7 +53,7 @@ from cg.wire.reply import ResponseParseError
 from cg.wire.shape import validate_shape
 from cg.wire.splice import Insert, Keep, Plan, plan_views
 from cg.wire.usage import UsageError, from_provider
-from tests.strategies import bodies, responses_bodies, small_json
+from tests.support.strategies import bodies, responses_bodies, small_json
 
 DIALECT_NAMES = sorted(DIALECTS)  # every registered request dialect
 ANSWER_DIALECTS = DIALECT_NAMES  # every dialect answers in its own JSON and SSE form
@@ -307,7 +307,7 @@ def t_tap(data: bytes) -> None:
 class Hooks:
     """One addon on its own event loop, configured once: the summarize preset with lowered
     triggers, a store file, the expand tool always offered; and a fake provider on 127.0.0.1
-    (tests/fakeprovider.py) that the flows name, so the addon's own calls — the `incoming`
+    (tests/support/fakeprovider.py) that the flows name, so the addon's own calls — the `incoming`
     summaries, the expand rounds — are answered and later turns are spliced."""
 
     def __init__(self, workdir: str) -> None:
@@ -322,7 +322,7 @@ class Hooks:
             from mitmproxy.test import taddons
 
         from cg.proxy.addon import ContextGuru
-        from tests.fakeprovider import FakeProvider
+        from tests.support.fakeprovider import FakeProvider
 
         self.fake = FakeProvider().start()
         self.loop = asyncio.new_event_loop()

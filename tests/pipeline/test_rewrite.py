@@ -17,7 +17,7 @@ from cg.wire.body import BodyIndex, index_body
 from cg.wire.dialects import ANTHROPIC, DIALECTS, OPENAI, Dialect
 from cg.wire.shape import validate_shape
 from cg.wire.splice import Insert, Keep, Plan
-from tests.strategies import SETTINGS, Sample, bodies
+from tests.support.strategies import SETTINGS, Sample, bodies
 
 
 @dataclass

@@ -16,8 +16,8 @@ from cg.summarize.span import leading_system
 from cg.wire.body import index_body
 from cg.wire.dialects import RESPONSES
 from cg.wire.shape import check_wire_roles, validate_shape
-from tests.strategies import SETTINGS, Sample, responses_bodies
-from tests.transcripts import config, make
+from tests.support.strategies import SETTINGS, Sample, responses_bodies
+from tests.support.transcripts import config, make
 
 
 @SETTINGS

@@ -19,7 +19,7 @@ from cg.expand.tool import resolve
 from cg.pipeline.rewrite import ExpandPolicy
 from cg.state.sqlite import SqliteStore
 from cg.state.tenant import fingerprint
-from tests.transcripts import (
+from tests.support.transcripts import (
     CC16,
     MARKER_RE,
     Driver,

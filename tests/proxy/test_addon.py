@@ -31,7 +31,7 @@ from cg.proxy.addon import (
     unknown_options,
 )
 from cg.wire.splice import Insert, Keep, Plan
-from tests import hooks
+from tests.support import hooks
 
 MSGS = [
     {"role": "user", "content": "task"},

@@ -23,8 +23,8 @@ with warnings.catch_warnings():
 
 from cg.proxy.addon import META, ContextGuru
 from cg.summarize.component import Summarize
-from tests.shared_request import split_shared
-from tests.transcripts import ACTING, CC16, SharedFake, cc_dumps, fixture_body, grow
+from tests.support.shared_request import split_shared
+from tests.support.transcripts import ACTING, CC16, SharedFake, cc_dumps, fixture_body, grow
 
 RAW = cc_dumps(grow(fixture_body(CC16), 3)[-1])
 

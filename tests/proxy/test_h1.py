@@ -27,7 +27,7 @@ from cg.proxy.h1 import H1Error, H1Pool, _buffered, _Conn, decoder
 from cg.proxy.relay import HEADER as RELAY_HEADER
 from cg.proxy.relay import Relay, RelayJob
 from tests.e2e.pki import make_pki
-from tests.strategies import SETTINGS
+from tests.support.strategies import SETTINGS
 
 Handler = Callable[["Seen", asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
 

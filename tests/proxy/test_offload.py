@@ -17,8 +17,8 @@ from mitmproxy.test import taddons
 
 from cg.proxy import offload
 from cg.proxy.addon import BYPASS_HEADER, META, ContextGuru
-from tests import bombs, hooks
 from tests.proxy.test_addon import BODY, Toy, _home, make_flow, setup, toy_config
+from tests.support import bombs, hooks
 
 __all__ = ["_home", "toy_config"]  # (fixtures, used by name)
 

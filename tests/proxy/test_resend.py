@@ -20,7 +20,13 @@ from mitmproxy.options import Options
 
 from cg.proxy.resend import resend
 from cg.wire.upstream import provider_message, upstream_verify
-from tests.fakeprovider import DEFAULT_TEXT, FakeProvider, Reply, anthropic_error, openai_error
+from tests.support.fakeprovider import (
+    DEFAULT_TEXT,
+    FakeProvider,
+    Reply,
+    anthropic_error,
+    openai_error,
+)
 
 ORIGINAL = (
     b'{"model": "claude-test",  "max_tokens": 64,\n "messages": [{"role": "user", '

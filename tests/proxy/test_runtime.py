@@ -24,7 +24,7 @@ with warnings.catch_warnings():
 from cg.proxy.addon import META, ContextGuru
 from cg.proxy.runtime import Runtime
 from cg.summarize.component import Summarize
-from tests.transcripts import ACTING, CC16, SharedFake, cc_dumps, fixture_body, grow
+from tests.support.transcripts import ACTING, CC16, SharedFake, cc_dumps, fixture_body, grow
 
 RAW = cc_dumps(grow(fixture_body(CC16), 3)[-1])
 

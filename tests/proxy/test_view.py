@@ -16,7 +16,7 @@ from mitmproxy.test import taddons, tflow, tutils
 from cg.proxy.addon import META, REDACTED, ContextGuru
 from cg.proxy.view import RECORD, VERSION, OriginalView, RewriteView, comment
 from cg.summarize.component import Summarize
-from tests.transcripts import CC16, FakeSummarizer, cc_dumps, fixture_body
+from tests.support.transcripts import CC16, FakeSummarizer, cc_dumps, fixture_body
 
 CONFIG = """
 components:

@@ -21,7 +21,7 @@ from cg.state import Store
 from cg.state.pgstore import PgStore, redact_url
 from cg.state.records import Checkpoint, StoreError, stash_key
 from cg.state.sqlite import SqliteStore
-from tests.pgserver import PgServer
+from tests.support.pgserver import PgServer
 
 
 def until(cond: Callable[[], bool], timeout: float = 10.0) -> None:

@@ -31,7 +31,7 @@ from cg.summarize.span import select_span
 from cg.wire.body import MessageCache, index_body
 from cg.wire.dialects import DIALECTS, OPENAI
 from cg.wire.shape import introduced, validate_shape
-from tests.strategies import (
+from tests.support.strategies import (
     DIALECT_NAMES,
     SETTINGS,
     Dialect,
@@ -44,7 +44,7 @@ from tests.strategies import (
     next_turns,
     styles,
 )
-from tests.transcripts import (
+from tests.support.transcripts import (
     CC16,
     CC_TOOL_USE,
     MARKER_RE,

@@ -22,7 +22,7 @@ from cg.summarize.prompt import HEADER
 from cg.wire.body import index_body
 from cg.wire.dialects import RESPONSES
 from cg.wire.shape import validate_shape
-from tests.transcripts import MARKER_RE, config, make, record, two_turns
+from tests.support.transcripts import MARKER_RE, config, make, record, two_turns
 from tests.wire.test_responses import FIXTURES, fixture
 
 Json = Any

@@ -27,8 +27,8 @@ from cg.summarize.component import (
     SummarizerRefused,
     SummarizerTimeout,
 )
-from tests.shared_request import split_shared
-from tests.transcripts import (
+from tests.support.shared_request import split_shared
+from tests.support.transcripts import (
     CC16,
     FakeSummarizer,
     SharedFake,

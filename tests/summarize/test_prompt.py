@@ -22,7 +22,7 @@ from cg.summarize.prompt import (
     summary_text,
 )
 from cg.wire.dialects import ANTHROPIC, OPENAI
-from tests.transcripts import CC16, config, fixture_body, grow, make
+from tests.support.transcripts import CC16, config, fixture_body, grow, make
 
 Json = Any
 

@@ -30,7 +30,7 @@ from cg.wire.dialects import RESPONSES
 from cg.wire.usage import Usage, from_provider
 from tests.summarize.test_client import Wire, job
 from tests.summarize.test_component_responses import grow
-from tests.transcripts import TOKENS, config, make
+from tests.support.transcripts import TOKENS, config, make
 from tests.wire.test_responses import FIXTURES
 from tests.wire.test_responses_answers import MESSAGE, REASONING, USAGE, response
 

@@ -18,8 +18,8 @@ from cg.summarize.prompt import HEADER, MAX_TOKENS, build_instruction
 from cg.summarize.shared import Layout, SharedRequest, build, forces_a_tool, output_limits
 from cg.wire.body import index_body
 from cg.wire.dialects import DIALECTS
-from tests.shared_request import split_shared
-from tests.transcripts import (
+from tests.support.shared_request import split_shared
+from tests.support.transcripts import (
     CC16,
     cc_dumps,
     config,

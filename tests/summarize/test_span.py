@@ -23,8 +23,8 @@ from cg.wire.body import index_body
 from cg.wire.dialects import ANTHROPIC, DIALECTS, OPENAI
 from cg.wire.shape import validate_shape
 from cg.wire.splice import Cut, Insert, Keep, Plan, splice
-from tests.strategies import DIALECT_NAMES, SETTINGS, messages
-from tests.transcripts import (
+from tests.support.strategies import DIALECT_NAMES, SETTINGS, messages
+from tests.support.transcripts import (
     CC16,
     MARKER_RE,
     cc_dumps,

@@ -16,7 +16,7 @@ from cg.wire.body import index_body
 from cg.wire.dialects import RESPONSES
 from cg.wire.shape import separated, validate_shape
 from cg.wire.splice import Insert, Keep, Plan, plan_sources, plan_views
-from tests.strategies import SETTINGS, r_message, responses_items
+from tests.support.strategies import SETTINGS, r_message, responses_items
 from tests.wire.test_responses import call, fixture, out, reasoning
 
 DEV = r_message("developer", "system prompt")

@@ -27,7 +27,7 @@ from cg.summarize.triggers import (
     shipped_windows,
 )
 from cg.wire.body import MessageCache
-from tests.transcripts import CC16, CC_TOOL_USE, config, fixture_body, grow, make, record
+from tests.support.transcripts import CC16, CC_TOOL_USE, config, fixture_body, grow, make, record
 
 NOW = 1_000_000.0
 

@@ -38,8 +38,8 @@ from cg.wire.answers import (
     with_usage,
 )
 from cg.wire.shape import validate_shape
-from tests.fakeprovider import DEFAULT_TEXT, FakeProvider
-from tests.strategies import SETTINGS
+from tests.support.fakeprovider import DEFAULT_TEXT, FakeProvider
+from tests.support.strategies import SETTINGS
 
 EXPAND = "context_guru_expand"
 

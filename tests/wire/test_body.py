@@ -14,7 +14,7 @@ from cg.wire.body import BodyIndex, BodyRejected, Deferred, MessageCache, OverBo
 from cg.wire.dialects import ANTHROPIC, DIALECTS, OPENAI, Dialect
 from cg.wire.shape import validate_index, validate_shape
 from cg.wire.splice import Cut, Keep, splice
-from tests.strategies import SETTINGS, Sample, bodies, dumps, styles
+from tests.support.strategies import SETTINGS, Sample, bodies, dumps, styles
 
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "claude_code_2.1.197_turn16.json"
 

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from cg.wire.body import MessageCache, index_body
 from cg.wire.chars import MAX_SEGMENTS, Chars
 from cg.wire.dialects import ANTHROPIC
-from tests.strategies import SETTINGS
+from tests.support.strategies import SETTINGS
 
 FIXTURE = Path(__file__).parent.parent / "fixtures" / "claude_code_2.1.197_turn16.json"
 TEXTS = st.text(alphabet=st.sampled_from("ab,{}[]é✓😀 "), max_size=30)

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from mitmproxy.net import encoding as mitm
 
 from cg.wire import decode
-from tests import bombs as bombs_mod
+from tests.support import bombs as bombs_mod
 
 CODINGS = ["gzip", "deflate", "br", "zstd"]
 MIB = 1024 * 1024
@@ -111,7 +111,7 @@ def test_the_gzip_bomb_is_a_real_gzip_stream() -> None:
 def test_a_bomb_stops_at_the_limit_and_never_holds_more(
     bombs: dict[str, bytes], coding: str
 ) -> None:
-    """1 GiB of zeros in under 1.1 MB of input (tests/bombs.py): decoding stops once past the 32 MiB limit, and
+    """1 GiB of zeros in under 1.1 MB of input (tests/support/bombs.py): decoding stops once past the 32 MiB limit, and
     the memory Python allocates meanwhile stays near the limit (mitmproxy's decoder would
     hold the whole GiB)."""
     data = bombs[coding]

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 
 from cg.wire.dialects import ANTHROPIC, DIALECTS, OPENAI, BlockView, MessageShapeError, route
-from tests.strategies import SETTINGS, Sample, bodies
+from tests.support.strategies import SETTINGS, Sample, bodies
 
 # -- anthropic -------------------------------------------------------------------------------
 

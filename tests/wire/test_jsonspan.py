@@ -22,7 +22,7 @@ from cg.wire.jsonspan import (
     walk_document,
     walk_object,
 )
-from tests.strategies import SETTINGS, Style, dumps, ident, small_json, styles
+from tests.support.strategies import SETTINGS, Style, dumps, ident, small_json, styles
 
 objects = st.dictionaries(ident, small_json, max_size=6)
 arrays = st.lists(small_json, max_size=6)

@@ -33,7 +33,7 @@ from cg.wire.answers import (
 from cg.wire.body import index_body
 from cg.wire.dialects import RESPONSES
 from cg.wire.reply import sse_events
-from tests.strategies import SETTINGS, text
+from tests.support.strategies import SETTINGS, text
 
 USAGE = {
     "input_tokens": 1200,

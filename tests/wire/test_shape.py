@@ -15,7 +15,7 @@ from cg.wire.body import index_body
 from cg.wire.dialects import ANTHROPIC, DIALECTS, OPENAI
 from cg.wire.shape import Violation, check_wire_roles, introduced, validate_shape
 from cg.wire.splice import Insert, Keep, Piece, plan_sources, plan_views, splice
-from tests.strategies import DIALECT_NAMES, SETTINGS, messages, mutated_messages
+from tests.support.strategies import DIALECT_NAMES, SETTINGS, messages, mutated_messages
 
 Msgs = list[dict[str, Any]]
 

@@ -30,7 +30,7 @@ from cg.wire.splice import (
     splice,
     splice_array_bytes,
 )
-from tests.strategies import SETTINGS, Sample, Style, bodies, dumps, text
+from tests.support.strategies import SETTINGS, Sample, Style, bodies, dumps, text
 
 
 def _index(s: Sample) -> BodyIndex:

@@ -1,7 +1,7 @@
 """A scripted model that drives a real agent (Claude Code, or an SDK loop) through a session.
 
     script = AgentScript(tag, steps=session(12, parallel_at=(3,), read_at={5: path}))
-    provider.responder = script          # tests/fakeprovider.py asks it for every agent reply
+    provider.responder = script          # tests/support/fakeprovider.py asks it for every agent reply
 
 Each agent request is answered by looking at the transcript it carries, so the answer depends on
 what the agent sent, not on how many requests came before:
@@ -47,7 +47,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from tests.fakeprovider import Recorded, Reply, anthropic_error, openai_error
+from tests.support.fakeprovider import Recorded, Reply, anthropic_error, openai_error
 
 EXPAND_TOOL = "context_guru_expand"
 MARKER = re.compile(r"<<cg:([0-9a-f]+)>>")

@@ -21,7 +21,7 @@ import pytest
 from cg.settings import AUTO, load_config, load_presets
 from cg.state.sqlite import SqliteStore
 from cg.summarize.config import parse_summarize
-from tests.transcripts import CC16, Driver, fixture_body, fixture_headers, grow, make
+from tests.support.transcripts import CC16, Driver, fixture_body, fixture_headers, grow, make
 
 with warnings.catch_warnings():
     warnings.simplefilter("ignore", DeprecationWarning)

@@ -1,5 +1,5 @@
-"""The Responses oracle (tests/responses_api.py) and the scripted Codex model
-(tests/codex_script.py): what they send is what the API sends, and they refuse what it refuses.
+"""The Responses oracle (tests/support/responses_api.py) and the scripted Codex model
+(tests/support/codex_script.py): what they send is what the API sends, and they refuse what it refuses.
 
 The stream and the JSON are read back with the official `openai` SDK's own types, and the rules
 are checked against real Codex 0.169.0 requests (tests/fixtures/codex-0.169.0/): a valid
@@ -17,11 +17,11 @@ import pytest
 from openai.types.responses import Response, ResponseStreamEvent
 from pydantic import BaseModel
 
-from tests import responses_api as api
-from tests.codex_script import CodexScript, Step, is_compaction, request_kind, session
-from tests.fakeprovider import Recorded
+from tests.support import responses_api as api
+from tests.support.codex_script import CodexScript, Step, is_compaction, request_kind, session
+from tests.support.fakeprovider import Recorded
 
-FIXTURES = Path(__file__).resolve().parent / "fixtures" / "codex-0.169.0"
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "codex-0.169.0"
 # The SDK's model of each event, by its `type`.
 EVENTS: dict[str, type[BaseModel]] = {
     typing.get_args(m.model_fields["type"].annotation)[0]: m

@@ -19,7 +19,7 @@ from cg.state.sqlite import SqliteStore
 from cg.summarize.config import parse_summarize
 from cg.summarize.triggers import resolve_window, shipped_windows
 from tests.summarize.test_component_responses import grow
-from tests.transcripts import Driver, make
+from tests.support.transcripts import Driver, make
 
 CODEX_LIMIT = 244_800  # 90% of Codex's 272,000-token window
 

@@ -28,7 +28,7 @@ from cg.summarize.config import SummarizeConfig, parse_summarize
 from cg.wire.body import MessageCache, index_body
 from cg.wire.dialects import DIALECTS, Dialect
 
-FIXTURES = Path(__file__).parent / "fixtures"
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 CC16 = "claude_code_2.1.197_turn16.json"
 CC_TOOL_USE = "claude_code_anthropic_tool_use.json"
 MARKER_RE = re.compile(r"<<cg:([0-9a-f]{24})>>")

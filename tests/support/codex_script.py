@@ -1,7 +1,7 @@
 """A scripted model that drives Codex CLI through a session over the OpenAI Responses API.
 
     script = CodexScript(tag, steps=session(10, parallel_at=(4,), preamble_at=(2, 7)))
-    provider.responder = script          # tests/fakeprovider.py asks it for every agent reply
+    provider.responder = script          # tests/support/fakeprovider.py asks it for every agent reply
 
 Each request is answered by looking at the `input` it carries (Codex re-sends the whole history
 every turn, `store: false`), never by counting requests:
@@ -17,7 +17,7 @@ every turn, `store: false`), never by counting requests:
 A step's answer is a `reasoning` item (a summary and `encrypted_content` the script remembers),
 an optional assistant message (a preamble), and its `exec_command` function calls — several are
 parallel calls — which Codex really runs. The answer is the API's event stream
-(tests/responses_api.py) when the request says `stream: true`, else the `response` JSON; its
+(tests/support/responses_api.py) when the request says `stream: true`, else the `response` JSON; its
 `usage` is as the bytes would bill it: the request's bytes / 4 input tokens, the output items'
 bytes / 4 output tokens (plus `output_tokens`, to model a longer answer).
 
@@ -51,8 +51,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from tests import responses_api as api
-from tests.fakeprovider import Recorded, Reply
+from tests.support import responses_api as api
+from tests.support.fakeprovider import Recorded, Reply
 
 EXPAND_TOOL = "context_guru_expand"
 MARKER = re.compile(r"<<cg:([0-9a-f]+)>>")

@@ -1,4 +1,4 @@
-"""The fake provider's prompt-cache model (tests/promptcache.py) against hand-computed cases.
+"""The fake provider's prompt-cache model (tests/support/promptcache.py) against hand-computed cases.
 
 It is the oracle the shared-cache summarizer is measured with, so each case here is worked out
 by hand from the measure (ceil(bytes / 4) of a unit's canonical JSON), not computed by the code
@@ -17,8 +17,8 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.fakeprovider import FakeProvider, Reply
-from tests.promptcache import (
+from tests.support.fakeprovider import FakeProvider, Reply
+from tests.support.promptcache import (
     Bill,
     Clock,
     PromptCache,

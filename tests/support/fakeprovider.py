@@ -13,7 +13,7 @@ Every request is recorded (method, path, headers, the raw body bytes as received
 gzip-decoded copy). Tests wait for requests on a condition variable, never on sleeps. Replies to
 the two provider endpoints can be scripted with `FakeProvider.script(Reply(...))`; unscripted
 requests get a normal answer whose text is `Reply.text`'s default — or, when a `responder` is
-set, whatever it returns (an agent's whole scripted session, see tests/agent_script.py).
+set, whatever it returns (an agent's whole scripted session, see tests/support/agent_script.py).
 
 Requests carrying `x-context-guru: summarize` (context-guru's own summarizer calls) are scripted
 apart, with `FakeProvider.script_summarizer(...)`: agent replies and summarizer replies never
@@ -21,7 +21,7 @@ consume each other's queue. An unscripted summarizer request gets a numbered sum
 (`summary_answer(n)`), so every summary a test provokes has distinct bytes. A second instance
 serves as a dedicated "cheap model" endpoint.
 
-The prompt cache is modelled as the providers bill it (tests/promptcache.py, on the injectable
+The prompt cache is modelled as the providers bill it (tests/support/promptcache.py, on the injectable
 `clock`): every 200 answer to a JSON request is billed when its status line is written (the cache
 entry exists from then) and reports that usage (Anthropic `input_tokens`,
 `cache_creation_input_tokens`, `cache_read_input_tokens`, `cache_creation`; OpenAI
@@ -46,7 +46,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 from cg.wire import decode
-from tests.promptcache import Bill, PromptCache, TooManyBreakpoints
+from tests.support.promptcache import Bill, PromptCache, TooManyBreakpoints
 
 DEFAULT_TEXT = "Hello from the fake provider, streamed in pieces."
 GATE_TIMEOUT = 5.0
@@ -684,7 +684,7 @@ class FakeProvider:
     `tls`: serve HTTPS with this server context (`p.url` is then `https://…`). `responder`: asked
     for the reply to each agent request the script queue does not answer, and to each GET or
     HEAD (a `Reply` with `body`); None means the default answer. `clock`: the prompt cache's
-    clock (default `time.monotonic`); pass a `tests.promptcache.Clock` to move time by hand.
+    clock (default `time.monotonic`); pass a `tests.support.promptcache.Clock` to move time by hand.
     """
 
     def __init__(

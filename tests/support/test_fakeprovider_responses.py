@@ -12,8 +12,8 @@ import httpx
 import openai
 import pytest
 
-from tests.fakeprovider import DEFAULT_TEXT, FakeProvider, Reply, responses_problem
-from tests.promptcache import MIN_TOKENS, Clock, responses_units
+from tests.support.fakeprovider import DEFAULT_TEXT, FakeProvider, Reply, responses_problem
+from tests.support.promptcache import MIN_TOKENS, Clock, responses_units
 
 BIG = " ".join(f"word{i}" for i in range(1500))  # well past the 1,024-token cache floor
 
