@@ -78,7 +78,7 @@ from cg.state.tenant import fingerprint
 from cg.state.tokens import TokenCounter
 from cg.summarize.component import Commission, Summarize, conversation_key, prefix_hash
 from cg.summarize.config import SummarizeConfig, parse_summarize
-from cg.summarize.prompt import HEADER
+from cg.summarize.prompt import SUMMARY_HEADER
 from cg.summarize.span import Span, select_span
 from cg.summarize.triggers import RequestFacts, evaluate
 from cg.wire.body import BodyIndex, MessageCache, index_body
@@ -270,7 +270,7 @@ def check_reuse(sc: Scenario, r: Rewrite) -> None:
     assert got[:head] == src[:head], "head not byte-identical"
     assert got[head] == cp.message, "summary message not the stored bytes"
     assert got[head + 1 :] == src[ce:], "tail not byte-identical"
-    assert out.text[out.array.start : out.array.end].count(HEADER) == 1
+    assert out.text[out.array.start : out.array.end].count(SUMMARY_HEADER) == 1
     assert list(markers(got[head])) == [cp.key] and sc.store.has_stash(cp.key, None, sc.tenant)
     # Outside `messages`, only the appended expand tool differs.
     tool = "," + TOOL_JSON[d.name]

@@ -31,8 +31,11 @@ _NAME = TOOL_NAME.encode()
 InjectMode = Literal["auto", "always", "never"]
 MAX_EXPANSION_CHARS = 200_000
 
+# The first line of every summary message (cg.summarize.prompt writes it; the tool names it).
+SUMMARY_HEADER = "=== History Summary ==="
+
 _DESCRIPTION = (
-    "Restore, verbatim, the earlier conversation messages that a '=== History Summary ===' "
+    f"Restore, verbatim, the earlier conversation messages that a '{SUMMARY_HEADER}' "
     "replaced. Call it with the id from the summary's <<cg:ID>> marker when you need an exact "
     "detail (a path, a command, an output, a number) that the summary does not give."
 )

@@ -37,7 +37,7 @@ from mitmproxy import contentviews, http
 from mitmproxy import flow as mflow
 from mitmproxy.net.http.headers import parse_content_type
 
-from cg.expand.tool import TOOL_JSON, markers
+from cg.expand.tool import SUMMARY_HEADER, TOOL_JSON, markers
 from cg.state import Stash
 from cg.wire.dialects import DIALECTS
 from cg.wire.jsonspan import JsonSpanError, rebuild_array, walk_document
@@ -45,7 +45,6 @@ from cg.wire.jsonspan import JsonSpanError, rebuild_array, walk_document
 META = "context_guru"  # the decision record (cg.pipeline.rewrite), whole
 RECORD = "context_guru_view"  # what the views read: small, versioned
 VERSION = 1
-SUMMARY_PREFIX = "=== History Summary ==="
 WIDTH = 88  # wrapped, never cut: mitmweb shows one line per line, scrolling sideways
 FIRST_LINES = 3  # of a message's text, a tool call's input or a tool result
 Line = list[tuple[str, str | bytes]]
@@ -244,7 +243,7 @@ def summary_text(m: Any) -> str | None:
     content = m.get("content")
     if isinstance(content, list) and len(content) == 1 and isinstance(content[0], dict):
         content = content[0].get("text")
-    if isinstance(content, str) and content.startswith(SUMMARY_PREFIX):
+    if isinstance(content, str) and content.startswith(SUMMARY_HEADER):
         return content
     return None
 

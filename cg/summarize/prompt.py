@@ -18,13 +18,13 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 
+from cg.expand.tool import SUMMARY_HEADER as SUMMARY_HEADER
 from cg.wire.dialects import MessageView
 
 MASK = "<masked_tool_output>"
 TRAJECTORY_CAP_CHARS = 120_000
 GROUNDING_CAP_CHARS = 4_000
 CALL_CAP_CHARS = 1_000
-HEADER = "=== History Summary ==="
 SENTINEL = "⟪cg⟫"
 # The summary's output budget per level (the standalone call's `max_tokens`; the shared call's,
 # plus the request's own thinking budget).
@@ -237,7 +237,7 @@ def build_instruction(
     ]
     if previous:
         out.append(
-            f"- The span includes an earlier summary (the message that begins {HEADER!r}), which "
+            f"- The span includes an earlier summary (the message that begins {SUMMARY_HEADER!r}), which "
             "stands for even older messages: carry what it says over into the new summary."
         )
     out += [
@@ -282,7 +282,7 @@ def summary_text(
     summary: str, mode: str, key: str | None, replaced: int, expired: bool = False
 ) -> str:
     """The text of the summary message: header, `<summary>`, then the marker for `mode`."""
-    text = f"{HEADER}\n<summary>\n{summary}\n</summary>"
+    text = f"{SUMMARY_HEADER}\n<summary>\n{summary}\n</summary>"
     if mode == "full" and key and not expired:
         text += (
             f"\n[{replaced} earlier messages were replaced by this summary. To read them verbatim, "

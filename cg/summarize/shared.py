@@ -33,7 +33,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from cg.summarize.prompt import HEADER, MAX_TOKENS, build_instruction
+from cg.summarize.prompt import MAX_TOKENS, SUMMARY_HEADER, build_instruction
 from cg.wire.body import BodyRejected, index_body
 from cg.wire.dialects import DIALECTS
 from cg.wire.jsonspan import Member
@@ -96,7 +96,7 @@ def build(
             lay
             for lay in layouts
             if lay.count == n
-            and (lay.summary_at is None or views[lay.summary_at].text.startswith(HEADER))
+            and (lay.summary_at is None or views[lay.summary_at].text.startswith(SUMMARY_HEADER))
         ),
         None,
     )

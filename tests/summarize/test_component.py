@@ -26,7 +26,7 @@ from cg.state import Store
 from cg.state.sqlite import SqliteStore
 from cg.summarize import component
 from cg.summarize.component import NoModel, prefix_hash
-from cg.summarize.prompt import HEADER, SENTINEL
+from cg.summarize.prompt import SENTINEL, SUMMARY_HEADER
 from cg.summarize.span import select_span
 from cg.wire.body import MessageCache, index_body
 from cg.wire.dialects import DIALECTS, OPENAI
@@ -438,7 +438,7 @@ def test_full_marker_mode_stashes_the_span_under_a_resolvable_key(store: Store) 
     msg = out_messages(r)[i]
     assert msg["role"] == "user" and isinstance(msg["content"], str)
     content = msg["content"]
-    assert content.startswith(HEADER + "\n<summary>\nsummary #1 of")
+    assert content.startswith(SUMMARY_HEADER + "\n<summary>\nsummary #1 of")
     assert key is not None and content.endswith(f"<<cg:{key}>>")
     assert f'context_guru_expand tool with id "{key}"' in content
 

@@ -18,7 +18,7 @@ from cg.pipeline.rewrite import ExpandPolicy, Rewrite, rewrite_body
 from cg.proxy.agents import codex_compaction
 from cg.state.sqlite import SqliteStore
 from cg.summarize.component import conversation_key
-from cg.summarize.prompt import HEADER
+from cg.summarize.prompt import SUMMARY_HEADER
 from cg.wire.body import index_body
 from cg.wire.dialects import RESPONSES
 from cg.wire.shape import validate_shape
@@ -80,7 +80,7 @@ def summary_item(r: Rewrite) -> tuple[int, Json]:
     found = [
         (i, it)
         for i, it in enumerate(items(r.body))
-        if it.get("type") == "message" and HEADER in json.dumps(it)
+        if it.get("type") == "message" and SUMMARY_HEADER in json.dumps(it)
     ]
     assert len(found) == 1, found
     return found[0]
@@ -108,7 +108,7 @@ def test_a_codex_session_is_summarized_and_the_summary_reused_byte_identically(
     assert set(summary) == {"type", "role", "content"}
     assert (summary["type"], summary["role"]) == ("message", "user")
     (part,) = summary["content"]
-    assert part["type"] == "input_text" and part["text"].startswith(HEADER)
+    assert part["type"] == "input_text" and part["text"].startswith(SUMMARY_HEADER)
     key = MARKER_RE.search(part["text"])
     assert key is not None
     # Kept byte for byte: the two developer items, the environment turn and the task (head 4).

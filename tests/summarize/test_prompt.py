@@ -11,10 +11,10 @@ import pytest
 
 from cg.state.sqlite import SqliteStore
 from cg.summarize.prompt import (
-    HEADER,
     LEVELS,
     MASK,
     SENTINEL,
+    SUMMARY_HEADER,
     build_prompt,
     extract_summary,
     grounding,
@@ -306,7 +306,7 @@ def test_the_summary_text_always_carries_the_tags() -> None:
     assert s is not None
     for mode in ("full", "summary", "off"):
         text = summary_text(s, mode, "0" * 24, 5)
-        assert text.startswith(f"{HEADER}\n<summary>\nuntagged state\n</summary>")
+        assert text.startswith(f"{SUMMARY_HEADER}\n<summary>\nuntagged state\n</summary>")
 
 
 def test_the_summary_text_per_marker_mode() -> None:
@@ -317,5 +317,5 @@ def test_the_summary_text_per_marker_mode() -> None:
     expired = summary_text("S", "full", key, 7, expired=True)
     assert "<<cg:" not in expired and key not in expired and "expired" in expired
     assert summary_text("S", "summary", None, 7).endswith("\n" + SENTINEL)
-    assert summary_text("S", "off", None, 7) == f"{HEADER}\n<summary>\nS\n</summary>"
-    assert summary_text("S", "full", None, 7) == f"{HEADER}\n<summary>\nS\n</summary>"
+    assert summary_text("S", "off", None, 7) == f"{SUMMARY_HEADER}\n<summary>\nS\n</summary>"
+    assert summary_text("S", "full", None, 7) == f"{SUMMARY_HEADER}\n<summary>\nS\n</summary>"

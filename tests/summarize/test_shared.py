@@ -14,7 +14,7 @@ import pytest
 
 from cg.state.sqlite import SqliteStore
 from cg.summarize.component import Commission
-from cg.summarize.prompt import HEADER, MAX_TOKENS, build_instruction
+from cg.summarize.prompt import MAX_TOKENS, SUMMARY_HEADER, build_instruction
 from cg.summarize.shared import Layout, SharedRequest, build, forces_a_tool, output_limits
 from cg.wire.body import index_body
 from cg.wire.dialects import DIALECTS
@@ -238,7 +238,7 @@ def test_a_roll_forward_points_at_the_spliced_body_with_the_old_summary_in_the_s
     ask, _ = split_shared(r.body, out.body, "anthropic")
     text = ask["content"]
     assert f"after the first {'message' if at == 1 else f'{at} messages'}" in text
-    assert f"begins with: [user] {HEADER}" in text
+    assert f"begins with: [user] {SUMMARY_HEADER}" in text
     assert "includes an earlier summary" in text
     # Had the splice not gone out (fail open), the same job points at the client's body.
     raw = cc_dumps(body)
