@@ -67,3 +67,10 @@ _._quick_backoff
 # function `bench.peers` stands in for (`expected_hash`).
 _.exc
 _.expected_hash
+
+# Keys of the decision record (cg.pipeline.rewrite.Record) written for the reader of a flow
+# (mitmweb, a `-w` file), never read back by the addon.
+_.retry_error
+_.read_aside
+_.provider_400
+_.preset_reason

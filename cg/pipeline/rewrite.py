@@ -9,7 +9,7 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, TypedDict
 
 from cg.expand.tool import InjectMode, inject_reason, tool_insertion
 from cg.pipeline.contract import Component, Invalidates, RequestContext
@@ -46,6 +46,38 @@ from cg.wire.splice import (
 )
 
 RewriteOutcome = Literal["passed_through", "rewritten", "failed_open"]
+
+
+class Record(TypedDict, total=False):
+    """The decision record as `flow.metadata["context_guru"]` holds it (a plain dict, for `-w`
+    files and mitmweb): a `Decision`'s JSON, then what the proxy learns after it. Every key any
+    module writes is declared here, so a misspelt or mistyped one is a type error."""
+
+    dialect: str
+    timings_ms: dict[str, Any]
+    bound: str  # which bound a body over it met (cg_max_body_mb, cg_max_messages, …)
+    messages_in: int
+    stream: bool
+    input_violations: list[dict[str, Any]]
+    session: str
+    tenant: str
+    session_skipped: list[str]
+    invalidated: list[str]
+    components: list[dict[str, Any]]
+    messages_out: int
+    violations: list[dict[str, Any]]
+    expand: dict[str, Any]
+    # `passed_through`, `rewritten`, `failed_open`; the proxy's own: `bypassed`,
+    # `retried_original`.
+    outcome: str
+    reason: str
+    # What the proxy adds once the decision is made.
+    preset: str
+    preset_reason: str
+    read_aside: str  # why the body was read in the worker thread
+    ledger: dict[str, Any]  # the answer's usage, as booked
+    provider_400: str  # the provider's message when it refused the rewrite
+    retry_error: str  # why re-sending the original failed
 
 
 @dataclass(slots=True)
@@ -114,10 +146,10 @@ class Decision:
     violations: list[dict[str, Any]] | None = None  # what the rewrite would have introduced
     expand: dict[str, Any] | None = None  # whether the expand tool went in, and why
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> Record:
         """The record as a JSON object, its keys in the order they were always written: a
         fresh dict (and fresh `timings_ms` and `expand`, which the proxy adds to)."""
-        out: dict[str, Any] = {"dialect": self.dialect, "timings_ms": dict(self.timings_ms)}
+        out: Record = {"dialect": self.dialect, "timings_ms": dict(self.timings_ms)}
         if self.bound is not None:
             out["bound"] = self.bound
         if self.messages_in is not None:
@@ -161,14 +193,14 @@ class Rewrite:
     shape: SentShape | None = None  # what `body` is made of, when there is one
     # Why the body was not read here (over the `inline` limits): the caller reads it elsewhere.
     deferred: str | None = None
-    record: dict[str, Any] = field(init=False)
+    record: Record = field(init=False)
 
     def __post_init__(self) -> None:
         self.record = self.decision.to_json()
 
     @property
     def outcome(self) -> RewriteOutcome:
-        o: RewriteOutcome = self.record["outcome"]
+        o: RewriteOutcome = self.record["outcome"]  # type: ignore[assignment] # the proxy may change it
         return o
 
 

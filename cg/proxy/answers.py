@@ -10,13 +10,13 @@ import contextlib
 import functools
 import logging
 import time
-from typing import Any
 
 from mitmproxy import http
 from mitmproxy.net import encoding as net_encoding
 
 from cg.expand import continuation
 from cg.expand.tool import TOOL_NAME, names_tool
+from cg.pipeline.rewrite import Record
 from cg.proxy import view as views
 from cg.proxy.calls import call_flow
 from cg.proxy.message import content, content_type, upstream_sni
@@ -44,7 +44,7 @@ def _request_text(raw: bytes, encoding: str | None) -> str:
     return body.decode("utf-8")  # a rewritten body: valid UTF-8
 
 
-def to_relay(rt: Runtime, flow: http.HTTPFlow, record: dict[str, Any], tenant: str) -> None:
+def to_relay(rt: Runtime, flow: http.HTTPFlow, record: Record, tenant: str) -> None:
     """A streamed turn offered our tool goes to the relay (`cg.proxy.relay`), so its answer
     streams and is held only if it calls the tool; without a relay it is buffered."""
     expand = record.get("expand")
@@ -145,7 +145,7 @@ class Answers:
         original, job = self._drop(flow)
         if original is None or flow.response is None:
             return None
-        record = flow.metadata.get(META, {})
+        record: Record = flow.metadata.get(META, {})
         if job is not None and len(job.times) == 4:
             t = job.times
             record.setdefault("timings_ms", {})["relay"] = {
@@ -192,7 +192,7 @@ class Answers:
         log.warning("context-guru: provider refused a rewrite: %s", record["provider_400"])
         return None
 
-    def _forget_checkpoints(self, record: dict[str, Any]) -> None:
+    def _forget_checkpoints(self, record: Record) -> None:
         """A checkpoint the provider refused would be refused every turn: drop it."""
         if self.rt.store is None:
             return
@@ -201,7 +201,7 @@ class Answers:
             if rec.get("reused") and isinstance(conv, str):
                 self.rt.store.delete_checkpoint(conv)
 
-    async def _continue(self, flow: http.HTTPFlow, record: dict[str, Any]) -> list[Reply] | None:
+    async def _continue(self, flow: http.HTTPFlow, record: Record) -> list[Reply] | None:
         """The model called `context_guru_expand`: answer it here, re-send, return the end.
         Returns every round's reply (for the ledger), or None when nothing was continued."""
         assert flow.response is not None
@@ -241,7 +241,7 @@ class Answers:
         resp.content = out.body
         return out.replies
 
-    def _expand_round(self, flow: http.HTTPFlow, record: dict[str, Any], ex: Exchange) -> None:
+    def _expand_round(self, flow: http.HTTPFlow, record: Record, ex: Exchange) -> None:
         """One expand round sent on `flow`'s behalf: a flow of its own."""
         rounds = record.setdefault("expand", {}).setdefault("shown", 0) + 1
         record["expand"]["shown"] = rounds

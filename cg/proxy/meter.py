@@ -24,6 +24,7 @@ from mitmproxy import http
 
 from cg.billing.ledger import Ledger, Round, Turn
 from cg.billing.tap import UNDECODABLE, UsageTap, usage_of_json
+from cg.pipeline.rewrite import Record
 from cg.proxy.flowstate import Flows
 from cg.proxy.message import bounded_content, content, content_type
 from cg.proxy.stats import UsageCounts
@@ -56,7 +57,7 @@ class Meter:
     def note(
         self,
         flow: http.HTTPFlow,
-        record: dict[str, Any],
+        record: Record,
         index: BodyIndex | None,
         max_body: int,
         shape: SentShape | None = None,
@@ -100,7 +101,7 @@ class Meter:
         return tap
 
     def answered(
-        self, flow: http.HTTPFlow, record: dict[str, Any], replies: list[Reply] | None = None
+        self, flow: http.HTTPFlow, record: Record, replies: list[Reply] | None = None
     ) -> None:
         """Book the answer. `replies`: every round of an expand continuation (the first answer
         included), each booked once; else the answer in `flow.response` is read."""
@@ -123,7 +124,7 @@ class Meter:
             self.counts.tap_errors += 1
             log.warning("context-guru: reading usage failed: %s", type(e).__name__)
 
-    def failed(self, flow: http.HTTPFlow, record: dict[str, Any]) -> None:
+    def failed(self, flow: http.HTTPFlow, record: Record) -> None:
         """The flow errored: a stream cut after it reported usage is booked (and counted
         truncated); anything else is forgotten."""
         turn = self._forget(flow.id)
@@ -273,9 +274,7 @@ class Meter:
             return None
         return Round(usage, model if isinstance(model, str) and model else None)
 
-    def _book(
-        self, flow: http.HTTPFlow, record: dict[str, Any], turn: Turn, rounds: list[Round]
-    ) -> None:
+    def _book(self, flow: http.HTTPFlow, record: Record, turn: Turn, rounds: list[Round]) -> None:
         assert self.ledger is not None
         if record.get("outcome") == "retried_original":
             turn.rewritten = False  # the client's own bytes were what got billed

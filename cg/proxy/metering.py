@@ -7,9 +7,11 @@ reported before the cut.
 from __future__ import annotations
 
 import contextlib
+from typing import cast
 
 from mitmproxy import http
 
+from cg.pipeline.rewrite import Record
 from cg.proxy import offload
 from cg.proxy.message import content_type
 from cg.proxy.meter import late_index
@@ -63,7 +65,9 @@ class Metering:
             record = flow.metadata.get(META)
             if isinstance(record, dict):
                 st = rt.flows.get(flow.id)
-                rt.meter.answered(flow, record, st.replies if st is not None else None)
+                rt.meter.answered(
+                    flow, cast(Record, record), st.replies if st is not None else None
+                )
         finally:
             rt.flush_facts()
 
@@ -72,4 +76,4 @@ class Metering:
             return
         record = flow.metadata.get(META)
         if isinstance(record, dict):
-            self.rt.meter.failed(flow, record)
+            self.rt.meter.failed(flow, cast(Record, record))

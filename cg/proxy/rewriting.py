@@ -21,7 +21,7 @@ from mitmproxy import http
 
 from cg.billing.cache import prompt_of
 from cg.pipeline.contract import Component
-from cg.pipeline.rewrite import Rewrite, rewrite_body
+from cg.pipeline.rewrite import Record, Rewrite, rewrite_body
 from cg.proxy import control, offload
 from cg.proxy import view as views
 from cg.proxy.agents import codex_compaction
@@ -43,15 +43,15 @@ BYPASS_HEADER = "x-context-guru-bypass"
 BYPASS_VALUES = frozenset({"1", "true", "yes", "on"})
 
 
-def _passed(dialect: str, outcome: str, reason: str) -> dict[str, Any]:
+def _passed(dialect: str, outcome: str, reason: str) -> Record:
     """The record of a request whose body was not read."""
-    record: dict[str, Any] = {"dialect": dialect, "outcome": outcome, "reason": reason}
+    record: Record = {"dialect": dialect, "outcome": outcome, "reason": reason}
     if reason.endswith("is over cg_max_body_mb"):
         record["bound"] = "cg_max_body_mb"
     return record
 
 
-def _over_cap(dialect: str, e: decode.TooLarge) -> dict[str, Any]:
+def _over_cap(dialect: str, e: decode.TooLarge) -> Record:
     record = _passed(
         dialect,
         "passed_through",
@@ -219,7 +219,7 @@ class Rewriter:
         headers: Any,
         compaction: str | None,
         tenant: str,
-    ) -> tuple[bytes | None, Rewrite | dict[str, Any]]:
+    ) -> tuple[bytes | None, Rewrite | Record]:
         """In the worker thread: the body decoded (bounded) unless it was, and rewritten, read
         whole (no message cache: it is the loop's). Returns the decoded body and the rewrite,
         or a pass-through record when the body cannot be read."""
@@ -251,7 +251,7 @@ class Rewriter:
         self,
         flow: http.HTTPFlow,
         t0: float,
-        record: dict[str, Any],
+        record: Record,
         raw: bytes | None = None,
         result: Rewrite | None = None,
         preset: str = "",
@@ -325,7 +325,7 @@ class Rewriter:
             return "passed_through", f"body of {len(req.raw_content)} bytes is over cg_max_body_mb"
         return None
 
-    def _count_components(self, record: dict[str, Any]) -> None:
+    def _count_components(self, record: Record) -> None:
         for rec in record.get("components", ()):
             if rec.get("reused") and record.get("outcome") == "rewritten":
                 self.rt.stats.summaries.reused += 1

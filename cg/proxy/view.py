@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import json
 import textwrap
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 from mitmproxy import contentviews, http
@@ -88,7 +88,7 @@ def messages_range(span: Any) -> str:
 
 
 def view_record(
-    decision: dict[str, Any],
+    decision: Mapping[str, Any],
     *,
     commissioned: bool = False,
     summary_flow: str | None = None,
