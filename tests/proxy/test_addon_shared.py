@@ -9,52 +9,29 @@ from __future__ import annotations
 
 import asyncio
 import warnings
-from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 from mitmproxy import http
 
 with warnings.catch_warnings():
     warnings.simplefilter("ignore", DeprecationWarning)
-    from mitmproxy.test import taddons, tflow, tutils
+    from mitmproxy.test import tflow, tutils
 
 from cg.proxy.addon import META, ContextGuru
 from cg.summarize.component import Summarize
 from tests.support.shared_request import split_shared
-from tests.support.transcripts import ACTING, CC16, SharedFake, cc_dumps, fixture_body, grow
-
-RAW = cc_dumps(grow(fixture_body(CC16), 3)[-1])
-
-
-@pytest.fixture
-def fake(monkeypatch: pytest.MonkeyPatch) -> SharedFake:
-    f = SharedFake()
-    monkeypatch.setattr("cg.proxy.runtime.SummarizerClient", lambda *a, **k: f)
-    return f
+from tests.support.summarizing import RAW, provider_flow
+from tests.support.transcripts import CC16, cc_dumps, fixture_body, grow
 
 
 @pytest.fixture
-async def addon(
-    tmp_path: Path, fake: SharedFake, monkeypatch: pytest.MonkeyPatch
-) -> AsyncIterator[ContextGuru]:
-    """Async, so that the addon lives on the test's own running loop."""
-    monkeypatch.setenv("HOME", str(tmp_path))
-    cfg = tmp_path / "cg.yaml"
-    cfg.write_text(yaml.safe_dump({"components": {"summarize": ACTING}}), encoding="utf-8")
-    cg = ContextGuru()
-    with taddons.context(cg) as tctx:
-        tctx.configure(cg, cg_preset="summarize", cg_config=str(cfg), cg_db=str(tmp_path / "db"))
-        yield cg
-        cg.done()
+def addon(guru: tuple[ContextGuru, Any]) -> ContextGuru:
+    return guru[0]
 
 
 def flow(raw: bytes = RAW) -> http.HTTPFlow:
-    req = tutils.treq(method=b"POST", path=b"/v1/messages", host="api.anthropic.com", content=raw)
-    req.headers["x-api-key"] = "sk-test"
-    return tflow.tflow(req=req)
+    return provider_flow(raw)
 
 
 def commissioned(cg: ContextGuru, f: http.HTTPFlow) -> tuple[str, asyncio.Task[str]]:

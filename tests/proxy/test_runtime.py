@@ -9,51 +9,21 @@ SQLite store; only the summarizer is an in-process fake.
 from __future__ import annotations
 
 import warnings
-from collections.abc import AsyncIterator
-from pathlib import Path
-from typing import Any
 
-import pytest
-import yaml
 from mitmproxy import http
 
 with warnings.catch_warnings():
     warnings.simplefilter("ignore", DeprecationWarning)
-    from mitmproxy.test import taddons, tflow, tutils
+    from mitmproxy.test import tutils
 
 from cg.proxy.addon import META, ContextGuru
 from cg.proxy.runtime import Runtime
 from cg.summarize.component import Summarize
-from tests.support.transcripts import ACTING, CC16, SharedFake, cc_dumps, fixture_body, grow
-
-RAW = cc_dumps(grow(fixture_body(CC16), 3)[-1])
-
-
-@pytest.fixture
-def fake(monkeypatch: pytest.MonkeyPatch) -> SharedFake:
-    f = SharedFake()
-    monkeypatch.setattr("cg.proxy.runtime.SummarizerClient", lambda *a, **k: f)
-    return f
-
-
-@pytest.fixture
-async def guru(
-    tmp_path: Path, fake: SharedFake, monkeypatch: pytest.MonkeyPatch
-) -> AsyncIterator[tuple[ContextGuru, Any]]:
-    monkeypatch.setenv("HOME", str(tmp_path))
-    cfg = tmp_path / "cg.yaml"
-    cfg.write_text(yaml.safe_dump({"components": {"summarize": ACTING}}), encoding="utf-8")
-    cg = ContextGuru()
-    with taddons.context(cg) as tctx:
-        tctx.configure(cg, cg_preset="summarize", cg_config=str(cfg), cg_db=str(tmp_path / "db"))
-        yield cg, tctx
-        cg.done()
+from tests.support.summarizing import provider_flow
 
 
 def flow() -> http.HTTPFlow:
-    req = tutils.treq(method=b"POST", path=b"/v1/messages", host="api.anthropic.com", content=RAW)
-    req.headers["x-api-key"] = "sk-test"
-    return tflow.tflow(req=req)
+    return provider_flow()
 
 
 def in_flight(cg: ContextGuru) -> tuple[http.HTTPFlow, str, Summarize]:
