@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import Any, Literal, TypedDict
+from dataclasses import dataclass, field, fields
+from typing import Any, Literal, TypedDict, cast
 
 from cg.expand.tool import InjectMode, inject_reason, tool_insertion
 from cg.pipeline.contract import Component, Invalidates, RequestContext
@@ -102,36 +102,20 @@ class Draft:
 
     def freeze(self, outcome: RewriteOutcome, reason: str) -> Decision:
         return Decision(
-            self.dialect,
-            outcome,
-            reason,
-            self.timings_ms,
-            self.bound,
-            self.messages_in,
-            self.stream,
-            self.input_violations,
-            self.session,
-            self.tenant,
-            self.session_skipped,
-            self.invalidated,
-            self.components,
-            self.messages_out,
-            self.violations,
-            self.expand,
+            **{name: getattr(self, name) for name in _DRAFTED}, outcome=outcome, reason=reason
         )
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Decision:
     """What `rewrite_body` decided for one request body, and why: the decision record (the
     documented keys, docs/behaviour.md), made once. `to_json` is the form
     `flow.metadata["context_guru"]` holds (and `-w` files, mitmweb's view and the e2e tests
     read); the proxy adds what it learns later (the preset, the answer's ledger and expand
-    rounds, a re-send) to that form."""
+    rounds, a re-send) to that form. The fields are declared in the order the record's keys
+    were always written; a `Draft`'s fields are these but the last two."""
 
     dialect: str
-    outcome: RewriteOutcome
-    reason: str
     timings_ms: dict[str, float]
     bound: str | None = None  # which bound a body over it met (cg_max_messages, …)
     messages_in: int | None = None
@@ -145,38 +129,23 @@ class Decision:
     messages_out: int | None = None
     violations: list[dict[str, Any]] | None = None  # what the rewrite would have introduced
     expand: dict[str, Any] | None = None  # whether the expand tool went in, and why
+    outcome: RewriteOutcome
+    reason: str
 
     def to_json(self) -> Record:
-        """The record as a JSON object, its keys in the order they were always written: a
+        """The record as a JSON object, its keys in the fields' order, unset ones left out: a
         fresh dict (and fresh `timings_ms` and `expand`, which the proxy adds to)."""
-        out: Record = {"dialect": self.dialect, "timings_ms": dict(self.timings_ms)}
-        if self.bound is not None:
-            out["bound"] = self.bound
-        if self.messages_in is not None:
-            out["messages_in"] = self.messages_in
-        if self.stream is not None:
-            out["stream"] = self.stream
-        if self.input_violations is not None:
-            out["input_violations"] = self.input_violations
-        if self.session is not None:
-            out["session"] = self.session
-        if self.tenant is not None:
-            out["tenant"] = self.tenant
-        if self.session_skipped is not None:
-            out["session_skipped"] = self.session_skipped
-        if self.invalidated is not None:
-            out["invalidated"] = self.invalidated
-        if self.components is not None:
-            out["components"] = self.components
-        if self.messages_out is not None:
-            out["messages_out"] = self.messages_out
-        if self.violations is not None:
-            out["violations"] = self.violations
-        if self.expand is not None:
-            out["expand"] = dict(self.expand)
-        out["outcome"] = self.outcome
-        out["reason"] = self.reason
-        return out
+        out: dict[str, Any] = {}
+        for name in _DECIDED:
+            value = getattr(self, name)
+            if value is not None:
+                out[name] = dict(value) if name in _COPIED else value
+        return cast(Record, out)
+
+
+_DRAFTED = tuple(f.name for f in fields(Draft))
+_DECIDED = tuple(f.name for f in fields(Decision))
+_COPIED = frozenset({"timings_ms", "expand"})  # the proxy adds to these in the flow's copy
 
 
 @dataclass(slots=True)

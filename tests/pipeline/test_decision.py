@@ -59,3 +59,9 @@ def test_the_decision_is_frozen_and_its_json_is_a_fresh_object_each_time() -> No
     again = out.decision.to_json()
     assert "hook" not in again["timings_ms"] and again["outcome"] == "rewritten"
     assert isinstance(out.decision, Decision)
+
+
+def test_a_draft_fills_every_field_of_the_decision_but_its_outcome_and_reason() -> None:
+    from cg.pipeline.rewrite import _DECIDED, _DRAFTED
+
+    assert _DECIDED[:-2] == _DRAFTED and _DECIDED[-2:] == ("outcome", "reason")
