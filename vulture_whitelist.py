@@ -69,8 +69,13 @@ _.exc
 _.expected_hash
 
 # Keys of the decision record (cg.pipeline.rewrite.Record) written for the reader of a flow
-# (mitmweb, a `-w` file), never read back by the addon.
+# (mitmweb, a `-w` file), never read back by the addon; a Draft's fields are read by name.
 _.retry_error
 _.read_aside
 _.provider_400
 _.preset_reason
+_.messages_out
+_.messages_in
+_.input_violations
+_.session_skipped
+_.invalidated

@@ -70,7 +70,7 @@ from bench.hotpath import machine, p90, previous_turn, primed
 from cg.expand.tool import TOOL_JSON, markers
 from cg.pipeline.rewrite import ExpandPolicy, Rewrite, _inject, rewrite_body
 from cg.settings import StoreConfig
-from cg.state import Store
+from cg.state import Store, open_store
 from cg.state.pgstore import redact_url
 from cg.state.records import Checkpoint
 from cg.state.session import session_of
@@ -186,7 +186,7 @@ def setup(name: str, raw: bytes, dialect: Dialect, db: Path | str) -> Scenario:
     assert n == TARGET_MESSAGES, f"{name}: {n} messages"
     prev_raw = previous_turn(index)
     prev = index_body(prev_raw, dialect)
-    store = Store.open(StoreConfig(), str(db))
+    store = open_store(StoreConfig(), str(db))
     sc = Scenario(
         name=name,
         dialect=dialect,

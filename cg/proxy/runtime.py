@@ -38,7 +38,7 @@ from cg.proxy.stats import Stats
 from cg.proxy.summaries import Summaries
 from cg.proxy.view import META
 from cg.settings import Config, host_patterns, load_presets, no_such, unknown_names
-from cg.state import Store, StoreClaimed, StoreError
+from cg.state import Store, StoreClaimed, StoreError, memory, open_store
 from cg.state.facts import FactsCache
 from cg.state.tenant import ANONYMOUS, fingerprint
 from cg.state.tokens import TokenCounter
@@ -288,7 +288,7 @@ class Runtime:
                 c.pipeline,
                 c.components,
                 Services(
-                    store or Store.memory(),
+                    store or memory(),
                     self.tokens,
                     c.model_windows,
                     summarizers=lambda cfg, level: SummarizerClient(
@@ -308,9 +308,7 @@ class Runtime:
 
     def _ledger(self, configs: dict[str, Config], store: Store | None, warm: int) -> Ledger:
         config = configs[list(configs)[-1]] if configs else Config()
-        return Ledger(
-            store or Store.memory(), price_table(config.prices), self.facts, sent_bodies=warm
-        )
+        return Ledger(store or memory(), price_table(config.prices), self.facts, sent_bodies=warm)
 
     def _carry_inflight(self, pipelines: dict[str, list[Component]]) -> None:
         """The sessions whose summary is in flight, kept by the pipelines that replace the
@@ -373,7 +371,7 @@ class Runtime:
         # no traffic of its own: it reads the store beside the proxy that holds it.
         claim = not getattr(ctx.options, "rfile", None)
         try:
-            self.store = Store.open(
+            self.store = open_store(
                 config.store, cg_db or None, busy_timeout_ms=STORE_BUSY_MS, claim=claim
             )
             if self.store_error is not None:
@@ -384,7 +382,7 @@ class Runtime:
             # proxy already running passes through until the file is free.
             self.store_error = str(e)
             self._store_retry_at = time.monotonic() + STORE_RETRY
-            self.store = Store.memory()
+            self.store = memory()
             self.store_note = path
             if not self.started:
                 raise ValueError(f"cg_db: {e}") from None
@@ -398,7 +396,7 @@ class Runtime:
                 )
             self.store_error = str(e)
             self._store_retry_at = time.monotonic() + STORE_RETRY
-            self.store = Store.memory()  # the ledger, in memory meanwhile
+            self.store = memory()  # the ledger, in memory meanwhile
         self.store_note = path
         return self.store
 

@@ -1,6 +1,6 @@
 """What the proxy remembers: the store, session ids, token counts, per-message facts.
 
-    interface   the `Store` protocol every caller types against, and its factory (`Store.open`)
+    interface   the `Store` protocol every caller types against
     records     what the store takes and returns (stashes, checkpoints, the ledger's rows) and
                 its errors
     engines     which engine serves a configuration (`open_store`, `memory`, `open_reader`)

@@ -1,6 +1,6 @@
 """The store as its callers see it: one protocol, two engines (`cg.state.sqlite.SqliteStore`, one
 file per proxy; `cg.state.pgstore.PgStore`, one database shared by several). Callers outside
-cg/state type against `Store` and get one from `Store.open` (or `cg.state.open`), so which
+cg/state type against `Store` and get one from `cg.state.open_store` (or `memory`), so which
 engine serves them is the configuration's business, never theirs.
 
 Semantics both engines keep (tests/state/test_store.py runs them on both): a stash is the exact
@@ -17,7 +17,6 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
-from cg.settings import StoreConfig
 from cg.state.pending import CacheState
 from cg.state.records import (
     Checkpoint,
@@ -53,26 +52,6 @@ class Store(Protocol):
     error: str | None  # the last operation's error, until one succeeds
     error_at: float  # time.monotonic() of that error
     now: Callable[[], float]
-
-    @staticmethod
-    def open(
-        cfg: StoreConfig,
-        target: str | None = None,
-        now: Callable[[], float] = time.time,
-        busy_timeout_ms: int = DEFAULT_BUSY_TIMEOUT_MS,
-        claim: bool = False,
-    ) -> Store:
-        """The configured store (`cg.state.engines.open_store`)."""
-        from cg.state.engines import open_store
-
-        return open_store(cfg, target, now, busy_timeout_ms, claim)
-
-    @staticmethod
-    def memory(now: Callable[[], float] = time.time) -> Store:
-        """A store that does not persist (`cg.state.engines.memory`)."""
-        from cg.state.engines import memory
-
-        return memory(now)
 
     # -- health and life ------------------------------------------------------------------
 

@@ -21,7 +21,7 @@ from cg.billing.listing import sessions_page
 from cg.billing.prices import PriceTable
 from cg.expand.tool import tool_insertion
 from cg.settings import parse_prices
-from cg.state import Store
+from cg.state import Store, memory
 from cg.state.facts import FactsCache
 from cg.state.policy import LEDGER_TTL_DAYS
 from cg.state.records import Checkpoint, LedgerTurns
@@ -465,7 +465,7 @@ def test_the_sent_bodys_tokens_are_counted_from_its_shape_as_from_its_bytes(
     the rewrite's plan and tool (`SentShape`), not by indexing it: for any body, any plan of
     kept messages and summaries, with the tool put in or not (into `tools`, into an empty one,
     or as a new member), it is `_tokens` of the bytes sent."""
-    with Store.memory() as store:
+    with memory() as store:
         ledger = Ledger(store, PRICES, FactsCache(TokenCounter()))
         dialect = DIALECTS[s.dialect]
         idx = index_body(s.raw, dialect)
@@ -486,7 +486,7 @@ def test_a_claude_code_reuse_turn_is_counted_without_indexing_what_was_sent() ->
     """Vacuity guard for the property above, on a real Claude Code body (its ~30 KB of tools):
     head + summary + tail with the expand tool, counted from the shape as from the bytes, and
     the ledger's cache of sent bodies never asked; a turn with no shape still is."""
-    with Store.memory() as store:
+    with memory() as store:
         ledger = Ledger(store, PRICES, FactsCache(TokenCounter()))
         raw = (FIXTURES / "claude_code_2.1.197_turn16.json").read_bytes()
         idx = index_body(raw, ANTHROPIC)

@@ -31,7 +31,7 @@ from cg.expand.tool import (
 )
 from cg.pipeline.contract import RequestContext, Step
 from cg.pipeline.rewrite import ExpandPolicy, rewrite_body
-from cg.state import Store
+from cg.state import Store, memory
 from cg.state.records import stash_key
 from cg.state.sqlite import SqliteStore
 from cg.wire.body import index_body
@@ -184,7 +184,7 @@ def test_inject_reason_every_refusal(tmp_path: Path, store: Store, stashed: str)
             False,
             "the request declares no tools",
         )
-    with Store.memory() as mem:
+    with memory() as mem:
         mem.put_stash(stashed, SESSION, SOURCES, "anthropic")
         assert mem.has_stash(stashed, SESSION)
         assert decide(store=mem, sent=sent) == (False, "the store does not persist")
@@ -469,7 +469,7 @@ def test_resolve_an_expired_stash(tmp_path: Path) -> None:
 
 
 def test_resolve_on_a_store_that_does_not_persist() -> None:
-    with Store.memory() as mem:
+    with memory() as mem:
         key = stash_key(SOURCES)
         mem.put_stash(key, SESSION, SOURCES, "anthropic")
         assert "is no longer available" in resolve(mem, key, SESSION)

@@ -17,7 +17,7 @@ from urllib.parse import urlsplit
 import pytest
 
 from cg.settings import StoreConfig
-from cg.state import Store
+from cg.state import open_store
 from cg.state.pgstore import PgStore, redact_url
 from cg.state.records import Checkpoint, StoreError, stash_key
 from cg.state.sqlite import SqliteStore
@@ -72,11 +72,11 @@ def test_the_password_is_never_shown(pg_url: str, pg_server: PgServer):
 
 
 def test_store_open_picks_the_engine(pg_url: str, tmp_path):
-    with Store.open(StoreConfig(path=str(tmp_path / "a.sqlite3"))) as st:
+    with open_store(StoreConfig(path=str(tmp_path / "a.sqlite3"))) as st:
         assert type(st) is SqliteStore
-    with Store.open(StoreConfig(url=pg_url)) as st:
+    with open_store(StoreConfig(url=pg_url)) as st:
         assert isinstance(st, PgStore)
-    with Store.open(StoreConfig(), pg_url) as st:  # cg_db=postgresql://…
+    with open_store(StoreConfig(), pg_url) as st:  # cg_db=postgresql://…
         assert isinstance(st, PgStore)
 
 

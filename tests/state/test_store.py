@@ -31,7 +31,7 @@ from hypothesis import strategies as hs
 
 from cg.billing.ledger import _load
 from cg.settings import StoreConfig
-from cg.state import Store
+from cg.state import Store, memory
 from cg.state.policy import (
     CACHE_STATE_CLEARED,
     CACHE_STATE_LIFE,
@@ -731,7 +731,7 @@ def test_tilde_path_and_config(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
 
 
 def test_memory_store_does_not_persist():
-    with Store.memory() as st:
+    with memory() as st:
         assert not st.persistent
         st.put_stash(stash_key(SOURCES), "s", SOURCES, "anthropic")
         assert st.has_stash(stash_key(SOURCES))

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 from mitmproxy.http import Headers
 
-from cg.state import Store
+from cg.state import Store, memory
 from cg.state.records import Checkpoint, stash_key
 from cg.state.schema import SQLITE_V1, SQLITE_V2, SQLITE_V3, SQLITE_VERSION
 from cg.state.session import head_hash, session_of
@@ -91,7 +91,7 @@ def test_the_sqlite_store_keeps_its_key_and_another_file_or_memory_has_its_own(t
     with SqliteStore(tmp_path / "a.sqlite3") as again, SqliteStore(tmp_path / "b.sqlite3") as other:
         assert again.tenant_key == key
         assert other.tenant_key != key
-    with Store.memory() as m1, Store.memory() as m2:
+    with memory() as m1, memory() as m2:
         assert m1.tenant_key and m1.tenant_key != m2.tenant_key
 
 

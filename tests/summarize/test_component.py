@@ -22,7 +22,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from cg.pipeline.rewrite import Rewrite
-from cg.state import Store
+from cg.state import Store, memory
 from cg.state.sqlite import SqliteStore
 from cg.summarize import component
 from cg.summarize.component import NoModel, prefix_hash
@@ -464,7 +464,7 @@ def test_off_marker_mode_leaves_no_marker(store: Store) -> None:
 
 
 def test_full_mode_degrades_to_off_on_a_memory_store() -> None:
-    mem = Store.memory()
+    mem = memory()
     assert mem.persistent is False
     raw = cc_dumps(fixture_body(CC16))
     d = make(config(marker_mode="full"), mem)
