@@ -18,6 +18,7 @@ LAYERS = [
     "state",
     "billing",
     "expand",
+    "retention",
     "pipeline",
     "summarize",
     "components",

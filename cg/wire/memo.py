@@ -51,6 +51,8 @@ class Memo:
     head: tuple[object, list[str | None] | None] = _per_message()
     # cg.wire.shape.check_wire_array: a kept message read clean as sent, one flag a message.
     wire_ok: tuple[object, list[bool] | None] = _per_message()
+    # cg.retention.measure.message_found: each message's facts.
+    retained: tuple[object, list[Any] | None] = _per_message()
 
     # -- whole body (carried as it is) -------------------------------------------------------
     # cg.state.facts.FactsCache.prelude: the members before the array the cache keys on.

@@ -1,0 +1,162 @@
+"""Retention: how many of a request's facts the request as sent still shows
+(docs/behaviour.md#retention).
+
+A fact of the client's request is **visible** in the request sent when the sent transcript holds
+it as a fact of its own (every message kept byte for byte keeps its facts), or holds its text
+anywhere in the JSON-decoded text of a message that is new or changed (the summary message, a
+masked one) or of a kept one. Retention per kind and in all is visible / facts; a request sent
+unchanged has retention 1 by construction.
+
+The facts of each message are memoised on the body's index (`Memo.retained`), so a next turn
+reads only its new messages; a kept message's text is searched only for the facts that neither
+the kept messages' own facts nor the new messages' text account for (with the floor, usually
+none), in the two spellings a JSON encoder gives a string.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from cg.retention.facts import KINDS, Fact, Found, Kind, distinct, link, message_facts
+from cg.wire.body import BodyIndex
+from cg.wire.splice import Cut, Keep, Piece, cut_source
+
+_OWNER = object()  # the memo slot's owner: this module
+
+
+@dataclass(slots=True)
+class Retention:
+    """Visible and total facts per kind, of one request (or summed over many)."""
+
+    visible: dict[Kind, int] = field(default_factory=lambda: dict.fromkeys(KINDS, 0))
+    total: dict[Kind, int] = field(default_factory=lambda: dict.fromkeys(KINDS, 0))
+    lost: list[Fact] = field(default_factory=list)
+
+    @property
+    def facts(self) -> int:
+        return sum(self.total.values())
+
+    @property
+    def ratio(self) -> float:
+        """Visible / facts; 1.0 for a request with no facts (nothing was there to lose)."""
+        total = self.facts
+        return sum(self.visible.values()) / total if total else 1.0
+
+    def kind_ratio(self, kind: Kind) -> float | None:
+        total = self.total[kind]
+        return self.visible[kind] / total if total else None
+
+    def to_json(self, lost_shown: int = 5) -> dict[str, Any]:
+        return {
+            "ratio": round(self.ratio, 4),
+            "facts": self.facts,
+            "visible": sum(self.visible.values()),
+            "by_kind": {
+                k: {"visible": self.visible[k], "facts": self.total[k]}
+                for k in KINDS
+                if self.total[k]
+            },
+            "lost": [{"kind": f.kind, "text": f.text[:120]} for f in self.lost[:lost_shown]],
+        }
+
+
+def measure(original: Mapping[Fact, Found], visible: Iterable[Fact]) -> Retention:
+    out = Retention()
+    seen = set(visible)
+    for fact in original:
+        out.total[fact.kind] += 1
+        if fact in seen:
+            out.visible[fact.kind] += 1
+        else:
+            out.lost.append(fact)
+    return out
+
+
+def strings(value: Any) -> Iterator[str]:
+    """Every string of a JSON value, keys excepted (a tool call's `arguments`, itself JSON,
+    decoded once more: a path in it is a string of its own)."""
+    stack = [value]
+    while stack:
+        v = stack.pop()
+        if isinstance(v, str):
+            yield v
+            if v[:1] in "{[":
+                with contextlib.suppress(ValueError):
+                    stack.append(json.loads(v))
+        elif isinstance(v, dict):
+            stack.extend(v.values())
+        elif isinstance(v, list):
+            stack.extend(v)
+
+
+def spellings(text: str) -> tuple[str, ...]:
+    """`text` as a JSON string's inside, as encoders write it (with and without ASCII escapes)."""
+    plain = json.dumps(text, ensure_ascii=False)[1:-1]
+    ascii_ = json.dumps(text)[1:-1]
+    return (plain,) if plain == ascii_ else (plain, ascii_)
+
+
+def message_found(index: BodyIndex) -> list[tuple[Found, ...]]:
+    """Each message's facts (unlinked), memoised on the index: a next turn that repeats the
+    first k messages inherits their entries and reads only the new ones."""
+    owner, known = index.memo.retained
+    have: list[tuple[Found, ...]] = list(known) if owner is _OWNER and known is not None else []
+    name = index.dialect.name
+    msgs = index.messages
+    for i in range(len(have), len(msgs)):
+        try:
+            value = msgs[i].value
+        except Exception:  # noqa: BLE001 - a message that does not parse holds no facts
+            value = None
+        have.append(message_facts(name, value, i))
+    index.memo.retained = (_OWNER, have)
+    return have
+
+
+def request_facts(index: BodyIndex) -> dict[Fact, Found]:
+    """Every fact of the client's request, each once, where first found (linked)."""
+    return distinct(link(f for found in message_found(index) for f in found))
+
+
+def _piece_source(index: BodyIndex, p: Piece) -> str:
+    if isinstance(p, Cut):
+        return cut_source(index, p.index, p.drop)
+    if isinstance(p, Keep):
+        return index.source(p.index)
+    return p.json
+
+
+def of_plan(index: BodyIndex, plan: Sequence[Piece]) -> Retention:
+    """Retention of the request `plan` makes of `index` (the client's body)."""
+    per = message_found(index)
+    original = distinct(link(f for found in per for f in found))
+    kept: set[int] = set()
+    sent: set[Fact] = set()
+    texts: list[str] = []
+    for p in plan:
+        if isinstance(p, Keep):
+            kept.add(p.index)
+            sent.update(Fact(f.kind, f.text) for f in per[p.index])
+            continue
+        src = _piece_source(index, p)
+        try:
+            value = json.loads(src)
+        except ValueError:
+            continue
+        sent.update(f.fact for f in message_facts(index.dialect.name, value))
+        texts.extend(strings(value))
+    missing = [f for f in original if f not in sent]
+    visible = set(original).intersection(sent)
+    if missing and texts:
+        joined = "\n".join(texts)
+        found = {f for f in missing if f.text in joined}
+        visible |= found
+        missing = [f for f in missing if f not in found]
+    if missing and kept:
+        raw = "\n".join(index.source(i) for i in sorted(kept))
+        visible.update(f for f in missing if any(s in raw for s in spellings(f.text)))
+    return measure(original, visible)
