@@ -42,6 +42,7 @@ from cg.state.session import header
 from cg.state.tenant import CONVERSATION_HEX, UNBOUND
 from cg.state.tokens import TokenCounter
 from cg.summarize.config import SummarizeConfig
+from cg.summarize.floor import build_floor, span_facts
 from cg.summarize.prompt import build_prompt, extract_summary, has_summary, summary_text
 from cg.summarize.shared import Layout, SharedRequest, build
 from cg.summarize.span import Span, repair_orphans, select_span
@@ -547,7 +548,15 @@ class Summarize:
             and not self.store.has_stash(cp.key, owner(cp.session), tenant)
         ):
             # Degrade honestly: the marker now says the original expired, and stays so.
-            text = summary_text(cp.summary, mode, cp.key, cp.covered_count, expired=True)
+            floor = cp.meta.get("floor")
+            text = summary_text(
+                cp.summary,
+                mode,
+                cp.key,
+                cp.covered_count,
+                expired=True,
+                floor=floor if isinstance(floor, str) else "",
+            )
             msg = Insert.message(index.dialect.user_message(text), index.dialect)
             cp = replace(cp, key=None, message=msg.json)
             self.store.put_checkpoint(cp)
@@ -672,8 +681,16 @@ class Summarize:
                 key = stash_key(job.sources)
                 self.store.put_stash(key, job.session, job.sources, job.dialect, job.tenant)
             dialect = DIALECTS[job.dialect]
-            text = summary_text(summary, mode, key, len(job.sources))
+            # The floor reads every message of the span: a long one off the event loop.
+            if sum(map(len, job.sources)) > OFF_LOOP_BYTES:
+                floor = await asyncio.to_thread(self.floor, job, key)
+            else:
+                floor = self.floor(job, key)
+            text = summary_text(summary, mode, key, len(job.sources), floor=floor)
             message = Insert.message(dialect.user_message(text), dialect)
+            meta: dict[str, Any] = {"seen": list(job.seen)} if job.seen is not None else {}
+            if floor:
+                meta["floor"] = floor
             self.store.put_checkpoint(
                 Checkpoint(
                     session=job.conversation,
@@ -685,7 +702,7 @@ class Summarize:
                     message=message.json,
                     created=0.0,
                     updated=0.0,
-                    meta={"seen": list(job.seen)} if job.seen is not None else {},
+                    meta=meta,
                     tenant=job.tenant,
                 )
             )
@@ -707,6 +724,19 @@ class Summarize:
                 await asyncio.to_thread(self.facts.flush)
             else:
                 self.facts.flush()
+
+    def floor(self, job: Commission, key: str | None) -> str:
+        """The floor of `job`'s span (`cg.summarize.floor`), its ids naming the stash `key`."""
+        cfg = self.cfg
+        if not (cfg.keep_user_tokens or cfg.keep_artifact_tokens):
+            return ""
+        return build_floor(
+            span_facts(job.dialect, job.sources),
+            key,
+            keep_user_tokens=cfg.keep_user_tokens,
+            keep_artifact_tokens=cfg.keep_artifact_tokens,
+            count=self.tokens.count_text,
+        )
 
     async def _summarize(self, summarizer: Summarizer, job: Commission) -> str | None:
         """The summary text: from the shared-cache request when it can be made, else (or when

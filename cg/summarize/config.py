@@ -87,6 +87,10 @@ class SummarizeConfig(BaseModel):
     custom_prompt: str | None = None
     marker_mode: Literal["full", "summary", "off"] = "full"
     cache_state: Literal["cold", "any"] = "any"
+    # The floor every summary message carries (cg.summarize.floor): the span's user messages
+    # verbatim, and its artifact trail, each within this many tokens; 0 turns a section off.
+    keep_user_tokens: int = Field(8000, ge=0)
+    keep_artifact_tokens: int = Field(4000, ge=0)
     model: ModelConfig = Field(default_factory=ModelConfig)
     trigger: TriggerConfig = Field(default_factory=TriggerConfig)
 

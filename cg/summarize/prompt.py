@@ -279,10 +279,18 @@ def extract_summary(answer: str | None) -> str | None:
 
 
 def summary_text(
-    summary: str, mode: str, key: str | None, replaced: int, expired: bool = False
+    summary: str,
+    mode: str,
+    key: str | None,
+    replaced: int,
+    expired: bool = False,
+    floor: str = "",
 ) -> str:
-    """The text of the summary message: header, `<summary>`, then the marker for `mode`."""
+    """The text of the summary message: header, `<summary>`, the floor (`cg.summarize.floor`),
+    then the marker for `mode`."""
     text = f"{SUMMARY_HEADER}\n<summary>\n{summary}\n</summary>"
+    if floor:
+        text += "\n" + floor
     if mode == "full" and key and not expired:
         text += (
             f"\n[{replaced} earlier messages were replaced by this summary. To read them verbatim, "

@@ -448,7 +448,11 @@ def test_summary_marker_mode_leaves_a_sentinel_and_stashes_nothing(store: Store)
     r = two_turns(make(config(marker_mode="summary"), store), raw)
     i, _, key = restorable(r, raw, store)
     content = out_messages(r)[i]["content"]
-    assert key is None and content.endswith("</summary>\n" + SENTINEL)
+    assert key is None and content.endswith("\n" + SENTINEL)
+    # The floor sits between the model's summary and the sentinel, without ids (no stash).
+    floor = content[content.index("</summary>\n") + 11 : -len(SENTINEL) - 1]
+    assert floor.startswith("<artifact_trail>\nCommands") and "- echo step 14\n" in floor
+    assert "#" not in floor
     assert "<<cg:" not in content and "context_guru_expand" not in content
     assert store.stats().stashes == 0
 
@@ -459,7 +463,8 @@ def test_off_marker_mode_leaves_no_marker(store: Store) -> None:
     i, _, key = restorable(r, raw, store)
     content = out_messages(r)[i]["content"]
     assert key is None and SENTINEL not in content and "<<cg:" not in content
-    assert content.endswith("</summary>")
+    assert content.endswith("- echo step 14\n</artifact_trail>")  # the floor, last, no ids
+    assert "</summary>\n<artifact_trail>" in content
     assert store.stats().stashes == 0
 
 

@@ -251,8 +251,9 @@ TASK = "TASK: port the parser to Rust."
 
 
 def test_a_default_keep_first_folds_the_openai_task_into_the_summary(store: SqliteStore) -> None:
-    """(a) The historical shape: [system, summary, tail…] — the task is summarized away (it is
-    still the grounding of the prompt, and the stash holds it verbatim)."""
+    """(a) The historical shape: [system, summary, tail…] — the task's message is summarized
+    away (it is still the grounding of the prompt, the stash holds it verbatim, and the
+    summary's floor quotes it)."""
     msgs = openai_transcript(6, TASK)
     raw = openai_body(msgs)
     d = make(config(), store, "openai")
@@ -261,7 +262,9 @@ def test_a_default_keep_first_folds_the_openai_task_into_the_summary(store: Sqli
     i, summary = summary_of(r)
     assert i == 1 and out[0] == src[0]
     assert out[2:] == src[-2:]  # keep_last 3 began at a tool result: the tail advanced past it
-    assert TASK not in summary and all(TASK not in s for s in out)
+    assert all(TASK not in s for n, s in enumerate(out) if n != i)
+    text = json.loads(summary)["content"]
+    assert "<user_messages>\nThe user's own messages" in text and f"\n{TASK}\n" in text
     prompt = d.summarizer.calls[0][0]
     assert f"<first_user_turn>\n{TASK}\n</first_user_turn>" in prompt
     m = MARKER_RE.search(summary)
