@@ -27,8 +27,7 @@ from typing import Any
 
 import httpx
 
-from cg.expand.tool import TOOL_NAME
-from cg.state import valid_key
+from cg.expand.tool import TOOL_NAME, named_key, not_an_id
 from cg.wire.answers import (
     Reply,
     assistant_messages,
@@ -110,10 +109,13 @@ def append_messages(dialect: str, body: str, messages: list[dict[str, Any]]) -> 
     return body[:last] + sep + sep.join(pieces) + body[last:]
 
 
-def answer(key: str, resolve: Callable[[str], str]) -> str:
-    if not valid_key(key):
-        return f"context_guru_expand: {key!r} is not a context-guru id (ids look like <<cg:ID>>)."
-    return resolve(key)
+def answer(ident: str, resolve: Callable[[str], str]) -> str:
+    """The result of one call: `resolve`'s answer to an id that names a stash (`KEY`, `KEY#N`,
+    or `KEY#` and a malformed N, which it answers with the stash's size); an id that names none
+    never reaches the store."""
+    if named_key(ident) is None:
+        return not_an_id(ident)
+    return resolve(ident)
 
 
 async def run(

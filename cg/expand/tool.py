@@ -13,6 +13,11 @@ tool is not offered for it, and a call with its id is answered "no longer availa
 
 Markers are matched in the raw bytes in both spellings a JSON encoder may produce: `<<cg:KEY>>`
 and `\\u003c\\u003ccg:KEY\\u003e\\u003e` (mixed case, or mixed spellings, too).
+
+An id (`parse_id`, the one grammar of the tool, `/_cg/expand` and `context-guru expand`) is `KEY`,
+the whole stashed span, or `KEY#N`, its N-th message alone (1-based; on the Responses API its
+N-th input item), so one tool output can be fetched without the rest. A marker is always the bare
+`KEY`: `<<cg:KEY#N>>` is not one.
 """
 
 from __future__ import annotations
@@ -37,11 +42,15 @@ SUMMARY_HEADER = "=== History Summary ==="
 _DESCRIPTION = (
     f"Restore, verbatim, the earlier conversation messages that a '{SUMMARY_HEADER}' "
     "replaced. Call it with the id from the summary's <<cg:ID>> marker when you need an exact "
-    "detail (a path, a command, an output, a number) that the summary does not give."
+    "detail (a path, a command, an output, a number) that the summary does not give. ID alone "
+    "restores all of them, each labelled ID#1, ID#2, ...; ID#N restores only the N-th (a single "
+    "tool output, for example)."
 )
 _ID = {
     "type": "string",
-    "description": "The id inside the <<cg:ID>> marker of a History Summary.",
+    "description": (
+        "The id inside the <<cg:ID>> marker of a History Summary, or ID#N for its N-th message."
+    ),
 }
 _SCHEMA = {"type": "object", "properties": {"id": _ID}, "required": ["id"]}
 
@@ -50,6 +59,31 @@ TOOL_JSON = {
     name: json.dumps(d.function_tool(TOOL_NAME, _DESCRIPTION, _SCHEMA), separators=(",", ":"))
     for name, d in DIALECTS.items()
 }
+
+
+# An expand id: a stash's key, then optionally `#` and the message's 1-based number (ASCII digits
+# only, at most six: no span holds a million messages, and no number is parsed at any length).
+_ID_RE = re.compile(rf"\A({KEY_PATTERN})(?:#([0-9]{{1,6}}))?\Z")
+# An id that names a stash, whatever follows its `#` (`KEY#0`, `KEY#-1`, `KEY#x`): answered with
+# how many messages that stash holds.
+_NAMES_RE = re.compile(rf"\A({KEY_PATTERN})(?:#|\Z)")
+
+
+def parse_id(ident: object) -> tuple[str, int | None] | None:
+    """(KEY, None) for the id `KEY`, (KEY, N) for `KEY#N` (N as written, range unchecked: 0 is
+    parsed, and answered as out of range); None for anything else."""
+    m = _ID_RE.match(ident) if isinstance(ident, str) else None
+    if m is None:
+        return None
+    n = m.group(2)
+    return m.group(1), None if n is None else int(n)
+
+
+def named_key(ident: object) -> str | None:
+    """The stash an id names: the KEY of `KEY` or `KEY#…`, well-formed after its `#` or not (the
+    tool answers a malformed N with the stash's size); None when it names none."""
+    m = _NAMES_RE.match(ident) if isinstance(ident, str) else None
+    return None if m is None else m.group(1)
 
 
 # The search starts at the literal `cg:` (fast), then checks the brackets around it; a pattern
@@ -168,19 +202,21 @@ def tool_insertion(index: BodyIndex) -> tuple[int, bytes]:
 
 
 def render_stash(stash: Stash, cap: int = MAX_EXPANSION_CHARS) -> str:
-    """The stashed messages as the tool's answer: each as `[role]` + its exact JSON."""
+    """The stashed messages as the tool's answer: each as `[KEY#N]` (the id that fetches it
+    alone) + its exact JSON, until `cap` characters."""
+    key = stash.key
     parts = [
-        f"The {stash.count} messages that the summary <<cg:{stash.key}>> replaced, verbatim "
-        "(each as its original JSON):"
+        f"The {stash.count} messages that the summary <<cg:{key}>> replaced, verbatim "
+        f"(each as its original JSON; {key}#N fetches the N-th alone):"
     ]
     total = len(parts[0])
     sources = stash.sources()
-    for n, src in enumerate(sources):
-        block = f"\n\n[{n}] {src}"
+    for n, src in enumerate(sources, 1):
+        block = f"\n\n[{key}#{n}] {src}"
         if total + len(block) > cap:
             parts.append(
-                f"\n\n[… {len(sources) - n} more messages not shown: the expansion is capped at "
-                f"{cap} characters]"
+                f"\n\n[… {len(sources) - n + 1} more messages not shown: the expansion is capped "
+                f"at {cap} characters; fetch one as {key}#N]"
             )
             break
         parts.append(block)
@@ -188,13 +224,61 @@ def render_stash(stash: Stash, cap: int = MAX_EXPANSION_CHARS) -> str:
     return "".join(parts)
 
 
-def resolve(store: Store, key: str, session: str | None, tenant: str | None = None) -> str:
-    """What a call with `key` answers: the span, or an explicit 'no longer available' (also
-    when the stash is another tenant's: that it exists is not told)."""
+def render_message(stash: Stash, n: int, cap: int = MAX_EXPANSION_CHARS) -> str:
+    """The tool's answer to `KEY#n`: that message's exact JSON (its first `cap` characters, and
+    a note, when it is longer). ValueError when the stash has no n-th message."""
+    sources = stash.sources()
+    if not 1 <= n <= len(sources):
+        raise ValueError(f"stash {stash.key} holds {len(sources)} messages, not a {n}-th")
+    src = sources[n - 1]
+    head = (
+        f"Message {n} of {len(sources)} that the summary <<cg:{stash.key}>> replaced, verbatim "
+        "(its original JSON):\n\n"
+    )
+    if len(src) <= cap:
+        return head + src
+    return (
+        f"{head}{src[:cap]}\n\n[… the message is {len(src)} characters: only its first {cap} "
+        "are shown]"
+    )
+
+
+def _out_of_range(ident: str, key: str, count: int) -> str:
+    """The answer to an id that names a stash but no message of it (`KEY#0`, `KEY#x`, …)."""
+    held = f"1 message, {key}#1" if count == 1 else f"{count} messages, {key}#1 to {key}#{count}"
+    return (
+        f"context_guru_expand: {ident[:64]!r} is not a message of that stash: it holds {held}. "
+        f"Call with {key} for all of them."
+    )
+
+
+def not_an_id(ident: object) -> str:
+    """The answer to a call whose id names no stash (it never reaches the store)."""
+    shown = ident[:64] if isinstance(ident, str) else ident
+    return (
+        f"context_guru_expand: {shown!r} is not a context-guru id (ids look like <<cg:ID>>; "
+        "ID#N is its N-th message)."
+    )
+
+
+def resolve(store: Store, ident: str, session: str | None, tenant: str | None = None) -> str:
+    """What a call with `ident` answers: the span (`KEY`), one message of it (`KEY#N`), or an
+    explicit 'no longer available' (also when the stash is another tenant's: that it exists,
+    and its size, are not told). Never raises for an id, only for a store that fails."""
+    key = named_key(ident)
+    if key is None:
+        return not_an_id(ident)
     stash = store.get_stash(key, session, tenant) if store.persistent else None
     if stash is None:
         return (
-            f"context_guru_expand: id {key!r} is no longer available (it expired from the "
+            f"context_guru_expand: id {ident[:64]!r} is no longer available (it expired from the "
             "store, or never existed in this session). Continue from the summary."
         )
-    return render_stash(stash)
+    parsed = parse_id(ident)
+    n = parsed[1] if parsed is not None else 0  # `KEY#` and not 1 to 6 digits: no message
+    if n is None:
+        return render_stash(stash)
+    count = len(stash.sources())
+    if not 1 <= n <= count:
+        return _out_of_range(ident, key, count)
+    return render_message(stash, n)

@@ -491,14 +491,15 @@ class Runtime:
 
     def resolver(self, session: str | None, tenant: str) -> Callable[[str], str]:
         """What answers the model's `context_guru_expand` calls for `session`: the stashed span
-        from the store as it is now, when `tenant` (the credential that carries the answer
-        upstream) may read it (none: the id is no longer available)."""
+        (or, for `KEY#N`, one message of it) from the store as it is now, when `tenant` (the
+        credential that carries the answer upstream) may read it (none: the id is no longer
+        available)."""
         store = self.store
 
-        def resolve(key: str) -> str:
+        def resolve(ident: str) -> str:  # `KEY` or `KEY#N` (`cg.expand.tool.parse_id`)
             if store is None:
-                return f"context_guru_expand: id {key!r} is no longer available."
-            return expand_mod.resolve(store, key, session, tenant)
+                return f"context_guru_expand: id {ident[:64]!r} is no longer available."
+            return expand_mod.resolve(store, ident, session, tenant)
 
         return resolve
 

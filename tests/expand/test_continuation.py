@@ -296,6 +296,46 @@ async def test_a_pretty_printed_body_keeps_its_punctuation(client) -> None:
     assert body.decode().startswith(sent[: sent.rindex("}\n  ]") + 1] + ",\n    {")
 
 
+@pytest.mark.parametrize("stream", [False, True], ids=["json", "sse"])
+async def test_a_granular_id_is_answered_with_that_message_alone(
+    client, tmp_path: Path, stream: bool
+) -> None:
+    """`KEY#N` goes through the loop as the model wrote it and resolves, against a real store,
+    to the N-th message only; an N the stash lacks, beside it, is answered with its size."""
+    sources = [
+        '{"role":"user","content":"run the tests"}',
+        '{"role":"assistant","content":[{"type":"tool_use","id":"toolu_9","name":"Bash",'
+        '"input":{"cmd":"pytest"}}]}',
+        '{"role":"user","content":[{"type":"tool_result","tool_use_id":"toolu_9",'
+        '"content":"FAILED test_parse \\u2014 caf\\u00e9"}]}',
+    ]
+    with SqliteStore(tmp_path / "cg.sqlite3") as st:
+        key = stash_key(sources)
+        st.put_stash(key, "s1", sources, "anthropic")
+        seen: list[str] = []
+
+        def resolver(ident: str) -> str:
+            seen.append(ident)
+            return resolve(st, ident, "s1")
+
+        first = anthropic_msg(1, expand_call("t1", f"{key}#3"), expand_call("t2", f"{key}#9"))
+        up = Upstream("anthropic", anthropic_msg(2, text="It failed in test_parse."))
+        out = await run(client, up, first, stream, resolver=resolver)
+    assert seen == [f"{key}#3", f"{key}#9"]  # the ids as the model passed them
+    assert out.log == [{"round": 1, "ids": [f"{key}#3", f"{key}#9"]}]
+    new = appended(
+        ANTHROPIC_SENT.replace("STREAM", "true" if stream else "false"), up.requests[0].content
+    )
+    one, other = (r["content"] for r in new[1]["content"])
+    assert one == (
+        f"Message 3 of 3 that the summary <<cg:{key}>> replaced, verbatim (its original JSON):"
+        f"\n\n{sources[2]}"
+    )
+    assert sources[0] not in one and sources[1] not in one
+    assert f"it holds 3 messages, {key}#1 to {key}#3" in other
+    assert final(out, "anthropic").message["content"][0]["text"] == "It failed in test_parse."
+
+
 # -- what is never re-sent ---------------------------------------------------------------------
 
 

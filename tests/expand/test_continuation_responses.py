@@ -7,13 +7,16 @@ item that came with it."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
 from cg.expand import continuation
-from cg.expand.tool import TOOL_NAME
+from cg.expand.tool import TOOL_NAME, resolve
+from cg.state.records import stash_key
+from cg.state.sqlite import SqliteStore
 from cg.wire.answers import Reply, parse_json, parse_sse, tool_calls
 from cg.wire.body import index_body
 from cg.wire.dialects import RESPONSES
@@ -102,6 +105,40 @@ async def test_an_expand_only_answer_is_resolved_and_resent(client: Any, stream:
     assert got.message["usage"]["total_tokens"] == 203
     assert [r.message["usage"]["input_tokens"] for r in out.replies] == [100, 200]
     assert out.rounds == 1 and out.log == [{"round": 1, "ids": [KEY]}]
+
+
+async def test_a_granular_id_answers_one_input_item(client: Any, tmp_path: Path) -> None:
+    """On the Responses API `KEY#N` is the N-th stashed input item: here a `function_call_output`
+    (one tool output), not the call before it."""
+    items = [
+        '{"type":"message","role":"user","content":[{"type":"input_text","text":"list it"}]}',
+        '{"type":"function_call","call_id":"c7","name":"exec_command","arguments":"{\\"cmd\\":\\"ls\\"}"}',
+        '{"type":"function_call_output","call_id":"c7","output":"a.py\\nb.py"}',
+    ]
+    with SqliteStore(tmp_path / "cg.sqlite3") as st:
+        key = stash_key(items)
+        st.put_stash(key, "s1", items, "responses")
+        up = Upstream("responses", response([MESSAGE], usage=usage(2)))
+        out = await continuation.run(
+            client(up),
+            URL,
+            HEADERS,
+            "responses",
+            SENT.replace("STREAM", "true"),
+            Reply("responses", response([expand_item(key=f"{key}#3")], usage=usage(1))),
+            True,
+            lambda ident: resolve(st, ident, "s1"),
+        )
+    (req,) = up.requests
+    idx = index_body(req.content, RESPONSES)
+    result = json.loads(idx.source(len(idx.messages) - 1))
+    assert result["type"] == "function_call_output" and result["call_id"] == "call_E1"
+    assert result["output"] == (
+        f"Message 3 of 3 that the summary <<cg:{key}>> replaced, verbatim (its original JSON):"
+        f"\n\n{items[2]}"
+    )
+    assert items[1] not in result["output"]  # the call itself is not the third item
+    assert out.rounds == 1 and out.log == [{"round": 1, "ids": [f"{key}#3"]}]
 
 
 async def test_mixed_calls_go_back_without_ours_and_without_its_reasoning(client: Any) -> None:

@@ -15,6 +15,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as hs
 
 from cg.expand.tool import (
     MAX_EXPANSION_CHARS,
@@ -24,7 +26,11 @@ from cg.expand.tool import (
     forces_tool_choice,
     inject_reason,
     markers,
+    named_key,
     names_tool,
+    not_an_id,
+    parse_id,
+    render_message,
     render_stash,
     resolve,
     tool_insertion,
@@ -117,6 +123,95 @@ def test_markers_come_in_order_of_appearance_with_repeats() -> None:
 
 def test_markers_in_invalid_utf8_bytes_still_found() -> None:
     assert list(markers(b"\xff\xfe <<cg:" + KEY.encode() + b">> \xc3")) == [KEY]
+
+
+def test_a_granular_id_is_never_a_marker() -> None:
+    """`KEY#N` is an id, never a marker: a summary's marker is the bare `<<cg:KEY>>`, and the
+    span's answer labels each message with the id that fetches it alone."""
+    assert list(markers(f"<<cg:{KEY}>>")) == [KEY]  # the vacuity guard
+    for raw in (f"<<cg:{KEY}#1>>", f"\\u003c\\u003ccg:{KEY}#12\\u003e\\u003e", f"[{KEY}#1]"):
+        assert list(markers(raw)) == [], raw
+        assert list(markers(raw.encode())) == [], raw
+    assert list(markers(f"<<cg:{KEY}>>#1")) == [KEY]  # a marker, then text
+    assert all(list(markers(text)) == [] for text in TOOL_JSON.values())
+
+
+# -- ids: KEY and KEY#N ------------------------------------------------------------------------
+
+HEX = "0123456789abcdef"
+DIGITS = "0123456789"
+
+
+def oracle(s: str) -> tuple[str, int | None] | None:
+    """The id grammar spelt out by hand: 24 lower-case hex digits, then nothing, or `#` and 1 to
+    6 ASCII digits."""
+    key, rest = s[:24], s[24:]
+    if len(key) != 24 or any(c not in HEX for c in key):
+        return None
+    if rest == "":
+        return key, None
+    n = rest[1:]
+    if rest[0] != "#" or not 1 <= len(n) <= 6 or any(c not in DIGITS for c in n):
+        return None
+    return key, int(n)
+
+
+KEYS = hs.text(HEX, min_size=24, max_size=24)
+# Near misses: the characters an id is made of and the ones next to them (upper-case hex, other
+# digits of Unicode, signs, space, line ends, a second `#`).
+NEAR = hs.text(HEX + "ABCDEFG#-+. \n\r\t\x00١٣０", max_size=12)
+
+
+# Any text; a key and a near miss; a key and a well-formed `#N` (so the accepting side is
+# reached, not only the refusing one), then perhaps one character more.
+IDS = hs.one_of(
+    hs.text(),
+    hs.builds(str.__add__, KEYS, NEAR),
+    hs.builds(lambda k, d, t: f"{k}#{d}{t}", KEYS, hs.text(DIGITS, min_size=1, max_size=7), NEAR),
+)
+
+
+@given(IDS)
+@settings(max_examples=400)
+def test_parse_id_is_exactly_the_grammar(s: str) -> None:
+    assert parse_id(s) == oracle(s)
+    assert named_key(s) == (s[:24] if oracle(s[:24]) and s[24:25] in ("", "#") else None)
+    if parse_id(s) is not None:
+        assert named_key(s) == parse_id(s)[0]  # type: ignore[index]
+
+
+@given(KEYS, hs.integers(1, 999_999), hs.integers(0, 5))
+def test_parse_id_reads_every_n_it_accepts(key: str, n: int, pad: int) -> None:
+    assert parse_id(key) == (key, None)
+    digits = str(n).zfill(min(6, len(str(n)) + pad))
+    assert parse_id(f"{key}#{digits}") == (key, n)
+    seven = (str(n) + "0" * 7)[:7]
+    assert parse_id(f"{key}#{seven}") is None  # seven digits: no N
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        None,
+        7,
+        KEY.encode(),
+        [KEY],
+        f"{KEY}#",
+        f"{KEY}#-1",
+        f"{KEY}#+1",
+        f"{KEY}#1234567",
+        f"{KEY}#1\n",
+        f"{KEY}\n",
+        f"{KEY}#١",  # an Arabic-Indic digit: `int()` would read it, the grammar does not
+        f"{KEY}#1#2",
+        f"{KEY}#0x1",
+        f"{KEY}#{'9' * 5000}",
+        f"{KEY.upper()}#1",
+        f"#{KEY}",
+    ],
+)
+def test_parse_id_refuses(bad: Any) -> None:
+    assert parse_id(bad) is None
 
 
 # -- tool_choice -------------------------------------------------------------------------------
@@ -407,9 +502,9 @@ def test_a_tools_member_that_is_not_an_array_is_never_appended_to(tools: str) ->
 
 # Changing these bytes invalidates every user's provider prompt cache once: do it on purpose.
 TOOL_SHA256 = {
-    "anthropic": "21fc13d40b5136d61fa4f5bd76f0127ed87866e196939d630c54a2c1055f82ec",
-    "openai": "e916de3321523a5ce736c4e2359498fae924c3fcb929cbc7dcd7ecbe75cb2c8b",
-    "responses": "63d7e7fbad9d4ad9af618ac7d93fcf5d9c09bc83c5cda037aa8c6ba379b24736",
+    "anthropic": "51d7cdf8036558affe5fbc593eaca7e5e2a64e36a5e3830ea0611e8348512aeb",
+    "openai": "e88f896e3e9e5ce5cd121b3fbdfd010f665c8ad53b19627b25ccb6e73e2d0d84",
+    "responses": "5cf3f32e8e7b4182d1c134eaf344a8a3ae92f027c7d8f25306e2d9c762ebadf9",
 }
 
 
@@ -442,19 +537,108 @@ def test_tool_json_bytes_are_constant() -> None:
 
 def test_resolve_a_real_stash(store: Store, stashed: str) -> None:
     text = resolve(store, stashed, SESSION)
-    assert text.startswith(f"The 3 messages that the summary <<cg:{stashed}>> replaced, verbatim")
-    for n, src in enumerate(SOURCES):
-        assert f"\n\n[{n}] {src}" in text  # each message's exact bytes
+    assert text.startswith(
+        f"The 3 messages that the summary <<cg:{stashed}>> replaced, verbatim (each as its "
+        f"original JSON; {stashed}#N fetches the N-th alone):"
+    )
+    # Each message's exact bytes, under the 1-based id that fetches it alone.
+    assert text.split("\n\n")[1:] == [f"[{stashed}#{n}] {src}" for n, src in enumerate(SOURCES, 1)]
     assert "no longer available" not in text
     assert resolve(store, stashed, None) == text  # unscoped: any session's stash
 
 
 def test_resolve_an_unknown_id_or_another_sessions(store: Store, stashed: str) -> None:
-    for key, session in ((OTHER, SESSION), (stashed, "sess-b"), ("not-a-key", SESSION)):
+    for key, session in ((OTHER, SESSION), (stashed, "sess-b")):
         text = resolve(store, key, session)
         assert "is no longer available" in text, (key, session)
         assert repr(key) in text
         assert SOURCES[0] not in text
+
+
+@pytest.mark.parametrize("bad", ["not-a-key", "", f"#{KEY}", f" {KEY}#1", KEY.upper() + "#1"])
+def test_resolve_an_id_that_names_no_stash(bad: str) -> None:
+    class Untouchable:
+        persistent = True
+
+        def get_stash(self, *a: Any) -> None:
+            raise AssertionError("an id that names no stash reached the store")
+
+    text = resolve(Untouchable(), bad, SESSION)  # type: ignore[arg-type]
+    assert text == not_an_id(bad)
+    assert "is not a context-guru id" in text and "ID#N" in text
+
+
+# -- KEY#N: one message -----------------------------------------------------------------------
+
+
+def test_resolve_one_message_answers_it_alone(store: Store, stashed: str) -> None:
+    whole = resolve(store, stashed, SESSION)
+    assert all(src in whole for src in SOURCES)  # the vacuity guard: the span has all three
+    for n, src in enumerate(SOURCES, 1):
+        text = resolve(store, f"{stashed}#{n}", SESSION)
+        assert text == (
+            f"Message {n} of 3 that the summary <<cg:{stashed}>> replaced, verbatim (its original "
+            f"JSON):\n\n{src}"
+        )
+        assert [other for other in SOURCES if other in text] == [src]
+    # Zero-padded digits are the same message (the grammar is 1 to 6 digits).
+    assert resolve(store, f"{stashed}#002", SESSION) == resolve(store, f"{stashed}#2", SESSION)
+    assert resolve(store, f"{stashed}#2", None) == resolve(store, f"{stashed}#2", SESSION)
+
+
+@pytest.mark.parametrize(
+    "suffix", ["0", "4", "999999", "000000", "-1", "x", "1234567", "", "1.5", " 1", "1 ", "١", "#1"]
+)
+def test_a_message_the_stash_does_not_hold_is_answered_with_its_size(
+    store: Store, stashed: str, suffix: str
+) -> None:
+    text = resolve(store, f"{stashed}#{suffix}", SESSION)
+    assert text.startswith(f"context_guru_expand: {f'{stashed}#{suffix}'!r} is not a message")
+    assert f"it holds 3 messages, {stashed}#1 to {stashed}#3" in text
+    assert not any(src in text for src in SOURCES)
+
+
+def test_an_absurd_suffix_is_answered_briefly(store: Store, stashed: str) -> None:
+    text = resolve(store, f"{stashed}#" + "9" * 100_000, SESSION)
+    assert "it holds 3 messages" in text and len(text) < 400
+
+
+@pytest.mark.parametrize("suffix", ["1", "0", "4", "x", ""])
+def test_another_sessions_message_is_no_longer_available_as_its_span(
+    store: Store, stashed: str, suffix: str
+) -> None:
+    ident = f"{stashed}#{suffix}"
+    assert "verbatim" in resolve(store, f"{stashed}#1", SESSION)  # the vacuity guard
+    text = resolve(store, ident, "sess-b")
+    never = resolve(store, f"{OTHER}#{suffix}", "sess-b")
+    assert "is no longer available" in text
+    assert text == never.replace(OTHER, stashed)  # whether it exists, and its size, untold
+    assert "3 messages" not in text
+
+
+def test_one_message_on_a_store_that_does_not_persist() -> None:
+    with memory() as mem:
+        key = stash_key(SOURCES)
+        mem.put_stash(key, SESSION, SOURCES, "anthropic")
+        assert "is no longer available" in resolve(mem, f"{key}#1", SESSION)
+
+
+def test_one_message_over_the_cap_is_shown_up_to_it(store: Store) -> None:
+    big = [json.dumps({"role": "user", "content": "x" * 5000}), '{"role":"user","content":"y"}']
+    key = stash_key(big)
+    store.put_stash(key, SESSION, big, "openai")
+    stash = store.get_stash(key, SESSION)
+    assert stash is not None
+    assert render_message(stash, 1) == (
+        f"Message 1 of 2 that the summary <<cg:{key}>> replaced, verbatim (its original JSON):"
+        f"\n\n{big[0]}"
+    )
+    capped = render_message(stash, 1, cap=1000)
+    assert capped.endswith(
+        f"\n\n[… the message is {len(big[0])} characters: only its first 1000 are shown]"
+    )
+    assert big[0][:1000] in capped and big[0][:1001] not in capped
+    assert render_message(stash, 2, cap=1000).endswith("\n\n" + big[1])  # under it: whole
 
 
 def test_resolve_an_expired_stash(tmp_path: Path) -> None:
@@ -486,8 +670,10 @@ def test_render_stash_caps_the_expansion(store: Store) -> None:
     capped = render_stash(stash, cap=3500)
     shown = [src for src in big if src in capped]
     assert shown == big[:3]
+    assert f"\n\n[{key}#3] {big[2]}" in capped  # the last shown, then what fetches the rest
     assert capped.endswith(
-        "\n\n[… 7 more messages not shown: the expansion is capped at 3500 characters]"
+        "\n\n[… 7 more messages not shown: the expansion is capped at 3500 characters; "
+        f"fetch one as {key}#N]"
     )
     assert len(capped.rsplit("\n\n[…", 1)[0]) <= 3500
     assert MAX_EXPANSION_CHARS == 200_000
