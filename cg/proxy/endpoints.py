@@ -17,9 +17,10 @@ from mitmproxy import command, ctx, exceptions, http
 from cg import __version__
 from cg.billing.ledger import chart_of
 from cg.billing.listing import PAGE_DEFAULT, BadPage, page_key, page_limit
+from cg.expand.tool import parse_id
 from cg.proxy import control, dashboard, pages
 from cg.proxy.runtime import Runtime
-from cg.state import StoreError, valid_key
+from cg.state import StoreError
 
 
 class Control:
@@ -164,30 +165,46 @@ class Control:
         return json.dumps(self.sessions_json(None, *page), ensure_ascii=False, indent=1)
 
     def _expand_endpoint(self, flow: http.HTTPFlow, caller: control.Caller) -> http.Response:
-        """`GET /_cg/expand?id=KEY`: the stashed span as JSON; 404 unknown, 400 malformed. A
-        remote caller reads only its own session's stashes."""
-        key = flow.request.query.get("id", "")
-        if not valid_key(key):
-            return control.json_response(400, {"error": f"not a context-guru id: {key[:64]!r}"})
+        """`GET /_cg/expand?id=KEY`: the stashed span as JSON; `id=KEY%23N`: its N-th message
+        alone (1-based). 400 malformed, 404 unknown, expired or no message N. A remote caller
+        reads only its own session's stashes, whole or a message at a time."""
+        ident = flow.request.query.get("id", "")
+        parsed = parse_id(ident)
+        if parsed is None:
+            return control.json_response(
+                400, {"error": f"not a context-guru id (KEY or KEY#N): {ident[:64]!r}"}
+            )
+        key, n = parsed
         scope = caller.scope()
         if scope == "":
             return control.no_session()
         try:
             stash = self.rt.store.get_stash(key, scope) if self.rt.store is not None else None
+            sources = stash.sources() if stash is not None and n is not None else []
         except StoreError as e:
             return control.json_response(503, {"error": f"the store is unavailable: {e}"})
         if stash is None:
             return control.json_response(
-                404, {"error": f"id {key} is unknown or no longer available (expired)"}
+                404, {"error": f"id {ident} is unknown or no longer available (expired)"}
             )
+        doc: dict[str, Any] = {
+            "id": ident,
+            "session": stash.session,
+            "created": stash.created,
+            "count": stash.count,
+            "dialect": stash.dialect,
+        }
+        if n is None:
+            return control.json_response(200, {**doc, "messages": stash.messages()})
+        if not 1 <= n <= len(sources):
+            return control.json_response(
+                404,
+                {
+                    "error": f"id {ident}: the stash holds {len(sources)} messages, "
+                    f"{key}#1 to {key}#{len(sources)}"
+                },
+            )
+        src = sources[n - 1]
         return control.json_response(
-            200,
-            {
-                "id": stash.key,
-                "session": stash.session,
-                "created": stash.created,
-                "count": stash.count,
-                "dialect": stash.dialect,
-                "messages": stash.messages(),
-            },
+            200, {**doc, "key": key, "n": n, "message": json.loads(src), "source": src}
         )

@@ -180,9 +180,24 @@ async def test_a_remote_caller_reads_only_its_own_session(addon, via):
         cg, f"/_cg/expand?id={nowhere}", REMOTE, x_context_guru_session=A, **auth
     )
     assert status2 == 404 and doc2["error"].replace(nowhere, KEY_B) == doc["error"]
+    # One message, `KEY#N`: A's own; B's, in range or not, exactly as one that never existed.
+    _, status, doc = ask(
+        cg, f"/_cg/expand?id={KEY_A}%231", REMOTE, x_context_guru_session=A, **auth
+    )
+    assert status == 200 and doc["source"] == SPAN_A[0]
+    for n in ("1", "0", "2"):
+        _, status, doc = ask(
+            cg, f"/_cg/expand?id={KEY_B}%23{n}", REMOTE, x_context_guru_session=A, **auth
+        )
+        _, status2, doc2 = ask(
+            cg, f"/_cg/expand?id={nowhere}%23{n}", REMOTE, x_context_guru_session=A, **auth
+        )
+        assert status == status2 == 404 and "bravo" not in json.dumps(doc)
+        assert doc2["error"].replace(nowhere, KEY_B) == doc["error"], n
+        assert "holds" not in doc["error"]
     # no session named (or one that is not allow-listed): nothing to read
     for h in ({}, {"x_context_guru_session": "../../etc"}, {"x_context_guru_session": ""}):
-        for path in ("/_cg/sessions", f"/_cg/expand?id={KEY_A}"):
+        for path in ("/_cg/sessions", f"/_cg/expand?id={KEY_A}", f"/_cg/expand?id={KEY_A}%231"):
             _, status, doc = ask(cg, path, REMOTE, **h, **auth)
             assert status == 400 and "x-context-guru-session" in doc["error"]
 
@@ -454,6 +469,14 @@ async def test_a_token_no_client_could_send_is_refused_unshown(addon, token):
         "%2e%2e%2f",
         "0" * 24 + "%0A",
         "x" * 5000,
+        KEY_A + "%23",
+        KEY_A + "%23-1",
+        KEY_A + "%23x",
+        KEY_A + "%231234567",
+        KEY_A + "%231%0A",
+        KEY_A + "%231%232",
+        KEY_A + "%23" + "9" * 5000,
+        "%23" + KEY_A,
     ],
 )
 async def test_malformed_ids_are_refused_and_not_echoed_at_length(addon, key):
@@ -461,6 +484,42 @@ async def test_malformed_ids_are_refused_and_not_echoed_at_length(addon, key):
     _, status, doc = ask(cg, f"/_cg/expand?id={key}")
     assert status == 400 and "not a context-guru id" in doc["error"]
     assert len(doc["error"]) < 200
+
+
+SPAN_C = [
+    '{"role":"user","content":"list the files"}',
+    '{"role":"assistant","content":[{"type":"tool_use","id":"t1","name":"Bash","input":{}}]}',
+    '{"role":"user","content":[{"type":"tool_result","tool_use_id":"t1","content":'
+    '"a.py \\u2014 caf\\u00e9"}]}',
+]
+
+
+async def test_one_message_of_a_stash_by_its_number(addon):
+    cg, _ = addon
+    key = stash_key(SPAN_C)
+    cg.store.put_stash(key, A, SPAN_C, "anthropic")
+    _, status, whole = ask(cg, f"/_cg/expand?id={key}")
+    assert status == 200 and len(whole["messages"]) == 3  # the vacuity guard: the span, whole
+    for n, src in enumerate(SPAN_C, 1):
+        _, status, doc = ask(cg, f"/_cg/expand?id={key}%23{n}")  # `#` arrives as %23
+        assert status == 200, n
+        assert doc == {
+            "id": f"{key}#{n}",
+            "session": A,
+            "created": whole["created"],
+            "count": 3,
+            "dialect": "anthropic",
+            "key": key,
+            "n": n,
+            "message": json.loads(src),
+            "source": src,  # its exact bytes, escapes and all
+        }
+    for none in ("0", "4", "999999"):
+        _, status, doc = ask(cg, f"/_cg/expand?id={key}%23{none}")
+        assert status == 404, none
+        assert doc == {"error": f"id {key}#{none}: the stash holds 3 messages, {key}#1 to {key}#3"}
+    _, status, doc = ask(cg, f"/_cg/expand?id={'0' * 24}%231")
+    assert status == 404 and "unknown or no longer available" in doc["error"]
 
 
 # -- no path a request chose ----------------------------------------------------------------------
