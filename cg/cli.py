@@ -1,7 +1,7 @@
 """`context-guru` (also `python -m cg`): look at what the proxy did, and what it would do.
 
     context-guru replay FILE [--preset P] [--config F] [--summary TEXT] [--json]
-    context-guru expand KEY [--db PATH|URL] [--json]
+    context-guru expand KEY[#N] [--db PATH|URL] [--json]
     context-guru sessions [--db PATH|URL] [--config F] [--json]
     context-guru stats [--db PATH|URL | --proxy URL [--token T]] [--config F] [--json]
     context-guru simulate FILE… [--preset P]… [--config F] [--json] [--summary-ratio R]
@@ -178,27 +178,50 @@ def _brief(m: Any, width: int = 100) -> str:
 
 
 def expand(args: argparse.Namespace) -> int:
-    from cg.state import valid_key
+    """A stashed span (`KEY`), or its N-th message alone (`KEY#N`, 1-based)."""
+    from cg.expand.tool import parse_id
 
-    if not valid_key(args.key):
-        print(f"not a context-guru id: {args.key!r}", file=sys.stderr)
+    parsed = parse_id(args.key)
+    if parsed is None:
+        print(f"not a context-guru id (KEY or KEY#N): {args.key[:64]!r}", file=sys.stderr)
         return EXIT_USAGE
+    key, n = parsed
     store = _store(args.db)
     try:
-        stash = store.get_stash(args.key)
+        stash = store.get_stash(key)
     finally:
         store.close()
     if stash is None:
         print(f"{args.key}: unknown, or no longer available (expired)", file=sys.stderr)
         return EXIT_NOT_FOUND
-    if args.json:
-        _out({"id": stash.key, "session": stash.session, "messages": stash.messages()})
+    if n is None:
+        if args.json:
+            _out({"id": stash.key, "session": stash.session, "messages": stash.messages()})
+            return 0
+        print(f"# {stash.key}: {stash.count} messages from session {stash.session}")
+        for i, m in enumerate(stash.messages(), 1):
+            _print_message(key, i, m)
         return 0
-    print(f"# {stash.key}: {stash.count} messages from session {stash.session}")
-    for i, m in enumerate(stash.messages()):
-        print(f"\n--- [{i}] {m.get('role') if isinstance(m, dict) else '?'} ---")
-        print(_readable(m))
+    sources = stash.sources()
+    if not 1 <= n <= len(sources):
+        print(
+            f"{args.key}: the stash holds {len(sources)} messages, {key}#1 to {key}#{len(sources)}",
+            file=sys.stderr,
+        )
+        return EXIT_NOT_FOUND
+    message = json.loads(sources[n - 1])
+    if args.json:
+        _out({"id": args.key, "session": stash.session, "n": n, "message": message})
+        return 0
+    print(f"# {args.key}: message {n} of {len(sources)} from session {stash.session}")
+    _print_message(key, n, message)
     return 0
+
+
+def _print_message(key: str, n: int, m: Any) -> None:
+    """One message, under the id that fetches it alone."""
+    print(f"\n--- [{key}#{n}] {m.get('role') if isinstance(m, dict) else '?'} ---")
+    print(_readable(m))
 
 
 def _readable(m: Any) -> str:
@@ -435,8 +458,8 @@ def parser() -> argparse.ArgumentParser:
     r.add_argument("--json", action="store_true")
     r.set_defaults(func=replay)
 
-    e = sub.add_parser("expand", help="print a stashed span")
-    e.add_argument("key")
+    e = sub.add_parser("expand", help="print a stashed span (KEY) or one message of it (KEY#N)")
+    e.add_argument("key", metavar="KEY[#N]")
     e.add_argument("--db", default=None)
     e.add_argument("--json", action="store_true")
     e.set_defaults(func=expand)

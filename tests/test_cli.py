@@ -76,9 +76,12 @@ def test_expand_prints_the_span_readably(db: Path, capsys) -> None:
     assert (code, err) == (0, "")
     lines = out.splitlines()
     assert lines[0] == f"# {key}: 3 messages from session {SESSION}"
-    assert "--- [0] user ---" in lines
-    assert "--- [1] assistant ---" in lines
-    assert "--- [2] user ---" in lines
+    # Each under the id that prints it alone.
+    assert [ln for ln in lines if ln.startswith("---")] == [
+        f"--- [{key}#1] user ---",
+        f"--- [{key}#2] assistant ---",
+        f"--- [{key}#3] user ---",
+    ]
     assert "Fix the parser. café ✓" in lines  # escapes decoded for a reader
     assert "Running the tests." in lines
     assert '[tool_use Bash] {"cmd": "pytest -x"}' in lines
@@ -127,12 +130,62 @@ def test_expand_expired_id_exits_1(tmp_path: Path, capsys) -> None:
     assert out == ""
 
 
-@pytest.mark.parametrize("bad", ["nope", "F" * 24, "a" * 25, "../../etc/passwd", ""])
+KEY = stash_key(SOURCES)
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        "nope",
+        "F" * 24,
+        "a" * 25,
+        "../../etc/passwd",
+        "",
+        f"{KEY}#",
+        f"{KEY}#-1",
+        f"{KEY}#x",
+        f"{KEY}#1234567",
+        f"{KEY}#1\n",
+        f"#{KEY}",
+    ],
+)
 def test_expand_malformed_id_exits_2(db: Path, capsys, bad: str) -> None:
     code, out, err = run(capsys, "expand", bad, "--db", str(db))
     assert code == 2
     assert out == ""
-    assert err == f"not a context-guru id: {bad!r}\n"
+    assert err == f"not a context-guru id (KEY or KEY#N): {bad!r}\n"
+
+
+def test_expand_one_message(db: Path, capsys) -> None:
+    code, out, err = run(capsys, "expand", f"{KEY}#3", "--db", str(db))
+    assert (code, err) == (0, "")
+    assert out.splitlines() == [
+        f"# {KEY}#3: message 3 of 3 from session {SESSION}",
+        "",
+        f"--- [{KEY}#3] user ---",
+        "[tool_result] FAILED test_parse.py::test_nested",
+    ]
+    code, out, err = run(capsys, "expand", f"{KEY}#1", "--db", str(db), "--json")
+    assert (code, err) == (0, "")
+    assert json.loads(out) == {
+        "id": f"{KEY}#1",
+        "session": SESSION,
+        "n": 1,
+        "message": json.loads(SOURCES[0]),
+    }
+
+
+@pytest.mark.parametrize("n", ["0", "4", "000000", "999999"])
+def test_expand_a_message_the_stash_lacks_exits_1(db: Path, capsys, n: str) -> None:
+    code, out, err = run(capsys, "expand", f"{KEY}#{n}", "--db", str(db))
+    assert (code, out) == (1, "")
+    assert err == f"{KEY}#{n}: the stash holds 3 messages, {KEY}#1 to {KEY}#3\n"
+
+
+def test_expand_one_message_of_an_unknown_id_exits_1(db: Path, capsys) -> None:
+    code, out, err = run(capsys, "expand", f"{'f' * 24}#1", "--db", str(db))
+    assert (code, out) == (1, "")
+    assert err == f"{'f' * 24}#1: unknown, or no longer available (expired)\n"
 
 
 # -- sessions, stats -----------------------------------------------------------------------------
