@@ -1,12 +1,13 @@
 """The relay's HTTP/1.1 client (`cg.proxy.h1`) against real servers on 127.0.0.1: what it
 sends, every body framing, keep-alive and the stale-connection retry (and when it must not
-retry), TLS under a provider's name, the content decoders, and an encoded event stream through
-a real `Relay`."""
+retry), TLS under a provider's name, the content decoders, and through a real `Relay` an encoded
+event stream and an expand call for one message (`KEY#N`)."""
 
 from __future__ import annotations
 
 import asyncio
 import gzip
+import json
 import re
 import socket
 import ssl
@@ -18,15 +19,26 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import brotli
+import httpx
 import pytest
 import zstandard
 from hypothesis import given
 from hypothesis import strategies as st
 
+from cg.expand.tool import TOOL_NAME, resolve
 from cg.proxy.h1 import H1Error, H1Pool, _buffered, _Conn, decoder
 from cg.proxy.relay import HEADER as RELAY_HEADER
 from cg.proxy.relay import Relay, RelayJob
+from cg.state.records import stash_key
+from cg.state.sqlite import SqliteStore
+from cg.wire.answers import Reply, render_sse
 from tests.e2e.pki import make_pki
+from tests.expand.test_continuation import (
+    ANTHROPIC_SENT,
+    Upstream,
+    anthropic_msg,
+    expand_call,
+)
 from tests.support.strategies import SETTINGS
 
 Handler = Callable[["Seen", asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
@@ -418,6 +430,55 @@ async def test_an_encoding_the_relay_cannot_read_passes_as_it_came_ungated() -> 
     # Not gated, its length known: framed by it, as the provider sent it.
     assert b"content-length: 11" in head and b"transfer-encoding" not in head
     assert not job.gated and job.error is not None and "compress" in job.error
+
+
+async def test_a_relayed_call_for_one_message_is_answered_with_it_alone(tmp_path: Path) -> None:
+    """The streamed path: an answer through a real `Relay` calls `context_guru_expand` with
+    `KEY#N`; the relay's continuation resolves that id against a real store (the job's resolver,
+    as `Runtime.resolver` makes it) and the next round carries the N-th message alone."""
+    sources = [
+        '{"role":"user","content":"run it"}',
+        '{"role":"user","content":[{"type":"tool_result","tool_use_id":"t0","content":"42 \\u2713"}]}',
+    ]
+    key = stash_key(sources)
+    call = anthropic_msg(1, expand_call("toolu_r1", f"{key}#2"), text="Checking.")
+    up = Upstream("anthropic", anthropic_msg(2, text="It printed 42."))
+    rounds = httpx.AsyncClient(transport=httpx.MockTransport(up))
+    sent = ANTHROPIC_SENT.replace("STREAM", "true")
+    with SqliteStore(tmp_path / "cg.sqlite3") as st:
+        st.put_stash(key, "s1", sources, "anthropic")
+        async with server(answering(sse_answer(None, render_sse(Reply("anthropic", call))))) as (
+            _,
+            port,
+        ):
+            relay = Relay(lambda sni: rounds)
+            await relay.start()
+            job = RelayJob(
+                f"http://127.0.0.1:{port}/v1/messages",
+                ((b"content-type", b"application/json"),),
+                sent.encode(),
+                lambda: sent,
+                "anthropic",
+                None,
+                lambda ident: resolve(st, ident, "s1"),
+                (b"https", "api.provider.invalid", 443),
+            )
+            try:
+                out = await hop(relay, job)
+            finally:
+                relay.close()
+                await rounds.aclose()
+    assert job.continued and job.error is None and job.rounds == 1  # the vacuity guard
+    assert job.log == [{"round": 1, "ids": [f"{key}#2"]}]
+    (req,) = up.requests
+    result = json.loads(req.content)["messages"][-1]["content"][0]
+    assert result["tool_use_id"] == "toolu_r1"
+    assert result["content"] == (
+        f"Message 2 of 2 that the summary <<cg:{key}>> replaced, verbatim (its original JSON):"
+        f"\n\n{sources[1]}"
+    )
+    body = out.partition(b"\r\n\r\n")[2]
+    assert b"It printed 42." in body and TOOL_NAME.encode() not in body
 
 
 # -- what the review of this client found (each failed before its fix) ---------------------------
