@@ -2,7 +2,8 @@
 real SQLite file, and a fresh database on the suite's PostgreSQL server; tests/conftest.py):
 the N-th message read back byte for byte from a store opened anew, an N the stash lacks answered
 with its size, another tenant's or session's `KEY#N` no longer available exactly as its `KEY`, and
-the CLI reading one message from either engine.
+the CLI reading one message from either engine, and the ids the summary's floor writes
+(`cg.summarize.floor`) naming the messages their facts are in.
 
 A stash is stored as its messages' sources (`Stash.sources()`), so neither engine's schema knows
 about `#N`: what is shown here is that the N-th source each engine gives back is the N-th put.
@@ -11,6 +12,7 @@ about `#N`: what is shown here is that the N-th source each engine gives back is
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -19,6 +21,7 @@ from cg.cli import main
 from cg.expand.tool import resolve
 from cg.state.records import stash_key
 from cg.state.tenant import ANONYMOUS, fingerprint
+from cg.summarize.floor import build_floor, span_facts
 from tests.state.test_store import Target, make
 
 # Escapes, non-ASCII, a line separator, irregular whitespace, a nested array: bytes that a parse
@@ -125,3 +128,55 @@ def test_the_cli_prints_one_message_from_either_engine(
     assert main(["expand", f"{key}#5", "--db", str(target)]) == 1
     out, err = capsys.readouterr()
     assert out == "" and err == f"{key}#5: the stash holds 4 messages, {key}#1 to {key}#4\n"
+
+
+def test_the_ids_the_floor_writes_fetch_the_messages_their_facts_are_in(target: Target) -> None:
+    """The floor (`cg.summarize.floor`) ends each fact with the `KEY#N` of its message: each id
+    it writes resolves, on either engine, to the one message that holds that fact."""
+    span = [
+        json.dumps(m, ensure_ascii=False)
+        for m in [
+            {"role": "user", "content": "Fix the tokenizer but never touch migrations/ — ever."},
+            {
+                "role": "assistant",
+                "content": [
+                    {
+                        "type": "tool_use",
+                        "id": "t1",
+                        "name": "Edit",
+                        "input": {"file_path": "tok.py"},
+                    }
+                ],
+            },
+            {
+                "role": "user",
+                "content": [
+                    {"type": "tool_result", "tool_use_id": "t1", "content": "ValueError: bad token"}
+                ],
+            },
+            {
+                "role": "assistant",
+                "content": [
+                    {"type": "tool_use", "id": "t2", "name": "Bash", "input": {"command": "pytest"}}
+                ],
+            },
+            {
+                "role": "user",
+                "content": [
+                    {"type": "tool_result", "tool_use_id": "t2", "content": "1 failed\nexit code 1"}
+                ],
+            },
+        ]
+    ]
+    key = stash_key(span)
+    found = span_facts("anthropic", span)
+    assert {f.kind for f in found} == {"user", "file", "command", "error"}  # the guard
+    floor = build_floor(found, key, keep_user_tokens=8000, keep_artifact_tokens=4000, count=len)
+    written = set(re.findall(rf"{key}#[0-9]+", floor))
+    assert written == {f"{key}#{f.at + 1}" for f in found}  # every fact's id, and only those
+    with make(target) as st:
+        st.put_stash(key, SESSION, span, "anthropic", K1)
+        for f in found:
+            text = resolve(st, f"{key}#{f.at + 1}", SESSION, K1)
+            assert text == one(key, f.at + 1, len(span), span[f.at])
+            assert f.text in json.dumps(json.loads(span[f.at]), ensure_ascii=False), f
