@@ -674,11 +674,18 @@ def test_the_expand_endpoint(xproxy, provider):
         assert doc["id"] == key and doc["session"] == agent.session
         assert doc["count"] == cut - head and doc["dialect"] == "anthropic"
         assert doc["messages"] == [json.loads(s) for s in sent[head:cut]]
+        # One message: `KEY#N`, the `#` percent-encoded by the client (a raw one would end the
+        # URL's query), its exact bytes as the client sent them.
+        r = c.get("/_cg/expand", params={"id": f"{key}#2"})
+        assert b"%23" in r.request.url.raw_path and r.status_code == 200
+        assert r.json()["source"] == sent[head + 1].decode()
+        r = c.get("/_cg/expand", params={"id": f"{key}#{cut - head + 1}"})
+        assert r.status_code == 404 and f"holds {cut - head} messages" in r.json()["error"]
 
         r = c.get("/_cg/expand", params={"id": "f" * 24})
         assert r.status_code == 404
         assert "no longer available" in r.json()["error"]
-        for bad in ("xyz", "", key.upper(), key + "0"):
+        for bad in ("xyz", "", key.upper(), key + "0", key + "#", key + "#1234567"):
             r = c.get("/_cg/expand", params={"id": bad})
             assert r.status_code == 400, bad
             assert "not a context-guru id" in r.json()["error"]
