@@ -299,3 +299,25 @@ async def test_a_lost_fact_never_carries_a_credential(addon: ContextGuru, fake: 
     assert key not in joined and "sk-proj-abcdefghijklmnop" not in joined
     assert f"curl -H 'x-api-key: {REDACTED}' https://example.test" in lost
     assert f"export OPENAI_API_KEY={REDACTED}" in lost
+
+
+async def test_turns_that_keep_every_message_are_not_measured(
+    guru: tuple[ContextGuru, Any], fake: SharedFake
+) -> None:
+    """Bypassed: sent as it came. The expand tool alone appended: `rewritten`, but every
+    message kept (1 by construction), so neither is recorded nor counted."""
+    addon, tctx = guru
+    f = turn(body(transcript()))
+    f.request.headers["x-context-guru-bypass"] = "1"
+    addon.request(f)
+    assert f.metadata[META]["outcome"] == "bypassed"
+    await answered(addon, f)
+    tctx.configure(addon, cg_expand_inject="always")
+    g = turn(body(transcript()))
+    addon.request(g)
+    rec = g.metadata[META]
+    assert (rec["outcome"], rec["reason"]) == ("rewritten", "expand tool injected"), rec
+    await answered(addon, g)
+    assert "ledger" in rec  # vacuity: the answer's hooks ran for it
+    assert "retention" not in rec and "retention" not in f.metadata[META]
+    assert addon.stats.retention.to_json()["turns"] == 0
