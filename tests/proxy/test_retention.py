@@ -19,6 +19,7 @@ from cg.proxy import retained
 from cg.proxy.addon import META, REDACTED, ContextGuru
 from cg.proxy.view import RECORD
 from cg.retention.measure import Retention, of_plan
+from cg.summarize.component import Summarize
 from tests.proxy.pending import finish
 from tests.support.summarizing import provider_flow
 from tests.support.transcripts import SharedFake
@@ -105,7 +106,16 @@ async def summarized(cg: ContextGuru, fake: SharedFake, raw: bytes | None = None
 
 @pytest.fixture
 def addon(guru: tuple[ContextGuru, Any]) -> ContextGuru:
-    return guru[0]
+    """The addon whose summary message says only what the fake summarizer wrote: the floor
+    (which quotes the span's facts in every summary, where this build has it) turned off, so
+    what the span loses is the test's to say."""
+    cg = guru[0]
+    (comp,) = cg.components
+    assert isinstance(comp, Summarize)
+    for key in ("keep_user_tokens", "keep_artifact_tokens"):
+        if key in type(comp.cfg).model_fields:
+            setattr(comp.cfg, key, 0)
+    return cg
 
 
 async def test_a_rewritten_turn_records_what_it_kept(addon: ContextGuru, fake: SharedFake) -> None:
