@@ -2,8 +2,9 @@
 
 The same figures as `/_cg/stats` (the facts retained among them) and one page of
 `/_cg/sessions` (each shown figure carries its JSON value in `data-value`, so a test can hold
-the page to the endpoints), with links to the next page and back, plus a chart per listed session of the cost of each turn with and without
-the rewrite, drawn as inline SVG from the ledger's in-memory history of this process's turns.
+the page to the endpoints), with links to the next page and back, plus a chart per listed
+session of the cost of each turn with and without the rewrite, drawn as inline SVG from the
+ledger's in-memory history of this process's turns.
 No script, no build step, no external asset (the answer's Content-Security-Policy forbids
 any); it reloads itself every few seconds. Estimated figures say ESTIMATE, as everywhere.
 Every string that came from outside (a session id, a cursor) is escaped; nothing here ever
