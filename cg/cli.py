@@ -405,7 +405,29 @@ def stats(args: argparse.Namespace) -> int:
     print("\n".join(_usage_lines(doc.get("usage"))))
     print("savings:")
     print("\n".join(_savings_lines(doc.get("savings"))))
+    if "retention" in doc:  # (a running proxy's: the store does not keep it)
+        print("retention (the facts of rewritten turns still visible in the request sent):")
+        print("\n".join(_retention_lines(doc["retention"])))
     return code
+
+
+def _share(x: Any) -> str:
+    return f"{x * 100:.1f}%" if isinstance(x, int | float) else "none"
+
+
+def _retention_lines(r: Any, indent: str = "  ") -> list[str]:
+    if not isinstance(r, dict):
+        return [f"{indent}retention: unavailable"]
+    kinds = r.get("by_kind") if isinstance(r.get("by_kind"), dict) else {}
+    out = [
+        f"{indent}turns measured  {r.get('turns', 0):,}  mean {_share(r.get('mean'))}  "
+        f"least {_share(r.get('min'))}",
+        f"{indent}by kind         "
+        + "  ".join(f"{k} {_share(v)}" for k, v in (kinds or {}).items()),
+    ]
+    if r.get("failed"):
+        out.append(f"{indent}not measured (failed): {r['failed']}")
+    return out
 
 
 # -- simulate -------------------------------------------------------------------------------------

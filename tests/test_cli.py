@@ -426,3 +426,54 @@ def test_a_mistyped_db_path_is_refused_not_created(tmp_path: Path, capsys) -> No
     code, _, err = run(capsys, "sessions", "--db", str(missing))
     assert code == 2 and "no context-guru store" in err
     assert not missing.parent.exists()
+
+
+def test_stats_of_a_running_proxy_prints_its_retention(capsys) -> None:
+    """`stats --proxy`: the proxy's `/_cg/stats` (served here by a stand-in on 127.0.0.1, the
+    document a proxy answers) printed, retention included."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    doc = {
+        "requests": 5,
+        "rewritten": 2,
+        "passed_through": 3,
+        "failed_open": 0,
+        "usage": None,
+        "savings": None,
+        "retention": {
+            "turns": 2,
+            "mean": 0.6905,
+            "min": 0.6667,
+            "by_kind": {"user": 1.0, "file": None, "command": 0.5, "error": None},
+            "failed": 1,
+        },
+    }
+
+    class Stats(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            body = json.dumps(doc).encode() if self.path == "/_cg/stats" else b"{}"
+            self.send_response(200 if self.path == "/_cg/stats" else 404)
+            self.send_header("content-type", "application/json")
+            self.send_header("content-length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Stats)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}"
+        code, out, _ = run(capsys, "stats", "--proxy", url)
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join()
+    assert code == 0, out
+    assert "5 requests, 2 rewritten" in out  # vacuity: the proxy's document was read
+    assert "turns measured  2  mean 69.0%  least 66.7%" in out
+    assert "user 100.0%  file none  command 50.0%  error none" in out
+    assert "not measured (failed): 1" in out

@@ -78,6 +78,9 @@ class Record(TypedDict, total=False):
     ledger: dict[str, Any]  # the answer's usage, as booked
     provider_400: str  # the provider's message when it refused the rewrite
     retry_error: str  # why re-sending the original failed
+    # Added by the proxy once the answer is done (`cg.proxy.retained`): a rewritten turn's
+    # `Retention.to_json()`, or `{"error": why}` when measuring it failed.
+    retention: dict[str, Any]
 
 
 @dataclass(slots=True)

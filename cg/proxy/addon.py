@@ -176,5 +176,7 @@ class ContextGuru:
         if ret is not None:
             await ret
 
-    def error(self, flow: http.HTTPFlow) -> None:
-        self._call("error", flow)
+    def error(self, flow: http.HTTPFlow) -> Awaitable[None] | None:
+        """An awaitable when a hook's work goes on in the worker thread (await it, as
+        mitmproxy does): the rest of the addons' hooks run after it."""
+        return self._call("error", flow)

@@ -1,9 +1,10 @@
 """`GET /_cg/`: the savings dashboard, one self-contained HTML page for a person.
 
-The same figures as `/_cg/stats` and one page of `/_cg/sessions` (each shown figure carries its
-JSON value in `data-value`, so a test can hold the page to the endpoints), with links to the
-next page and back, plus a chart per listed session of the cost of each turn with and without
-the rewrite, drawn as inline SVG from the ledger's in-memory history of this process's turns.
+The same figures as `/_cg/stats` (the facts retained among them) and one page of
+`/_cg/sessions` (each shown figure carries its JSON value in `data-value`, so a test can hold
+the page to the endpoints), with links to the next page and back, plus a chart per listed
+session of the cost of each turn with and without the rewrite, drawn as inline SVG from the
+ledger's in-memory history of this process's turns.
 No script, no build step, no external asset (the answer's Content-Security-Policy forbids
 any); it reloads itself every few seconds. Estimated figures say ESTIMATE, as everywhere.
 Every string that came from outside (a session id, a cursor) is escaped; nothing here ever
@@ -16,6 +17,8 @@ import html
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
+
+from cg.retention.facts import KINDS
 
 REFRESH_S = 5
 CSP = "default-src 'none'; style-src 'unsafe-inline'; img-src data:"
@@ -52,6 +55,31 @@ def figure(name: str, value: Any, text: str, estimate: bool = False) -> str:
     label = ' <span class="est">ESTIMATE</span>' if estimate else ""
     raw = "" if value is None else value
     return f'<span data-figure="{esc(name)}" data-value="{esc(raw)}">{esc(text)}</span>{label}'
+
+
+def share(x: Any) -> str:
+    """A ratio as a percentage; "none" where there was nothing to measure (null)."""
+    return f"{x * 100:.1f}%" if isinstance(x, int | float) else "none"
+
+
+def retention_table(r: Mapping[str, Any] | None) -> str:
+    """`/_cg/stats`' `retention`: the rewritten turns measured, their mean and least retention,
+    and each kind's share summed over them."""
+    r = r or {}
+    kinds = r.get("by_kind") or {}
+    cells = [
+        figure("retention.turns", r.get("turns"), num(r.get("turns"))),
+        figure("retention.mean", r.get("mean"), share(r.get("mean"))),
+        figure("retention.min", r.get("min"), share(r.get("min"))),
+        *(figure(f"retention.by_kind.{k}", kinds.get(k), share(kinds.get(k))) for k in KINDS),
+    ]
+    return (
+        '<table id="retention"><tr><th>rewritten turns measured</th><th>mean</th><th>least</th>'
+        + "".join(f"<th>{k}</th>" for k in KINDS)
+        + "</tr><tr>"
+        + "".join(f"<td>{c}</td>" for c in cells)
+        + "</tr></table>"
+    )
 
 
 def card(title: str, body: str) -> str:
@@ -204,6 +232,11 @@ def render(
         "<code>/_cg/sessions</code>; ESTIMATE marks what the turns would have cost unrewritten "
         f"(priced under a prompt-cache model). {esc(sv.get('note', ''))}</p>"
         f"{problem}<div class=cards>{totals}</div>"
+        "<h2>Facts retained</h2>"
+        '<p class="note">Of each rewritten turn\'s facts (what the user typed, the files, the '
+        "commands, the errors), the share still visible in the request sent; measured once the "
+        "turn's answer is done.</p>"
+        f"{retention_table(stats.get('retention'))}"
         f"<h2>Sessions</h2>{table}"
         "<h2>Cost per turn, with and without the rewrite</h2>"
         + (charts or '<p class="note">No turns booked since the proxy started.</p>')

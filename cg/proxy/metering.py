@@ -1,18 +1,20 @@
 """The meter's hooks (`cg.proxy.meter`): a streamed answer gets a usage tap as its headers
 arrive; the answer's usage is booked once the answer is done (after any expand continuation or
 re-send, whose rounds the answer's hook left in the flow's state); a cut stream books what it
-reported before the cut.
+reported before the cut. Both measure a rewritten turn's retention (`cg.proxy.retained`: why
+there) from the same turn the ledger books.
 """
 
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Awaitable
 from typing import cast
 
 from mitmproxy import http
 
 from cg.pipeline.rewrite import Record
-from cg.proxy import offload
+from cg.proxy import offload, retained
 from cg.proxy.message import content_type
 from cg.proxy.meter import late_index
 from cg.proxy.runtime import Runtime
@@ -65,15 +67,24 @@ class Metering:
             record = flow.metadata.get(META)
             if isinstance(record, dict):
                 st = rt.flows.get(flow.id)
+                # Before the meter takes the flow's turn (what is measured), whatever the status.
+                measuring = retained.measure(rt, flow, cast(Record, record))
                 rt.meter.answered(
                     flow, cast(Record, record), st.replies if st is not None else None
                 )
+                if measuring is not None:
+                    await measuring
         finally:
             rt.flush_facts()
 
-    def error(self, flow: http.HTTPFlow) -> None:
+    def error(self, flow: http.HTTPFlow) -> Awaitable[None] | None:
+        """A cut stream's usage booked; a rewritten turn's retention measured (an awaitable
+        when that is read in the worker thread)."""
         if not flow.live and flow.id not in self.rt.flows:
-            return
+            return None
         record = flow.metadata.get(META)
-        if isinstance(record, dict):
-            self.rt.meter.failed(flow, cast(Record, record))
+        if not isinstance(record, dict):
+            return None
+        measuring = retained.measure(self.rt, flow, cast(Record, record))
+        self.rt.meter.failed(flow, cast(Record, record))
+        return measuring

@@ -5,6 +5,9 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from cg.retention.facts import KINDS
+from cg.retention.measure import Retention
+
 
 @dataclass(slots=True)
 class SummaryCounts:
@@ -45,6 +48,44 @@ class UsageCounts:
 
 
 @dataclass(slots=True)
+class RetentionCounts:
+    """The retention of the rewritten turns measured (docs/behaviour.md#retention), summed as
+    they are recorded. Written on the event loop only (`cg.proxy.retained` records there, the
+    worker thread only measures), and read there by `/_cg/stats`: no lock is needed."""
+
+    turns: int = 0
+    failed: int = 0  # measurements that raised (the turn's record says why)
+    _sum: float = 0.0
+    _min: float | None = None
+    _visible: dict[str, int] = field(default_factory=lambda: dict.fromkeys(KINDS, 0))
+    _facts: dict[str, int] = field(default_factory=lambda: dict.fromkeys(KINDS, 0))
+
+    def add(self, r: Retention) -> None:
+        ratio = r.ratio
+        self.turns += 1
+        self._sum += ratio
+        self._min = ratio if self._min is None else min(self._min, ratio)
+        for k in KINDS:
+            self._visible[k] += r.visible[k]
+            self._facts[k] += r.total[k]
+
+    def to_json(self) -> dict[str, Any]:
+        """`{turns, mean, min, by_kind: {user, file, command, error}, failed}`: mean and min of
+        the turns' ratios; a kind's visible facts over its facts, summed over the turns (null
+        when no turn had a fact of that kind); mean and min null before the first turn."""
+        return {
+            "turns": self.turns,
+            "mean": round(self._sum / self.turns, 4) if self.turns else None,
+            "min": round(self._min, 4) if self._min is not None else None,
+            "by_kind": {
+                k: round(self._visible[k] / self._facts[k], 4) if self._facts[k] else None
+                for k in KINDS
+            },
+            "failed": self.failed,
+        }
+
+
+@dataclass(slots=True)
 class Stats:
     requests: int = 0
     rewritten: int = 0
@@ -57,10 +98,13 @@ class Stats:
     tokens_after: int = 0
     summaries: SummaryCounts = field(default_factory=SummaryCounts)
     usage_reads: UsageCounts = field(default_factory=UsageCounts)
+    retention: RetentionCounts = field(default_factory=RetentionCounts)
 
     def count(self, outcome: str) -> None:
         if outcome in ("rewritten", "passed_through", "failed_open", "bypassed"):
             setattr(self, outcome, getattr(self, outcome) + 1)
 
     def to_json(self) -> dict[str, Any]:
-        return asdict(self)
+        out = asdict(self)
+        out["retention"] = self.retention.to_json()
+        return out

@@ -4,11 +4,14 @@ addon touched: two contentviews and the record they read.
 The record. Everything a view needs lives in `flow.metadata["context_guru_view"]`: a small,
 versioned, JSON-serialisable dict (`VERSION`), so it survives `mitmdump -w` / `-r` and mitmweb's
 save and open; the views never need the live addon state, only the store (for a stash) when the
-addon is loaded. The full decision record stays in `flow.metadata["context_guru"]`.
+addon is loaded. The full decision record stays in `flow.metadata["context_guru"]`. Made in the
+request hook, the view record is added to once more when a rewritten turn's answer is done (its
+retention, `retained`); the lost facts' text is read from the decision record, its one copy.
 
     context-guru            what happened in plain words (session, preset, action, messages and
-                            tokens before→after, which messages the summary replaced, its stash
-                            id, the time spent), then the transcript as a person reads it —
+                            tokens before→after, the facts retained per kind and the first lost
+                            ones, which messages the summary replaced, its stash id, the time
+                            spent), then the transcript as a person reads it —
                             head, the summary wrapped and whole, tail — tool calls and results
                             by name and first lines. Chosen by default for every request the
                             addon touched (rewritten, commissioned, failed open, retried) and for
@@ -147,6 +150,9 @@ def comment(rec: dict[str, Any]) -> str:
         text = f"cg: rewritten {counts[0]}→{counts[1]} messages"
         if toks is not None:
             text += f", {human_tokens(toks[0])}→{human_tokens(toks[1])} tokens"
+        kept = rec.get("retention")
+        if isinstance(kept, dict) and "ratio" in kept:
+            text += f", {percent(kept['ratio'])} of {kept.get('facts')} facts retained"
         if rec.get("summary_flow"):
             text += (
                 f"; rolling forward: summary of messages "
@@ -176,6 +182,24 @@ def mark(flow: mflow.Flow, rec: dict[str, Any]) -> None:
     if sign:
         flow.marked = sign
         flow.comment = comment(rec)
+
+
+def retained(flow: mflow.Flow, retention: Mapping[str, Any]) -> None:
+    """A rewritten turn's retention, measured once its answer is done (`cg.proxy.retained`),
+    added to the view record made at the request, and to the comment. Counts only: the lost
+    facts' text stays in the decision record alone, where the view reads it."""
+    rec = flow.metadata.get(RECORD)
+    if not isinstance(rec, dict):
+        return
+    rec["retention"] = {k: retention[k] for k in _RETENTION_KEYS if k in retention}
+    mark(flow, rec)
+
+
+_RETENTION_KEYS = ("ratio", "facts", "visible", "by_kind", "error")
+
+
+def percent(ratio: Any) -> str:
+    return f"{ratio * 100:.0f}%" if isinstance(ratio, int | float) else "?"
 
 
 def record_of(flow: mflow.Flow | None) -> dict[str, Any] | str:
@@ -424,8 +448,42 @@ def _is_request(flow: mflow.Flow | None, http_message: http.Message | None) -> b
     return isinstance(flow, http.HTTPFlow) and http_message is flow.request
 
 
-def header_lines(rec: dict[str, Any]) -> Iterator[Line]:
-    """What happened, in plain words."""
+def retention_lines(rec: dict[str, Any], decision: Mapping[str, Any] | None) -> Iterator[Line]:
+    """A rewritten turn's retention: per kind, and the lost facts (from the decision record,
+    `decision`, when the flow has it)."""
+    kept = rec.get("retention")
+    if not isinstance(kept, dict):
+        if rec.get("action") == "rewritten":
+            yield [("text", "  retention: measured once the answer is done")]
+        return
+    if "ratio" not in kept:
+        yield [("alert", f"  retention: not measured ({kept.get('error')})")]
+        return
+    kinds = kept.get("by_kind")
+    kinds = kinds if isinstance(kinds, dict) else {}
+    per = ", ".join(
+        f"{k} {v.get('visible')}/{v.get('facts')}" for k, v in kinds.items() if isinstance(v, dict)
+    )
+    yield [
+        (
+            "text",
+            f"  retention {percent(kept['ratio'])}: {kept.get('visible')} of the client's "
+            f"{kept.get('facts')} facts visible in the request sent" + (f" ({per})" if per else ""),
+        )
+    ]
+    full = decision.get("retention") if decision is not None else None
+    lost = full.get("lost") if isinstance(full, dict) else None
+    if isinstance(lost, list) and lost:
+        yield [("text", f"  lost (the first {len(lost)}):")]
+        for f in lost:
+            if isinstance(f, dict):
+                for ln in wrap(f"{f.get('kind')}: {f.get('text')}", "    ", 1):
+                    yield [("text", ln)]
+
+
+def header_lines(rec: dict[str, Any], decision: Mapping[str, Any] | None = None) -> Iterator[Line]:
+    """What happened, in plain words (`decision`: the flow's decision record, for the facts
+    a rewrite lost)."""
     action = str(rec.get("action"))
     yield [("header", comment(rec))]
     who = [
@@ -449,6 +507,7 @@ def header_lines(rec: dict[str, Any]) -> Iterator[Line]:
         if toks is not None:
             line += f"; tokens {toks[0]:,} → {toks[1]:,} (our count)"
         yield [("text", line)]
+    yield from retention_lines(rec, decision)
     if _span(rec.get("replaced")) is not None:
         key = rec.get("stash")
         yield [
@@ -523,14 +582,18 @@ class RewriteView(_FlowView):
             doc = json.loads(data)
         except ValueError:
             doc = None
+        decision = flow.metadata.get(META) if flow is not None else None
+        decision = decision if isinstance(decision, dict) else None
         if not isinstance(doc, dict):
-            lines: list[Line] = [*header_lines(rec)]
+            lines: list[Line] = [*header_lines(rec, decision)]
             lines.append([("alert", "context-guru: the body is not JSON")])
             return "context-guru", iter([*lines, *_plain(data, flow, http_message)])
-        return f"context-guru: {rec.get('action')}", iter(list(self.lines(doc, rec)))
+        return f"context-guru: {rec.get('action')}", iter(list(self.lines(doc, rec, decision)))
 
-    def lines(self, doc: dict[str, Any], rec: dict[str, Any]) -> Iterator[Line]:
-        yield from header_lines(rec)
+    def lines(
+        self, doc: dict[str, Any], rec: dict[str, Any], decision: Mapping[str, Any] | None = None
+    ) -> Iterator[Line]:
+        yield from header_lines(rec, decision)
         if rec.get("action") == "summary" and isinstance(doc.get("input"), str):
             yield [("header", "the standalone prompt:")]
             for ln in wrap(doc["input"]):

@@ -117,6 +117,17 @@ def message_found(index: BodyIndex) -> list[tuple[Found, ...]]:
     return have
 
 
+def unread(index: BodyIndex) -> tuple[int, int]:
+    """The messages whose facts are not memoised on `index` yet, and their characters: what a
+    measurement of it has to read (a reader deciding where to run it asks this first)."""
+    owner, known = index.memo.retained
+    have = len(known) if owner is _OWNER and known is not None else 0
+    msgs = index.messages
+    if have >= len(msgs):
+        return 0, 0
+    return len(msgs) - have, msgs[-1].end - msgs[have].start
+
+
 def request_facts(index: BodyIndex) -> dict[Fact, Found]:
     """Every fact of the client's request, each once, where first found (linked)."""
     return distinct(link(f for found in message_found(index) for f in found))

@@ -191,6 +191,10 @@ def test_the_dashboard_shows_the_stats(web: Web, page: Any, shots: Path) -> None
     }
     flat: dict[str, Any] = {**stats, **stats["savings"]}
     flat["summaries.completed"] = stats["summaries"]["completed"]
+    retention = stats["retention"]
+    flat.update({f"retention.{k}": retention[k] for k in ("turns", "mean", "min")})
+    flat.update({f"retention.by_kind.{k}": v for k, v in retention["by_kind"].items()})
+    assert retention["turns"] > 0  # vacuity: the session's rewritten turns were measured
     assert seen, "no figure on the page"
     for name, value in seen.items():
         want = flat[str(name)]

@@ -62,6 +62,13 @@ def test_figures_and_chart_come_from_the_json() -> None:
         "failed_open": 0,
         "retried_original": 0,
         "summaries": {"completed": 1},
+        "retention": {
+            "turns": 3,
+            "mean": 0.6111,
+            "min": 0.5,
+            "by_kind": {"user": 1.0, "file": None, "command": 0.25, "error": None},
+            "failed": 0,
+        },
         "savings": {
             "tokens_not_sent": 1234,
             "billed_usd": 0.5,
@@ -93,3 +100,13 @@ def test_figures_and_chart_come_from_the_json() -> None:
     assert "<script>" not in page and html.escape(sid) in page  # escaped, never run
     assert page.count("<polyline") == 2 and 'data-series="without"' in page
     assert "30 messages → 99 tokens" in page
+    assert f["retention.turns"] == "3" and f["retention.mean"] == "0.6111"
+    assert f["retention.min"] == "0.5" and f["retention.by_kind.command"] == "0.25"
+    assert f["retention.by_kind.file"] == ""  # no file fact in any turn: null, shown as none
+    table = page[page.index('<table id="retention">') :]
+    assert "61.1%" in table and "25.0%" in table and "none" in table
+
+
+def test_no_turn_measured_yet_reads_none() -> None:
+    f = figures(render({"retention": {"turns": 0, "mean": None, "min": None}}, [], {}, now=1.0))
+    assert f["retention.turns"] == "0" and f["retention.mean"] == "" and f["retention.min"] == ""
