@@ -17,8 +17,10 @@ from __future__ import annotations
 
 import contextlib
 import json
+import operator
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from itertools import chain
 from typing import Any
 
 from cg.retention.facts import KINDS, Fact, Found, Kind, distinct, link, message_facts
@@ -141,33 +143,93 @@ def _piece_source(index: BodyIndex, p: Piece) -> str:
     return p.json
 
 
-def of_plan(index: BodyIndex, plan: Sequence[Piece]) -> Retention:
-    """Retention of the request `plan` makes of `index` (the client's body)."""
-    per = message_found(index)
-    original = distinct(link(f for found in per for f in found))
-    kept: set[int] = set()
-    sent: set[Fact] = set()
-    texts: list[str] = []
-    for p in plan:
-        if isinstance(p, Keep):
-            kept.add(p.index)
-            sent.update(Fact(f.kind, f.text) for f in per[p.index])
-            continue
-        src = _piece_source(index, p)
+_FACT = operator.itemgetter(0, 1)  # a Found's (kind, text): equal to, and hashed as, its Fact
+_BARE = ("error", "")  # an exit status found without an error line: not a fact
+NEW_MAX = 64  # new or changed messages' texts remembered (the same summary every turn)
+
+
+@dataclass(slots=True)
+class _Search:
+    """What the kept messages' text was searched for, as of the first `upto` messages: the
+    kept positions below `upto`, the lost facts found in them and those not."""
+
+    kept: frozenset[int]
+    found: set[tuple[str, str]]
+    absent: set[tuple[str, str]]
+
+
+_new_texts: dict[str, tuple[frozenset[tuple[str, str]], str]] = {}
+
+
+def _new_message(dialect: str, src: str) -> tuple[frozenset[tuple[str, str]], str]:
+    """A new or changed message's facts and JSON-decoded text, remembered: a reuse turn
+    re-sends the same summary message."""
+    known = _new_texts.get(src)
+    if known is None:
         try:
             value = json.loads(src)
         except ValueError:
-            continue
-        sent.update(f.fact for f in message_facts(index.dialect.name, value))
-        texts.extend(strings(value))
-    missing = [f for f in original if f not in sent]
-    visible = set(original).intersection(sent)
+            value = None
+        facts = frozenset(map(_FACT, message_facts(dialect, value)))
+        known = (facts, "\n".join(strings(value)))
+        if len(_new_texts) >= NEW_MAX:
+            _new_texts.clear()
+        _new_texts[src] = known
+    return known
+
+
+def _in_kept(
+    index: BodyIndex, kept: Sequence[int], missing: set[tuple[str, str]]
+) -> set[tuple[str, str]]:
+    """The `missing` facts whose text a kept message holds (in either JSON spelling).
+
+    Memoised on the index as of every message but the last (an agent rewrites its last message
+    on the next turn: Claude Code moves its breakpoint), so a next turn that keeps the same
+    messages below that searches only its own new messages for the facts looked for before,
+    and the whole kept text only for a fact never looked for."""
+    n = len(index.messages)
+    stable = n - 1
+    owner, known = index.memo.searched
+    prev: _Search | None = known[-1] if owner is _OWNER and known else None
+    upto = len(known) if prev is not None and known is not None else 0
+    if prev is None or upto > stable or frozenset(i for i in kept if i < upto) != prev.kept:
+        prev, upto = _Search(frozenset(), set(), set()), 0
+
+    def search(facts: set[tuple[str, str]], positions: list[int]) -> set[tuple[str, str]]:
+        if not facts or not positions:
+            return set()
+        raw = "\n".join(index.source(i) for i in positions)
+        return {f for f in facts if any(s in raw for s in spellings(f[1]))}
+
+    below = [i for i in kept if i < stable]
+    found = missing & prev.found
+    found |= search(missing - prev.found - prev.absent, below)  # never looked for
+    found |= search(missing & prev.absent, [i for i in below if i >= upto])
+    if stable > 0:
+        state = _Search(frozenset(below), prev.found | found, missing - found)
+        index.memo.searched = (_OWNER, [None] * (stable - 1) + [state])
+    return found | search(missing - found, [i for i in kept if i >= stable])
+
+
+def of_plan(index: BodyIndex, plan: Sequence[Piece]) -> Retention:
+    """Retention of the request `plan` makes of `index` (the client's body)."""
+    per = message_found(index)
+    original = set(map(_FACT, chain.from_iterable(per)))
+    original.discard(_BARE)
+    kept = [p.index for p in plan if isinstance(p, Keep)]
+    sent = set(map(_FACT, chain.from_iterable([per[i] for i in kept])))
+    texts: list[str] = []
+    name = index.dialect.name
+    for p in plan:
+        if not isinstance(p, Keep):
+            facts, text = _new_message(name, _piece_source(index, p))
+            sent |= facts
+            texts.append(text)
+    missing = original - sent
     if missing and texts:
         joined = "\n".join(texts)
-        found = {f for f in missing if f.text in joined}
-        visible |= found
-        missing = [f for f in missing if f not in found]
+        missing = {f for f in missing if f[1] not in joined}
     if missing and kept:
-        raw = "\n".join(index.source(i) for i in sorted(kept))
-        visible.update(f for f in missing if any(s in raw for s in spellings(f.text)))
-    return measure(original, visible)
+        missing -= _in_kept(index, kept, missing)
+    ordered = distinct(link(chain.from_iterable(per)))
+    return measure(ordered, set(ordered) - {Fact(*f) for f in missing})

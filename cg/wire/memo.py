@@ -53,6 +53,9 @@ class Memo:
     wire_ok: tuple[object, list[bool] | None] = _per_message()
     # cg.retention.measure.message_found: each message's facts.
     retained: tuple[object, list[Any] | None] = _per_message()
+    # cg.retention.measure.of_plan: which lost facts the kept messages' text holds, last of the
+    # messages searched.
+    searched: tuple[object, list[Any] | None] = _per_message()
 
     # -- whole body (carried as it is) -------------------------------------------------------
     # cg.state.facts.FactsCache.prelude: the members before the array the cache keys on.

@@ -8,13 +8,13 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from cg.expand.tool import SUMMARY_HEADER
 from cg.retention.facts import Fact
 from cg.retention.measure import Retention, of_plan, request_facts, unread
-from cg.wire.body import BodyIndex, index_body
+from cg.wire.body import BodyIndex, MessageCache, index_body
 from cg.wire.dialects import DIALECTS
 from cg.wire.splice import Insert, Keep, Piece
 
@@ -125,3 +125,45 @@ def test_json_of_a_turn() -> None:
     assert doc["ratio"] == 0.5 and doc["by_kind"] == {"user": {"visible": 1, "facts": 2}}
     assert r.kind_ratio("user") == 0.5 and r.kind_ratio("file") is None
     assert doc["lost"] == [{"kind": "user", "text": "x" * 120}]
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(st.integers(0, 5), min_size=4, max_size=12),
+    st.integers(1, 3),
+    st.booleans(),
+)
+def test_a_turn_measured_on_an_inherited_index_measures_as_a_fresh_one(
+    outputs: list[int], grow: int, quote: bool
+) -> None:
+    outputs = [9, *outputs[1:]]  # a command of the span that no kept message repeats as a fact
+    """The kept text's search is memoised on the index across turns (`Memo.searched`): what a
+    next turn finds with the memo it inherited is what a fresh index of it finds."""
+    msgs: list[dict[str, Any]] = [{"role": "user", "content": ASK}]
+    for i, k in enumerate(outputs):
+        msgs += [
+            call(i, f"make step{k}"),
+            result(i, f"step{k} quoted: make step{i}" if quote else "ok"),
+        ]
+    cache = MessageCache()
+
+    def turn(messages: list[dict[str, Any]]) -> tuple[BodyIndex, list[Piece]]:
+        doc = {"model": "m", "max_tokens": 1, "messages": messages}
+        index = index_body(json.dumps(doc).encode(), ANTHROPIC, cache)
+        n = len(index.messages)
+        summary = Insert.message(ANTHROPIC.user_message(f"{SUMMARY_HEADER}\nnothing"), ANTHROPIC)
+        return index, [Keep(0), summary, *(Keep(i) for i in range(5, n))]
+
+    first, plan = turn(msgs)
+    of_plan(first, plan)
+    searched = bool(first.memo.searched[1])  # the kept text was searched for a lost fact
+    for g in range(grow):
+        msgs += [call(100 + g, f"make more{g}"), result(100 + g, f"make step{g} again")]
+        warm, plan = turn(msgs)
+        inherited = warm.memo.searched[1]
+        assert searched and inherited and inherited[-1] is not None  # the memo came along
+        got = of_plan(warm, plan)
+        doc = {"model": "m", "max_tokens": 1, "messages": msgs}
+        fresh = of_plan(index_body(json.dumps(doc).encode(), ANTHROPIC), plan)
+        assert (got.visible, got.total) == (fresh.visible, fresh.total)
+        assert got.facts > 0  # vacuity guard: there were facts to find or lose
