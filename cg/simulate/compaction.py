@@ -15,6 +15,12 @@ Code does (measured: ../shared/notes/claude-code-compaction.md).
 
 Everything is built from message facts (digest, tokens, breakpoint), never from bytes: the
 baseline is a model of another program, not a run of this one.
+
+**Retention** is measurable all the same, since every message the restart keeps is one of the
+trace's: a request after a compaction shows the facts of the trace's messages from the first one
+kept on (`kept_from`), against the facts of the uncompacted request it stands for (the trace's
+own, re-indexed for it). The summary is modelled as tokens only, so it shows no fact: the figure
+is a floor, as with the stand-in summarizer.
 """
 
 from __future__ import annotations
@@ -25,9 +31,12 @@ from dataclasses import dataclass, replace
 
 from cg.billing.cache import PromptCache, build
 from cg.billing.prices import PriceTable
+from cg.retention.measure import Retention, of_plan
 from cg.simulate.tally import Tally
 from cg.simulate.turns import SimTurn
 from cg.state.facts import MessageFacts
+from cg.wire.body import MessageCache, index_body
+from cg.wire.splice import Keep
 from cg.wire.usage import Usage
 
 OUTPUT_RESERVE = 20_000
@@ -57,6 +66,7 @@ class _Conversation:
     base: SimTurn | None = None
     context: int = 0
     compactions: int = 0
+    kept_from: int = 0  # the trace's first message the prefix keeps after the summary (if any)
 
 
 def _digest(*parts: bytes) -> bytes:
@@ -71,7 +81,9 @@ def run(
 ) -> Tally:
     """One session as the agent alone would have sent and been billed for it."""
     tally = Tally()
+    tally.retained.floor = True
     cache = PromptCache()
+    indexes = MessageCache()
     convs: dict[bytes, _Conversation] = {}
     shift = 0.0
     for turn in turns:
@@ -80,7 +92,7 @@ def run(
         if conv.base is not None and turn.extends(conv.base):
             msgs = conv.prefix + own[len(conv.base.messages) :]
         else:  # first turn, or a history that diverged from what was compacted: as recorded
-            conv.base, conv.prefix = None, ()
+            conv.base, conv.prefix, conv.kept_from = None, (), 0
             msgs = own
         threshold = agent_threshold(turn.window)
         now = turn.t + shift
@@ -113,11 +125,17 @@ def run(
                     False,
                     False,
                 )
+                # msgs[j] is the trace's message kept_from + j - 1 after a summary, else j's.
+                summarized = msgs is not own
+                conv.kept_from = conv.kept_from + cut - 1 if summarized else cut
                 conv.prefix = ((note, "user"), *msgs[cut:])
                 conv.base = turn
                 msgs = conv.prefix
         if msgs is not own:
             tally.rewritten += 1
+            tally.retained.turn(_retention(turn, conv.kept_from, indexes))
+        else:
+            tally.retained.turn(None)
         prompt = build(turn.prelude, [m for m, _ in msgs], auto)
         usage = cache.bill(prompt, now) + Usage(output_tokens=turn.output)
         tally.charge(prices, "agent", turn.model, usage)
@@ -126,3 +144,10 @@ def run(
         tally.close_turn()
         tick()
     return tally
+
+
+def _retention(turn: SimTurn, kept_from: int, indexes: MessageCache) -> Retention:
+    """The facts of `turn`'s own request that its compacted form (a summary, then the trace's
+    messages from `kept_from` on) still shows."""
+    index = index_body(turn.request.body, turn.request.dialect, indexes)
+    return of_plan(index, [Keep(i) for i in range(kept_from, len(index.messages))])

@@ -17,6 +17,10 @@ is what a trace cannot hold:
   otherwise it is the standalone prompt (`build_prompt`'s text), at the full input price. Its
   output is the summary;
 - **the agent's answer**: each turn's output tokens come from the trace (`cg.simulate.turns`).
+
+Each rewritten turn's retention (`cg.retention.measure.of_plan`: the client's facts the sent
+request still shows) is measured on the plan that was sent, and is a floor with the stand-in,
+which writes no fact (`cg.simulate.retained`).
 """
 
 from __future__ import annotations
@@ -32,7 +36,8 @@ from cg.billing.cache import Prompt, PromptCache, prompt_of, standalone
 from cg.billing.prices import PriceTable
 from cg.components import Services, build_pipeline
 from cg.pipeline.contract import Component
-from cg.pipeline.rewrite import ExpandPolicy, rewrite_body
+from cg.pipeline.rewrite import ExpandPolicy, Rewrite, rewrite_body
+from cg.retention.measure import Retention, of_plan
 from cg.settings import Config, StoreConfig
 from cg.simulate.compaction import agent_threshold
 from cg.simulate.standin import StandIn
@@ -65,6 +70,14 @@ def shares_cache(cfg: ModelConfig) -> bool:
     """Whether the summarizer call is built on the commissioning request
     (docs/behaviour.md#summarize-the-summarizer-call)."""
     return cfg.source == "incoming" and cfg.share_cache != "never"
+
+
+def retention(rw: Rewrite) -> Retention:
+    """What the rewritten request `rw` kept of the client's facts (its plan over the client's
+    index, which `rewrite_body` gives with every new body)."""
+    if rw.index is None or rw.shape is None:
+        raise ValueError("a rewritten body without the plan it was made of")
+    return of_plan(rw.index, rw.shape.plan)
 
 
 class _Clock:
@@ -124,8 +137,16 @@ class ProxyRun:
         self.store.close()
         self._tmp.cleanup()
 
-    def session(self, turns: Sequence[SimTurn], tick: Callable[[], None] = lambda: None) -> Tally:
+    def session(
+        self,
+        turns: Sequence[SimTurn],
+        tick: Callable[[], None] = lambda: None,
+        sent: Callable[[int, bytes], None] | None = None,
+    ) -> Tally:
+        """Replay `turns`; `sent` is given each turn's position and the body that went upstream
+        (for a reader that checks what was sent: the tests' independent retention count)."""
         tally = Tally()
+        tally.retained.floor = not self.live
         cache = PromptCache()
         pending: list[_Job] = []
         context: dict[bytes, int] = {}  # per conversation: the last answer's context
@@ -147,9 +168,13 @@ class ProxyRun:
             )
             if rw.body is None:
                 prompt = turn.prompt
+                tally.retained.turn(None)
             else:
                 tally.rewritten += 1
                 prompt = prompt_of(index_body(rw.body, req.dialect, self.sent_cache), self.facts)
+                tally.retained.turn(retention(rw))
+            if sent is not None:
+                sent(i, req.body if rw.body is None else rw.body)
             threshold = agent_threshold(turn.window)
             if threshold is not None and context.get(turn.conversation, 0) >= threshold:
                 tally.agent_compaction_turns += 1
