@@ -156,7 +156,7 @@ def generated(spec: Spec, facts: FactsCache | None = None) -> list[dict[str, Any
 
     def build(scale: float) -> list[dict[str, Any]]:
         events = transcript(
-            head, tail_system, reminder, "anthropic", n_messages, scale, seed=spec.seed
+            head, tail_system, reminder, "anthropic", n_messages, scale, seed=spec.seed, facts=True
         )
         return _render_anthropic(events)
 

@@ -6,6 +6,7 @@ import itertools
 import json
 
 from bench.sessions import Spec, capture_messages, generated, requests, turn_bounds
+from cg.retention.facts import KINDS, transcript_facts
 from cg.state.facts import FactsCache
 from cg.state.tokens import TokenCounter
 
@@ -39,3 +40,27 @@ def test_generated_sessions_are_deterministic_and_sized() -> None:
     assert 10 <= rounds <= 16
     gaps = [y[0] - x[0] for x, y in itertools.pairwise(a)]
     assert any(g > 300 for g in gaps) and any(g < 300 for g in gaps)  # some past the TTL
+
+
+def test_every_fact_kind_occurs_all_through_a_generated_session() -> None:
+    """Human constraints, failing runs, edits and commands mid-session, not only at its start:
+    what the simulator's retention needs to measure anything."""
+    spec = Spec("f", "claude-sonnet-4-5", False, 60, 600, 3)
+    msgs = generated(spec, FactsCache(TokenCounter()))
+    found = [f for f in transcript_facts("anthropic", msgs) if f.text]
+    n = len(msgs)
+    for kind in KINDS:
+        at = [f.at for f in found if f.kind == kind]
+        assert any(n // 3 <= a < 2 * n // 3 for a in at), kind  # in the middle third
+        assert any(a >= 2 * n // 3 for a in at), kind  # and the last
+        assert len({f.text for f in found if f.kind == kind}) >= 3, kind  # varied
+    assert any(a > 0 for a in (f.at for f in found if f.kind == "user"))  # not only the first
+    errors = [f.text for f in found if f.kind == "error"]
+    assert any(e.startswith("FAILED tests/") for e in errors)
+    assert any(e.startswith("error[E") for e in errors)
+    assert any(" ERROR app." in e for e in errors)  # the log line of a traceback
+    users = [f.text for f in found if f.kind == "user" and f.at > 0]
+    assert all(u[0].isupper() and u.endswith(".") for u in users)
+    tools = {b["name"] for m in msgs if m["role"] == "assistant" for b in m["content"]
+             if b.get("type") == "tool_use"}  # fmt: skip
+    assert {"Edit", "Write", "Bash"} <= tools
