@@ -16,11 +16,15 @@ Code does (measured: ../shared/notes/claude-code-compaction.md).
 Everything is built from message facts (digest, tokens, breakpoint), never from bytes: the
 baseline is a model of another program, not a run of this one.
 
-**Retention** is measurable all the same, since every message the restart keeps is one of the
-trace's: a request after a compaction shows the facts of the trace's messages from the first one
-kept on (`kept_from`), against the facts of the uncompacted request it stands for (the trace's
-own, re-indexed for it). The summary is modelled as tokens only, so it shows no fact: the figure
-is a floor, as with the stand-in summarizer.
+**Codex** (a `responses` session) compacts at 244,800 tokens (90% of its catalogue's 272,000,
+docs/codex.md), summarizes everything, and restarts from its system items, the user's own prompts
+(every `user` message, its environment context included) and the summary, with no tool round.
+
+**Retention** is measurable all the same, since every message a restart keeps is one of the
+trace's: a request after a compaction shows the facts of the trace's messages it keeps (`origin`,
+their positions), against the facts of the uncompacted request it stands for (the trace's own,
+re-indexed for it). The summary is modelled as tokens only, so it shows no fact: the figure is a
+floor, as with the stand-in summarizer.
 """
 
 from __future__ import annotations
@@ -40,6 +44,11 @@ from cg.wire.splice import Keep
 from cg.wire.usage import Usage
 
 OUTPUT_RESERVE = 20_000
+# Codex 0.169.0 (docs/codex.md): it compacts at 90% of the window its catalogue gives the model,
+# 272,000 for all but one, and restarts from its system items, the user's prompts and the summary.
+CODEX_WINDOW = 272_000
+CODEX_LIMIT_FRAC = 0.9
+CODEX_KEEPS = frozenset({"developer", "system", "user"})
 BUFFER = 13_000
 # ~6.4k characters of "CRITICAL: Respond with TEXT ONLY…" at ~4 characters a token.
 INSTRUCTION_TOKENS = 1_600
@@ -50,8 +59,11 @@ COMPACTION_START_S = 10.0
 OUTPUT_TOKENS_PER_S = 60.0
 
 
-def agent_threshold(window: int | None) -> int | None:
-    """The previous answer's context at which Claude Code compacts, or None (window unknown)."""
+def agent_threshold(window: int | None, codex: bool = False) -> int | None:
+    """The previous answer's context at which Claude Code compacts, or None (window unknown);
+    `codex`: Codex's limit, 90% of its own catalogue's window whatever the API's."""
+    if codex:
+        return round(CODEX_LIMIT_FRAC * CODEX_WINDOW)
     if not window:
         return None
     return max(window - OUTPUT_RESERVE - BUFFER, 0)
@@ -66,7 +78,9 @@ class _Conversation:
     base: SimTurn | None = None
     context: int = 0
     compactions: int = 0
-    kept_from: int = 0  # the trace's first message the prefix keeps after the summary (if any)
+    origin: tuple[
+        int | None, ...
+    ] = ()  # each prefix message's position in the trace; None: a summary
 
 
 def _digest(*parts: bytes) -> bytes:
@@ -90,16 +104,24 @@ def run(
         conv = convs.setdefault(turn.conversation, _Conversation())
         own: tuple[Message, ...] = tuple(zip(turn.messages, turn.roles, strict=True))
         if conv.base is not None and turn.extends(conv.base):
-            msgs = conv.prefix + own[len(conv.base.messages) :]
+            n = len(conv.base.messages)
+            msgs = conv.prefix + own[n:]
+            origin = conv.origin + tuple(range(n, len(own)))
         else:  # first turn, or a history that diverged from what was compacted: as recorded
-            conv.base, conv.prefix, conv.kept_from = None, (), 0
-            msgs = own
-        threshold = agent_threshold(turn.window)
+            conv.base, conv.prefix, conv.origin = None, (), ()
+            msgs, origin = own, tuple(range(len(own)))
+        codex = turn.request.dialect.name == "responses"
+        threshold = agent_threshold(turn.window, codex)
         now = turn.t + shift
         auto = turn.prompt.auto
         if threshold is not None and conv.context >= threshold:
             tally.agent_compaction_turns += 1
-            cut = max((i for i, (_, role) in enumerate(msgs) if role == "assistant"), default=0)
+            # Claude Code summarizes all but its newest round and keeps that; Codex summarizes
+            # everything and keeps its system items and the user's own prompts.
+            if codex:
+                cut = len(msgs)
+            else:
+                cut = max((i for i, (_, r) in enumerate(msgs) if r == "assistant"), default=0)
             if cut > 0:
                 *before, (last, _role) = msgs[:cut]
                 asked = replace(
@@ -125,15 +147,22 @@ def run(
                     False,
                     False,
                 )
-                # msgs[j] is the trace's message kept_from + j - 1 after a summary, else j's.
-                summarized = msgs is not own
-                conv.kept_from = conv.kept_from + cut - 1 if summarized else cut
-                conv.prefix = ((note, "user"), *msgs[cut:])
+                if codex:
+                    keep = [
+                        j
+                        for j, (_, r) in enumerate(msgs)
+                        if r in CODEX_KEEPS and origin[j] is not None
+                    ]
+                    conv.prefix = (*(msgs[j] for j in keep), (note, "user"))
+                    conv.origin = (*(origin[j] for j in keep), None)
+                else:
+                    conv.prefix = ((note, "user"), *msgs[cut:])
+                    conv.origin = (None, *origin[cut:])
                 conv.base = turn
-                msgs = conv.prefix
+                msgs, origin = conv.prefix, conv.origin
         if msgs is not own:
             tally.rewritten += 1
-            tally.retained.turn(_retention(turn, conv.kept_from, indexes))
+            tally.retained.turn(_retention(turn, origin, indexes))
         else:
             tally.retained.turn(None)
         prompt = build(turn.prelude, [m for m, _ in msgs], auto)
@@ -146,8 +175,8 @@ def run(
     return tally
 
 
-def _retention(turn: SimTurn, kept_from: int, indexes: MessageCache) -> Retention:
-    """The facts of `turn`'s own request that its compacted form (a summary, then the trace's
-    messages from `kept_from` on) still shows."""
+def _retention(turn: SimTurn, origin: tuple[int | None, ...], indexes: MessageCache) -> Retention:
+    """The facts of `turn`'s own request that its compacted form still shows: the trace's
+    messages at the positions `origin` names (None: a summary, which shows none)."""
     index = index_body(turn.request.body, turn.request.dialect, indexes)
-    return of_plan(index, [Keep(i) for i in range(kept_from, len(index.messages))])
+    return of_plan(index, [Keep(i) for i in origin if i is not None])

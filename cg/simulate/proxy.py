@@ -175,7 +175,7 @@ class ProxyRun:
                 tally.retained.turn(retention(rw))
             if sent is not None:
                 sent(i, req.body if rw.body is None else rw.body)
-            threshold = agent_threshold(turn.window)
+            threshold = agent_threshold(turn.window, req.dialect.name == "responses")
             if threshold is not None and context.get(turn.conversation, 0) >= threshold:
                 tally.agent_compaction_turns += 1
             usage = cache.bill(prompt, turn.t) + Usage(output_tokens=turn.output)
