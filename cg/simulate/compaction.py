@@ -16,8 +16,8 @@ Code does (measured: ../shared/notes/claude-code-compaction.md).
 Everything is built from message facts (digest, tokens, breakpoint), never from bytes: the
 baseline is a model of another program, not a run of this one.
 
-**Codex** (a `responses` session) compacts at 244,800 tokens (90% of its catalogue's 272,000,
-docs/codex.md), summarizes everything, and restarts from its system items, the user's own prompts
+**Codex** (a `responses` session) compacts at 90% of the window, at most 244,800 tokens (90% of
+its catalogue's 272,000, docs/codex.md), summarizes everything, and restarts from its system items, the user's own prompts
 (every `user` message, its environment context included) and the summary, with no tool round.
 
 **Retention** is measurable all the same, since every message a restart keeps is one of the
@@ -61,11 +61,12 @@ OUTPUT_TOKENS_PER_S = 60.0
 
 def agent_threshold(window: int | None, codex: bool = False) -> int | None:
     """The previous answer's context at which Claude Code compacts, or None (window unknown);
-    `codex`: Codex's limit, 90% of its own catalogue's window whatever the API's."""
-    if codex:
-        return round(CODEX_LIMIT_FRAC * CODEX_WINDOW)
+    `codex`: Codex's limit, 90% of the window, which Codex's catalogue caps at 272,000 whatever
+    the API's (a smaller window is a `model_context_window` Codex was given too)."""
     if not window:
         return None
+    if codex:
+        return round(CODEX_LIMIT_FRAC * min(window, CODEX_WINDOW))
     return max(window - OUTPUT_RESERVE - BUFFER, 0)
 
 

@@ -13,12 +13,15 @@ from typing import Any
 
 import pytest
 
+from bench import codex
+from bench.sessions import Spec, codex_requests, generated
 from cg import cli
 from cg.billing.prices import price_table
 from cg.components import COMPONENTS
 from cg.retention.facts import KINDS, Fact, transcript_facts
 from cg.retention.measure import strings
 from cg.settings import load_config
+from cg.simulate import compaction
 from cg.simulate.proxy import Options, ProxyRun
 from cg.simulate.report import text
 from cg.simulate.retained import FLOOR_LABEL, LABEL
@@ -270,3 +273,28 @@ def test_summaries_by_a_real_model_are_retention_not_its_floor(session: Path, co
     ret = result.to_json()["presets"]["summarize"]["retention"]
     assert ret["measured_turns"] > 0 and ret["floor"] is False and ret["label"] == LABEL
     assert FLOOR_LABEL not in text(result).split("retention per fact kind")[0]
+
+
+def test_codex_compacting_itself_keeps_the_users_prompts(tmp_path: Path) -> None:
+    """Codex restarts from its system items, every user message and the summary
+    (docs/codex.md): its user facts survive, its tool rounds do not."""
+    spec = Spec("codex", "gpt-6.1-sol", False, 60, 900, 7, dialect="responses")
+    path = tmp_path / "codex.jsonl"
+    with path.open("w", encoding="utf-8") as f:
+        for t, body in codex_requests(generated(spec), spec):
+            f.write(
+                dumps_line(t, codex.headers(spec.seed), body)[:-1] + ', "path": "/v1/responses"}\n'
+            )
+    cfg = tmp_path / "w.yaml"
+    cfg.write_text("model_windows: {gpt-6.1-sol: 40000}\n")  # Codex's limit: 36,000
+    base = simulate([path], ["agent-compaction"], config_file=str(cfg)).to_json()["presets"][
+        "agent-compaction"
+    ]
+    ret = base["retention"]
+    assert base["summaries"] >= 1 and ret["measured_turns"] == base["rewritten"] > 0
+    user = ret["by_kind"]["user"]
+    assert user["facts"] > ret["measured_turns"]  # vacuity: prompts past the first one
+    assert user["visible"] == user["facts"] and user["min"] == 1.0
+    assert ret["by_kind"]["command"]["min"] < 1.0  # the tool rounds went into the summary
+    assert compaction.agent_threshold(1_050_000, codex=True) == 244_800
+    assert compaction.agent_threshold(40_000, codex=True) == 36_000
