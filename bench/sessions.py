@@ -1,4 +1,5 @@
-"""The simulator's corpus: long Claude Code-shaped sessions, and the real capture cut into turns.
+"""The simulator's corpus: long Claude Code- and Codex-shaped sessions, and the real capture cut
+into turns.
 
     python -m bench.sessions OUT_DIR [--only NAME]…
 
@@ -12,7 +13,11 @@ writes the same bytes, so the traces (tens to hundreds of MB) are regenerated, n
   cut it at every turn boundary (a request ends where the next assistant message begins), with
   `cache_control` on the last message as Claude Code puts it. Tool outputs are scaled so a tool
   round is `tokens_per_round` tokens. Gaps between turns: seconds for a tool round, minutes
-  before a human prompt, and now and then longer than the 5-minute cache TTL.
+  before a human prompt, and now and then longer than the 5-minute cache TTL. Every fact kind
+  retention counts occurs all through a session (`bench.facts`: human prompts that state
+  constraints, failing runs, edits and commands).
+- **Codex sessions** (`dialect: responses`) are the same kind of transcript rendered as Codex
+  0.169.0 sends it (`bench.codex`), each request ending where the model's next output begins.
 - **The capture** (`claude_code_2.1.197_turn16.json`, 16 requests of one real session, each a
   prefix of the next) is cut the same way, with its own headers and plausible timestamps.
 """
