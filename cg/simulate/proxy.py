@@ -37,9 +37,9 @@ from cg.billing.prices import PriceTable
 from cg.components import Services, build_pipeline
 from cg.pipeline.contract import Component
 from cg.pipeline.rewrite import ExpandPolicy, Rewrite, rewrite_body
-from cg.retention.measure import Retention, of_plan
 from cg.settings import Config, StoreConfig
 from cg.simulate.compaction import agent_threshold
+from cg.simulate.retained import of_rewrite
 from cg.simulate.standin import StandIn
 from cg.simulate.tally import Tally
 from cg.simulate.turns import SimTurn
@@ -70,14 +70,6 @@ def shares_cache(cfg: ModelConfig) -> bool:
     """Whether the summarizer call is built on the commissioning request
     (docs/behaviour.md#summarize-the-summarizer-call)."""
     return cfg.source == "incoming" and cfg.share_cache != "never"
-
-
-def retention(rw: Rewrite) -> Retention:
-    """What the rewritten request `rw` kept of the client's facts (its plan over the client's
-    index, which `rewrite_body` gives with every new body)."""
-    if rw.index is None or rw.shape is None:
-        raise ValueError("a rewritten body without the plan it was made of")
-    return of_plan(rw.index, rw.shape.plan)
 
 
 class _Clock:
@@ -141,10 +133,11 @@ class ProxyRun:
         self,
         turns: Sequence[SimTurn],
         tick: Callable[[], None] = lambda: None,
-        sent: Callable[[int, bytes], None] | None = None,
+        observe: Callable[[int, Rewrite], None] | None = None,
     ) -> Tally:
-        """Replay `turns`; `sent` is given each turn's position and the body that went upstream
-        (for a reader that checks what was sent: the tests' independent retention count)."""
+        """Replay one session and bill it. `observe` is shown each turn's rewrite as it is
+        made (`cg.eval` takes the request sent from it), while this run's store holds its
+        stashes."""
         tally = Tally()
         tally.retained.floor = not self.live
         cache = PromptCache()
@@ -166,15 +159,15 @@ class ProxyRun:
                 cache=self.cache,
                 expand=self.expand,
             )
+            if observe is not None:
+                observe(i, rw)
             if rw.body is None:
                 prompt = turn.prompt
                 tally.retained.turn(None)
             else:
                 tally.rewritten += 1
                 prompt = prompt_of(index_body(rw.body, req.dialect, self.sent_cache), self.facts)
-                tally.retained.turn(retention(rw))
-            if sent is not None:
-                sent(i, req.body if rw.body is None else rw.body)
+                tally.retained.turn(of_rewrite(rw))
             threshold = agent_threshold(turn.window, req.dialect.name == "responses")
             if threshold is not None and context.get(turn.conversation, 0) >= threshold:
                 tally.agent_compaction_turns += 1

@@ -16,11 +16,20 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from cg.pipeline.rewrite import Rewrite
 from cg.retention.facts import KINDS, Kind
-from cg.retention.measure import Retention
+from cg.retention.measure import Retention, of_plan
 
 FLOOR_LABEL = "retention floor (stand-in summarizer writes no facts)"
 LABEL = "retention"
+
+
+def of_rewrite(rw: Rewrite) -> Retention:
+    """What the rewritten request `rw` kept of the client's facts: its plan over the client's
+    index, which `rewrite_body` gives with every new body."""
+    if rw.index is None or rw.shape is None:
+        raise ValueError("a rewritten body without the plan it was made of")
+    return of_plan(rw.index, rw.shape.plan)
 
 
 def _zeros() -> dict[Kind, int]:

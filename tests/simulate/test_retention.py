@@ -19,6 +19,7 @@ from cg import cli
 from cg.billing.prices import price_table
 from cg.components import COMPONENTS
 from cg.expand.tool import SUMMARY_HEADER
+from cg.pipeline.rewrite import Rewrite
 from cg.retention.facts import KINDS, Fact, transcript_facts
 from cg.retention.measure import strings
 from cg.settings import load_config
@@ -141,11 +142,12 @@ def replay(session: Path, config: str) -> tuple[Tally, dict[int, tuple[bytes, by
     )
     sent: dict[int, tuple[bytes, bytes]] = {}
 
-    def keep(i: int, body: bytes) -> None:
-        sent[i] = (s.turns[i].request.body, body)
+    def keep(i: int, rw: Rewrite) -> None:
+        client = s.turns[i].request.body
+        sent[i] = (client, client if rw.body is None else rw.body)
 
     try:
-        tally = run.session(s.turns, sent=keep)
+        tally = run.session(s.turns, observe=keep)
     finally:
         run.close()
         loop.close()
