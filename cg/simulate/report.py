@@ -148,13 +148,11 @@ def retention_note(result: Result) -> str:
         "('measured'); turns sent unchanged keep them all (1.0) and are counted apart "
         "('unchanged')."
     )
-    floors = [
-        n for n, t in result.totals.items() if t.retained.floor is not False and t.retained.measured
-    ]
-    if floors:
+    if any(t.retained.floor is not False and t.retained.measured for t in result.totals.values()):
         note += (
-            f" * {FLOOR_LABEL}: only the kept messages and the summary message's framing show "
-            "facts (agent-compaction's summary is modelled as tokens, so it is a floor too)."
+            f" * {FLOOR_LABEL}: only the kept messages and what the component writes around "
+            "the summary (its framing, the floor where there is one) show facts "
+            "(agent-compaction's summary is modelled as tokens, so it is a floor too)."
         )
     if any(t.retained.floor is False and t.retained.measured for t in result.totals.values()):
         note += f" Unstarred: {LABEL}, the summaries written by a real model."

@@ -7,8 +7,9 @@ construction, so it is counted apart (`unchanged`) and never enters the mean or 
 which would otherwise be diluted by the turns before the first summary.
 
 With the stand-in summarizer (`cg.simulate.standin`, which writes no fact) the figures are a
-**floor**: what the kept messages and the summary's own framing show, whatever a real summary
-would add. `floor` says which it is.
+**floor**: what the kept messages and the component's own part of the summary message (its
+framing, the floor of user messages and artifacts) show, whatever a real summary would add.
+`floor` says which it is.
 """
 
 from __future__ import annotations
