@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from bench import facts as bench_facts
 from cg.wire.jsonspan import walk_document
 
 FIXTURE = Path(__file__).resolve().parent / "fixtures" / "claude_code_2.1.197_turn16.json"
@@ -247,6 +248,17 @@ def _call(rng: random.Random, step: int, dialect: str) -> tuple[Call, str]:
     ), kind
 
 
+def _fact_call(rng: random.Random, step: int, dialect: str, facts: bool) -> tuple[Call, str]:
+    """`_call`, or (with `facts`, now and then) one of `bench.facts`'s calls."""
+    if facts and rng.random() < bench_facts.P_FACT_CALL:
+        cid = (
+            _tool_id(rng, "toolu_01", 22) if dialect == "anthropic" else _tool_id(rng, "call_", 24)
+        )
+        kind, name, args = bench_facts.call(rng, step)
+        return Call(cid, name, args), kind
+    return _call(rng, step, dialect)
+
+
 def _output(rng: random.Random, kind: str, chars: int) -> str:
     if kind == "pytest":
         return _lines_to(rng, _PYTEST, chars, numbered=False)
@@ -284,8 +296,11 @@ def transcript(
     n_messages: int,
     scale: float,
     seed: int = SEED,
+    facts: bool = False,
 ) -> list[Event]:
-    """Events that render to exactly `n_messages` messages in `dialect`."""
+    """Events that render to exactly `n_messages` messages in `dialect`. `facts`: with the
+    human constraints, failing runs, edits and commands of `bench.facts` mixed in (the
+    simulator's corpus); without, the bytes the benchmarks have always measured."""
 
     def count(e: Event) -> int:
         return len(e.results) if (e.kind == "results" and dialect == "openai") else 1
@@ -302,7 +317,9 @@ def transcript(
         crng = random.Random(seed * 1_000_003 + step)  # content, independent of the structure
         n_calls = 1 if max_calls == 1 else rng.choices((1, 2, 3), (80, 14, 6))[0]
         n_calls = min(n_calls, max_calls)
-        calls, kinds = zip(*(_call(crng, step, dialect) for _ in range(n_calls)), strict=True)
+        calls, kinds = zip(
+            *(_fact_call(crng, step, dialect, facts) for _ in range(n_calls)), strict=True
+        )
         sig = base64.b64encode(crng.randbytes(crng.randint(280, 900))).decode()
         thinking = _paragraphs(crng, crng.randint(120, 1400))
         text = (
@@ -311,11 +328,16 @@ def transcript(
         events.append(Event("assistant", texts=text, thinking=(thinking, sig), calls=list(calls)))
         results = []
         for c, k in zip(calls, kinds, strict=True):
-            out = _output(crng, k, _output_size(crng, scale))
+            size = _output_size(crng, scale)
+            if k in bench_facts.KINDS:
+                out = bench_facts.output(crng, k, c.input, size)
+            else:
+                out = _output(crng, k, size)
             content: str | list[dict[str, Any]] = out
             if crng.random() < 0.08:
                 content = [{"type": "text", "text": out}]
-            results.append(Result(c.id, content, is_error=crng.random() < 0.05))
+            failed = crng.random() < 0.05 or k in bench_facts.FAILING
+            results.append(Result(c.id, content, is_error=failed))
         events.append(Event("results", results=results))
         used += 1 + (n_calls if dialect == "openai" else 1)
 
@@ -335,7 +357,10 @@ def transcript(
             # The agent ends its turn; the human writes a new prompt.
             crng = random.Random(seed * 7 + used)
             events.append(Event("assistant", texts=[_paragraphs(crng, crng.randint(200, 900))]))
-            events.append(Event("user", texts=[_sentence(crng, crng.randint(6, 20))]))
+            said = _sentence(crng, crng.randint(6, 20))
+            if facts:
+                said = bench_facts.constraint(crng)
+            events.append(Event("user", texts=[said]))
             used += 2
         elif r < 0.10:
             # A reminder re-injected mid-array; like the capture's, followed by an assistant turn.

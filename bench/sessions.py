@@ -1,4 +1,5 @@
-"""The simulator's corpus: long Claude Code-shaped sessions, and the real capture cut into turns.
+"""The simulator's corpus: long Claude Code- and Codex-shaped sessions, and the real capture cut
+into turns.
 
     python -m bench.sessions OUT_DIR [--only NAME]…
 
@@ -12,7 +13,11 @@ writes the same bytes, so the traces (tens to hundreds of MB) are regenerated, n
   cut it at every turn boundary (a request ends where the next assistant message begins), with
   `cache_control` on the last message as Claude Code puts it. Tool outputs are scaled so a tool
   round is `tokens_per_round` tokens. Gaps between turns: seconds for a tool round, minutes
-  before a human prompt, and now and then longer than the 5-minute cache TTL.
+  before a human prompt, and now and then longer than the 5-minute cache TTL. Every fact kind
+  retention counts occurs all through a session (`bench.facts`: human prompts that state
+  constraints, failing runs, edits and commands).
+- **Codex sessions** (`dialect: responses`) are the same kind of transcript rendered as Codex
+  0.169.0 sends it (`bench.codex`), each request ending where the model's next output begins.
 - **The capture** (`claude_code_2.1.197_turn16.json`, 16 requests of one real session, each a
   prefix of the next) is cut the same way, with its own headers and plausible timestamps.
 """
@@ -30,12 +35,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from bench import codex
 from bench.corpus import FIXTURE, _dumps, _head, _render_anthropic, transcript
 from cg.simulate.trace import dumps_line
 from cg.state.facts import FactsCache
 from cg.state.tokens import TokenCounter
 from cg.wire.body import index_body
-from cg.wire.dialects import ANTHROPIC
+from cg.wire.dialects import ANTHROPIC, RESPONSES
 from cg.wire.jsonspan import walk_document
 
 HEADERS = (
@@ -57,6 +63,7 @@ class Spec:
     tokens_per_round: int
     seed: int
     cold_gap_p: float = 0.07
+    dialect: str = "anthropic"  # or "responses": Codex-shaped (`bench.codex`)
 
 
 SESSIONS = (
@@ -66,6 +73,8 @@ SESSIONS = (
     Spec("cc1m-100", "claude-opus-4-8", True, 100, 2000, 4),
     Spec("cc1m-140", "claude-opus-4-8", True, 140, 2000, 5),
     Spec("cc1m-heavy", "claude-opus-4-8", True, 150, 6500, 6),
+    Spec("codex-60", "gpt-6.1-sol", False, 60, 2000, 7, dialect="responses"),
+    Spec("codex-140", "gpt-6.1-sol", False, 140, 2000, 8, dialect="responses"),
 )
 
 
@@ -141,35 +150,55 @@ def requests(
         t = round(t + _gap(rng, human, cold_p), 3)
 
 
-def _tokens(messages: list[dict[str, Any]], facts: FactsCache) -> int:
+def _tokens(messages: list[dict[str, Any]], facts: FactsCache, dialect: str) -> int:
+    if dialect == "responses":
+        body = ('{"input":' + _dumps(messages) + "}").encode()
+        return sum(f.tokens for f in facts.all(index_body(body, RESPONSES)))
     body = ('{"messages":' + _dumps(messages) + "}").encode()
     return sum(f.tokens for f in facts.all(index_body(body, ANTHROPIC)))
 
 
 def generated(spec: Spec, facts: FactsCache | None = None) -> list[dict[str, Any]]:
-    """The whole transcript of `spec`, tool outputs scaled to its tokens per round."""
+    """The whole transcript of `spec` (messages, or Codex's input items), tool outputs scaled
+    to its tokens per round."""
     facts = facts or FactsCache(TokenCounter())
     doc = json.loads(FIXTURE.read_text(encoding="utf-8"))
     head, tail_system, reminder = _head(doc)
     n_messages = round(spec.rounds * 2.12) + 2
     target = spec.rounds * spec.tokens_per_round
+    codex_head = codex.frame(spec.model, spec.seed)[2] if spec.dialect == "responses" else []
 
     def build(scale: float) -> list[dict[str, Any]]:
+        if spec.dialect == "responses":  # Codex's own head; call ids in OpenAI's style
+            events = transcript([], "", "", "openai", n_messages, scale, spec.seed, facts=True)
+            return codex_head + codex.render(events)
         events = transcript(
-            head, tail_system, reminder, "anthropic", n_messages, scale, seed=spec.seed
+            head, tail_system, reminder, "anthropic", n_messages, scale, seed=spec.seed, facts=True
         )
         return _render_anthropic(events)
 
     scale = 1.0
     msgs = build(scale)
-    fixed = _tokens(build(0.0), facts)
+    fixed = _tokens(build(0.0), facts, spec.dialect)
     for _ in range(4):
-        got = _tokens(msgs, facts)
+        got = _tokens(msgs, facts, spec.dialect)
         if abs(got - target) <= target // 50:
             break
         scale *= max(target - fixed, 1) / max(got - fixed, 1)
         msgs = build(scale)
     return msgs
+
+
+def codex_requests(items: list[dict[str, Any]], spec: Spec) -> Iterator[tuple[float, str]]:
+    """(time, body text) of every request of a Codex session's growing `input`."""
+    before, after, _ = codex.frame(spec.model, spec.seed)
+    rng = random.Random(spec.seed * 7919)
+    t = T0 + spec.seed * 86_400
+    for n in codex.turn_bounds(items):
+        yield t, before + _dumps(items[:n]) + after
+        last = items[n - 1]
+        human = n < len(items) and last["type"] == "message" and last["role"] == "user"
+        t = round(t + _gap(rng, human, spec.cold_gap_p), 3)
 
 
 def capture_messages() -> list[dict[str, Any]]:
@@ -186,6 +215,14 @@ def write(out: Path, only: list[str] | None = None) -> list[Path]:
     ]
     for spec in SESSIONS:
         if only and spec.name not in only:
+            continue
+        if spec.dialect == "responses":
+            path = out / f"{spec.name}.jsonl"
+            with path.open("w", encoding="utf-8") as f:
+                for t, body in codex_requests(generated(spec, facts), spec):
+                    line = dumps_line(t, codex.headers(spec.seed), body)
+                    f.write(line[:-1] + ', "path": "/v1/responses"}\n')
+            written.append(path)
             continue
         headers = fixture_headers(spec.context_1m)
         headers["x-claude-code-session-id"] = str(uuid.UUID(int=spec.seed, version=4))

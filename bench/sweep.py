@@ -1,12 +1,14 @@
 """Sweep the `claude-code` preset's thresholds with the cost simulator (docs/savings.md).
 
-    python -m bench.sweep CORPUS_DIR [--latency S] [--only NAME]…
+    python -m bench.sweep CORPUS_DIR [--latency S] [--only NAME]… [--preset NAME]
 
 Reads the corpus once (`python -m bench.sessions CORPUS_DIR` writes it), replays `off`, the
 `agent-compaction` baseline and every variant below, and prints one markdown table per window
 class (200k, 1M): the cost against both references, the largest request as a share of the
-window, and whether any request reached 80% of it (the preset's constraint: a checkpoint is
-spliced before then). Figures are the simulator's estimates.
+window, whether any request reached 80% of it (the preset's constraint: a checkpoint is
+spliced before then), and the retention of the rewritten turns, in all and of the user's own
+texts (lowest / mean; a floor with the stand-in summarizer, which writes no facts). Figures are
+the simulator's estimates.
 """
 
 from __future__ import annotations
@@ -92,20 +94,30 @@ def _sum(result: Result, name: str, window: int) -> Tally:
 
 def table(result: Result, window: int) -> str:
     off, base = _sum(result, REFERENCE, window), _sum(result, BASELINE, window)
+    floor = "floor " if any(_sum(result, n, window).retained.floor for n in result.presets) else ""
     lines = [
-        "| variant | cost $ | x off | x agent | peak | >= 80% | summaries | summ. $ |",
-        "|---|---|---|---|---|---|---|---|",
+        "| variant | cost $ | x off | x agent | peak | >= 80% | summaries | summ. $ "
+        f"| {floor}min / mean | user {floor}min / mean | rewritten |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for name in result.presets:
         t = _sum(result, name, window)
         cost = t.cost_usd or 0.0
         peak = t.peak_frac or 0.0
+        r = t.retained
         lines.append(
             f"| {name} | {cost:.2f} | {cost / (off.cost_usd or 1):.3f} | "
             f"{cost / (base.cost_usd or 1):.3f} | {peak:.0%} | "
-            f"{'**yes**' if peak >= LIMIT else 'no'} | {t.summaries} | {t.summarizer_usd:.2f} |"
+            f"{'**yes**' if peak >= LIMIT else 'no'} | {t.summaries} | {t.summarizer_usd:.2f} | "
+            f"{_pair(r.low, r.mean)} | {_pair(r.kind_low.get('user'), r.kind_mean('user'))} | "
+            f"{r.measured}/{t.turns} |"
         )
     return "\n".join(lines)
+
+
+def _pair(low: float | None, mean: float | None) -> str:
+    """Retention over the rewritten turns (the unchanged ones keep everything: not counted)."""
+    return "-" if low is None or mean is None else f"{low:.3f} / {mean:.3f}"
 
 
 def main() -> None:
@@ -113,11 +125,12 @@ def main() -> None:
     p.add_argument("corpus", type=Path)
     p.add_argument("--latency", type=float, default=0.0, help="--summary-latency, seconds")
     p.add_argument("--only", action="append", help="a variant name (repeatable)")
+    p.add_argument("--preset", default="claude-code", help="the preset the variants vary")
     args = p.parse_args()
     corpus = load_corpus(sorted(args.corpus.glob("*.jsonl")), warn=print)
     wanted = {k: v for k, v in variants().items() if not args.only or k in args.only}
     configs: dict[str, Config | None] = {REFERENCE: config({}, "off"), BASELINE: None}
-    configs.update({k: config(v) for k, v in wanted.items()})
+    configs.update({k: config(v, args.preset) for k, v in wanted.items()})
     result = replay(
         corpus, configs, options=Options(summary_latency=args.latency), progress=sys.stderr
     )

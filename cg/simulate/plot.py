@@ -1,4 +1,6 @@
-"""`--plot OUT.png`: cumulative cost per turn, one panel per session, one line per preset.
+"""`--plot OUT.png`: per session, two panels: the cumulative cost per turn above and the
+retention of each turn's sent request below (1.0 where it went unchanged; a floor with the
+stand-in summarizer), one line per preset.
 
 matplotlib is an optional extra (`pip install 'context-guru[plot]'`), imported only here and
 only when a plot is asked for, with the non-interactive Agg backend (no display needed).
@@ -10,6 +12,7 @@ import importlib.util
 import math
 from pathlib import Path
 
+from cg.simulate.retained import FLOOR_LABEL, LABEL
 from cg.simulate.run import Result
 
 MAX_PANELS = 12
@@ -31,22 +34,40 @@ def write(result: Result, out: Path) -> None:
     sessions = result.sessions[:MAX_PANELS]
     cols = min(3, len(sessions))
     rows = math.ceil(len(sessions) / cols)
-    fig, axes = plt.subplots(rows, cols, figsize=(5 * cols, 3.4 * rows), squeeze=False)
-    for ax, s in zip(axes.flat, sessions, strict=False):
+    fig, axes = plt.subplots(
+        2 * rows,
+        cols,
+        figsize=(5 * cols, 5.2 * rows),
+        squeeze=False,
+        gridspec_kw={"height_ratios": [3, 2] * rows},
+    )
+    floor = any(t.retained.floor is not False for t in result.totals.values())
+    for n, s in enumerate(sessions):
+        cost, kept = axes[2 * (n // cols)][n % cols], axes[2 * (n // cols) + 1][n % cols]
         for name in result.presets:
-            curve = s.tallies[name].curve
-            ax.plot(range(1, len(curve) + 1), curve, label=name, linewidth=1.4)
+            t = s.tallies[name]
+            cost.plot(range(1, len(t.curve) + 1), t.curve, label=name, linewidth=1.4)
+            series = t.retained.series
+            kept.step(range(1, len(series) + 1), series, where="mid", linewidth=1.1)
         window = f"{s.window // 1000}k" if s.window else "window ?"
-        ax.set_title(f"{s.label} ({s.model}, {window})", fontsize=9)
-        ax.set_xlabel("turn", fontsize=8)
-        ax.set_ylabel("cumulative USD (estimate)", fontsize=8)
-        ax.tick_params(labelsize=7)
-        ax.grid(alpha=0.3)
-    for ax in list(axes.flat)[len(sessions) :]:
-        ax.set_visible(False)
-    handles, labels = axes.flat[0].get_legend_handles_labels()
+        cost.set_title(f"{s.label} ({s.model}, {window})", fontsize=9)
+        cost.set_ylabel("cumulative USD (estimate)", fontsize=8)
+        kept.set_ylabel("retention floor" if floor else "retention", fontsize=8)
+        kept.set_xlabel("turn", fontsize=8)
+        kept.set_ylim(-0.02, 1.05)
+        for ax in (cost, kept):
+            ax.tick_params(labelsize=7)
+            ax.grid(alpha=0.3)
+    for n in range(len(sessions), rows * cols):
+        axes[2 * (n // cols)][n % cols].set_visible(False)
+        axes[2 * (n // cols) + 1][n % cols].set_visible(False)
+    handles, labels = axes[0][0].get_legend_handles_labels()
     fig.legend(handles, labels, loc="lower center", ncol=len(labels), fontsize=8)
-    fig.suptitle("Cumulative cost per turn: a model estimate (context-guru simulate)", fontsize=10)
-    fig.tight_layout(rect=(0, 0.05, 1, 0.97))
+    what = FLOOR_LABEL if floor else LABEL
+    fig.suptitle(
+        f"Cumulative cost and {what} per turn\nmodel estimates (context-guru simulate)",
+        fontsize=10,
+    )
+    fig.tight_layout(rect=(0, 0.04, 1, 0.97))
     fig.savefig(out, dpi=80)
     plt.close(fig)

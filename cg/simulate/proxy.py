@@ -17,6 +17,10 @@ is what a trace cannot hold:
   otherwise it is the standalone prompt (`build_prompt`'s text), at the full input price. Its
   output is the summary;
 - **the agent's answer**: each turn's output tokens come from the trace (`cg.simulate.turns`).
+
+Each rewritten turn's retention (`cg.retention.measure.of_plan`: the client's facts the sent
+request still shows) is measured on the plan that was sent, and is a floor with the stand-in,
+which writes no fact (`cg.simulate.retained`).
 """
 
 from __future__ import annotations
@@ -32,9 +36,10 @@ from cg.billing.cache import Prompt, PromptCache, prompt_of, standalone
 from cg.billing.prices import PriceTable
 from cg.components import Services, build_pipeline
 from cg.pipeline.contract import Component
-from cg.pipeline.rewrite import ExpandPolicy, rewrite_body
+from cg.pipeline.rewrite import ExpandPolicy, Rewrite, rewrite_body
 from cg.settings import Config, StoreConfig
 from cg.simulate.compaction import agent_threshold
+from cg.simulate.retained import of_rewrite
 from cg.simulate.standin import StandIn
 from cg.simulate.tally import Tally
 from cg.simulate.turns import SimTurn
@@ -124,8 +129,17 @@ class ProxyRun:
         self.store.close()
         self._tmp.cleanup()
 
-    def session(self, turns: Sequence[SimTurn], tick: Callable[[], None] = lambda: None) -> Tally:
+    def session(
+        self,
+        turns: Sequence[SimTurn],
+        tick: Callable[[], None] = lambda: None,
+        observe: Callable[[int, Rewrite], None] | None = None,
+    ) -> Tally:
+        """Replay one session and bill it. `observe` is shown each turn's rewrite as it is
+        made (`cg.eval` takes the request sent from it), while this run's store holds its
+        stashes."""
         tally = Tally()
+        tally.retained.floor = not self.live
         cache = PromptCache()
         pending: list[_Job] = []
         context: dict[bytes, int] = {}  # per conversation: the last answer's context
@@ -145,12 +159,16 @@ class ProxyRun:
                 cache=self.cache,
                 expand=self.expand,
             )
+            if observe is not None:
+                observe(i, rw)
             if rw.body is None:
                 prompt = turn.prompt
+                tally.retained.turn(None)
             else:
                 tally.rewritten += 1
                 prompt = prompt_of(index_body(rw.body, req.dialect, self.sent_cache), self.facts)
-            threshold = agent_threshold(turn.window)
+                tally.retained.turn(of_rewrite(rw))
+            threshold = agent_threshold(turn.window, req.dialect.name == "responses")
             if threshold is not None and context.get(turn.conversation, 0) >= threshold:
                 tally.agent_compaction_turns += 1
             usage = cache.bill(prompt, turn.t) + Usage(output_tokens=turn.output)

@@ -64,10 +64,10 @@ class Result:
     tokens_exact: bool = True
 
     def to_json(self) -> dict[str, Any]:
-        def block(tallies: Mapping[str, Tally]) -> dict[str, Any]:
+        def block(tallies: Mapping[str, Tally], session: bool = False) -> dict[str, Any]:
             ref = tallies[REFERENCE].cost_usd if REFERENCE in tallies else None
             base = tallies[BASELINE].cost_usd if BASELINE in tallies else None
-            return {name: tallies[name].to_json(ref, base) for name in self.presets}
+            return {name: tallies[name].to_json(ref, base, session) for name in self.presets}
 
         return {
             "estimate": self.how,
@@ -80,7 +80,7 @@ class Result:
                     "model": s.model,
                     "window": s.window,
                     "turns": s.turns,
-                    "presets": block(s.tallies),
+                    "presets": block(s.tallies, session=True),
                 }
                 for s in self.sessions
             ],

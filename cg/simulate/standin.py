@@ -4,6 +4,11 @@ The simulator needs summaries of a realistic *size*, not realistic content: a su
 decide what the next turns send and what the prompt cache can reuse. `filler(n, seed)` is text
 of exactly n tokens under the project's tokenizer (every word is one cl100k token), different
 for every seed, the same for the same seed.
+
+It writes none of the facts retention counts (`cg.retention.facts`), so the simulator's retention
+is a floor: no word says error, exception, traceback, failed or fatal (so no error line is in
+it), none is a path or a shell command, and a user text of 20 characters would have to be made
+of these words alone, one space apart (tests/simulate/test_retention.py checks a session's).
 """
 
 from __future__ import annotations
@@ -30,7 +35,6 @@ WORDS = [
     "next",
     "step",
     "done",
-    "error",
     "value",
     "path",
     "line",

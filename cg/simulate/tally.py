@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from cg.billing.prices import PriceTable
+from cg.simulate.retained import Retained
 from cg.wire.usage import Usage
 
 Payer = Literal["agent", "summarizer"]
@@ -37,6 +38,7 @@ class Tally:
     curve: list[float] = field(default_factory=list)  # cumulative USD after each turn
     sizes: list[int] = field(default_factory=list)  # tokens of the agent request of each turn
     marks: list[int] = field(default_factory=list)  # turns that commissioned / compacted
+    retained: Retained = field(default_factory=Retained)  # what the sent requests kept
 
     def charge(
         self, prices: PriceTable, payer: Payer, model: str | None, usage: Usage
@@ -95,11 +97,15 @@ class Tally:
             "over_window",
         ):
             setattr(self, name, getattr(self, name) + getattr(other, name))
+        self.retained.add(other.retained)
         self.peak_tokens = max(self.peak_tokens, other.peak_tokens)
         if other.peak_frac is not None:
             self.peak_frac = max(self.peak_frac or 0.0, other.peak_frac)
 
-    def to_json(self, reference: float | None, baseline: float | None) -> dict[str, Any]:
+    def to_json(
+        self, reference: float | None, baseline: float | None, session: bool = False
+    ) -> dict[str, Any]:
+        """`session`: one session's, with the per-turn retention series and its worst turn."""
         cost = self.cost_usd
         return {
             "cost_usd": _round(cost),
@@ -115,6 +121,7 @@ class Tally:
             "peak_frac": None if self.peak_frac is None else round(self.peak_frac, 4),
             "agent_compaction_turns": self.agent_compaction_turns,
             "over_window": self.over_window,
+            "retention": self.retained.session_json() if session else self.retained.to_json(),
             "usage": {"agent": self.agent.to_json(), "summarizer": self.summarizer.to_json()},
             "unpriced_models": sorted(self.unpriced),
         }
