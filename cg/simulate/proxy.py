@@ -32,7 +32,7 @@ from cg.billing.cache import Prompt, PromptCache, prompt_of, standalone
 from cg.billing.prices import PriceTable
 from cg.components import Services, build_pipeline
 from cg.pipeline.contract import Component
-from cg.pipeline.rewrite import ExpandPolicy, rewrite_body
+from cg.pipeline.rewrite import ExpandPolicy, Rewrite, rewrite_body
 from cg.settings import Config, StoreConfig
 from cg.simulate.compaction import agent_threshold
 from cg.simulate.standin import StandIn
@@ -124,7 +124,15 @@ class ProxyRun:
         self.store.close()
         self._tmp.cleanup()
 
-    def session(self, turns: Sequence[SimTurn], tick: Callable[[], None] = lambda: None) -> Tally:
+    def session(
+        self,
+        turns: Sequence[SimTurn],
+        tick: Callable[[], None] = lambda: None,
+        observe: Callable[[int, Rewrite], None] | None = None,
+    ) -> Tally:
+        """Replay one session and bill it. `observe` is shown each turn's rewrite as it is
+        made (`cg.eval` takes the request sent from it), while this run's store holds its
+        stashes."""
         tally = Tally()
         cache = PromptCache()
         pending: list[_Job] = []
@@ -145,6 +153,8 @@ class ProxyRun:
                 cache=self.cache,
                 expand=self.expand,
             )
+            if observe is not None:
+                observe(i, rw)
             if rw.body is None:
                 prompt = turn.prompt
             else:

@@ -1,0 +1,301 @@
+"""`context-guru eval` (docs/eval.md) against a fake model that answers a probe only from what its
+own request holds (tests/support/prober.py): the original scores everything, a rewrite scores
+lower on exactly the facts its summary dropped, expand allowed recovers them; errors, the call
+bound, the report's JSON, the key kept out of every output, the CLI as a subprocess."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from cg import cli
+from cg.eval.ask import CONDITIONS
+from cg.eval.run import Result, evaluate
+from cg.retention.facts import is_human
+from cg.simulate.trace import dumps_line
+from cg.summarize.component import Commission
+from tests.support.fakeprovider import FakeProvider, Reply
+from tests.support.prober import Prober
+
+KEY = "sk-ant-eval-SECRET-0123456789"
+ROOT = Path(__file__).resolve().parents[2]
+
+
+TOOLS = [
+    {"name": name, "description": f"the {name} tool", "input_schema": {"type": "object"}}
+    for name in ("Read", "Bash", "Edit")
+]
+PROMPTS = [
+    "Please make the parser accept trailing commas in lists",
+    "Now check that the config loader keeps unknown keys",
+    "Do not touch the public API while you refactor this",
+    "Run the slow tests too before you call it finished",
+    "Also write a changelog entry naming the parser change",
+    "Keep the old flag working for one more release cycle",
+]
+PAD = "\n".join(f"{n:4} the quick brown fox jumps over the lazy dog" for n in range(30))
+
+
+def _round(r: int) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Round r of the synthetic session: a call (Read, Bash or Edit by turn) and its output,
+    with a human prompt beside every other output."""
+    tool = TOOLS[r % 3]["name"]
+    args: dict[str, Any] = (
+        {"file_path": f"/work/app/module_{r}.py"}
+        if tool == "Read"
+        else {"command": f"pytest tests/test_{r}.py -x\necho done"}
+        if tool == "Bash"
+        else {"file_path": f"/work/app/edit_{r}.py", "old_string": "a", "new_string": "b"}
+    )
+    out = PAD + (
+        f"\nFAILED tests/test_{r}.py::test_case - AssertionError: {r}" if tool == "Bash" else ""
+    )
+    call = {"role": "assistant", "content": [
+        {"type": "text", "text": f"Step {r}."},
+        {"type": "tool_use", "id": f"toolu_{r:02}", "name": tool, "input": args},
+    ]}  # fmt: skip
+    content: list[dict[str, Any]] = [{"type": "tool_result", "tool_use_id": f"toolu_{r:02}",
+                                      "content": out}]  # fmt: skip
+    if r % 2 == 1 and r // 2 < len(PROMPTS):
+        content.append({"type": "text", "text": PROMPTS[r // 2]})
+    return call, {"role": "user", "content": content}
+
+
+def synthetic(path: Path, rounds: int = 16) -> Path:
+    """A Claude Code-shaped session of `rounds` tool rounds, one request per round."""
+    messages: list[Any] = [{"role": "user", "content": "Fix the parser and keep the tests green."}]
+    headers = {"x-claude-code-session-id": "synthetic", "anthropic-version": "2023-06-01"}
+    with path.open("w", encoding="utf-8") as f:
+        for r in range(rounds):
+            messages += _round(r)
+            body = {"model": "claude-sonnet-4-5", "max_tokens": 1024, "system": "You code.",
+                    "tools": TOOLS, "messages": messages}  # fmt: skip
+            f.write(dumps_line(1_764_500_000.0 + 10 * r, headers, body) + "\n")
+    return path
+
+
+@pytest.fixture(scope="module")
+def trace(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return synthetic(tmp_path_factory.mktemp("eval") / "synthetic.jsonl")
+
+
+@pytest.fixture(scope="module")
+def window(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """Summarize from 2,500 tokens, never roll forward: one checkpoint."""
+    cfg = tmp_path_factory.mktemp("eval") / "eval.yaml"
+    cfg.write_text(
+        "components:\n  summarize:\n    min_tokens: 200\n    resummarize_tokens: 1000000\n"
+        "    trigger: {min_request_tokens: 2500}\n"
+    )
+    return str(cfg)
+
+
+@pytest.fixture
+def provider() -> Iterator[tuple[FakeProvider, Prober]]:
+    prober = Prober()
+    with FakeProvider() as p:
+        p.responder = prober
+        yield p, prober
+
+
+class Carrier:
+    """A summarizer whose summary carries every other human user text of its span verbatim
+    (and says nothing else): which ones it carried is kept, to be checked against the scores."""
+
+    def __init__(self) -> None:
+        self.carried: list[str] = []
+        self.dropped: list[str] = []
+
+    def __call__(self, cfg: object, level: str) -> Any:
+        async def write(prompt: str, job: Commission) -> str:
+            texts = []
+            for src in job.sources:
+                m = json.loads(src)
+                content = m.get("content") if m.get("role") == "user" else None
+                for b in content if isinstance(content, list) else [content]:
+                    t = b.get("text") if isinstance(b, dict) else b
+                    if isinstance(t, str) and is_human(t):
+                        texts.append(t)
+            self.carried += texts[::2]
+            self.dropped += texts[1::2]
+            return "<summary>The user said:\n" + "\n\n".join(texts[::2]) + "</summary>"
+
+        return write
+
+
+def run(trace: Path, window: str, url: str, **kw: Any) -> Result:
+    result = evaluate(
+        [trace],
+        "summarize",
+        config_file=window,
+        base_url=url,
+        env={"ANTHROPIC_API_KEY": KEY},
+        **kw,
+    )
+    assert result is not None
+    return result
+
+
+def test_original_is_right_the_summary_loses_what_it_dropped_expand_recovers_it(
+    trace: Path, window: str, provider: tuple[FakeProvider, Prober]
+) -> None:
+    p, prober = provider
+    carrier = Carrier()
+    result = run(trace, window, p.url, summarizers=carrier, probes=40, concurrency=3)
+    asked = [a for r in result.checkpoints for a in r.asked]
+    kinds = {a.probe.kind for a in asked}
+    assert kinds == {"user", "file", "command", "error"}  # vacuity: every kind is probed
+    user = [a for a in asked if a.probe.kind == "user"]
+    assert any(a.probe.expected in carrier.carried for a in user)
+    assert any(a.probe.expected not in carrier.carried for a in user)
+    for a in asked:
+        assert a.score("original") is True, a.probe
+        # The summary carries some user messages verbatim and no tool call: a user message is
+        # right exactly when it was carried, a call's detail never (the calls it replaced are
+        # not there to count).
+        carried = a.probe.kind == "user" and a.probe.expected in carrier.carried
+        assert a.score("rewritten") is carried, a.probe
+        assert a.score("rewritten+expand") is True, a.probe
+    expanded = {k for a in asked for k in a.answers["rewritten+expand"].expanded}
+    assert expanded and expanded <= {k for r in result.checkpoints for k in r.checkpoint.keys}
+    assert prober.expand_calls > 0
+    t = result.totals.to_json()
+    assert t["original"]["score"] == 1.0
+    assert t["rewritten"]["correct"] < t["original"]["correct"]
+    assert t["rewritten+expand"]["score"] == 1.0
+    # Every call went out with the key, and was counted; its usage summed.
+    assert result.calls == len(p.requests) == len(prober.keys_seen)
+    assert set(prober.keys_seen) == {KEY}
+    [usage] = result.usage.values()
+    assert usage.requests == result.calls and usage.input_tokens > 0
+    assert result.cost_usd is not None and result.cost_usd > 0
+
+
+def test_the_probe_requests_are_the_conditions_requests(
+    trace: Path, window: str, provider: tuple[FakeProvider, Prober]
+) -> None:
+    p, _ = provider
+    result = run(trace, window, p.url, probes=1, concurrency=1)
+    [cp] = [r.checkpoint for r in result.checkpoints]
+    first = [r.json() for r in p.requests[:3]]
+    client = json.loads(cp.original)
+    assert len(first[0]["messages"]) == len(client["messages"])  # the question joins the last
+    assert first[0]["messages"][:-1] == client["messages"][:-1]
+    assert first[0]["messages"][-1]["content"][-1]["text"].startswith("[context-guru eval]")
+    assert first[0]["tool_choice"] == {"type": "none"} and first[0]["stream"] is False
+    sent = json.loads(cp.rewritten)
+    assert first[1]["messages"][:-1] == sent["messages"][:-1]
+    assert first[1]["messages"][1]["content"].startswith("=== History Summary ===")
+    assert first[2]["tool_choice"] == {"type": "auto"}
+    names = [t["name"] for t in first[2]["tools"]]
+    assert names.count("context_guru_expand") == 1
+    assert all(r.header("x-api-key") == KEY for r in p.requests)
+
+
+def test_a_failed_call_is_an_error_not_a_wrong_answer(
+    trace: Path, window: str, provider: tuple[FakeProvider, Prober]
+) -> None:
+    p, _ = provider
+    p.script(*[Reply.json(500, {"error": {"message": f"overloaded for {KEY}"}}) for _ in range(4)])
+    result = run(trace, window, p.url, probes=4, concurrency=1)
+    t = result.totals.to_json()
+    errors = sum(t[c]["errors"] for c in CONDITIONS)
+    assert errors == 4
+    assert sum(t[c]["asked"] for c in CONDITIONS) == 3 * 4 - 4
+    assert t["original"]["score"] == 1.0  # what was answered is still all right
+    reported = json.dumps(result.to_json())
+    assert "HTTP 500" in reported and KEY not in reported and "[key]" in reported
+
+
+def test_max_calls_is_never_exceeded(
+    trace: Path, window: str, provider: tuple[FakeProvider, Prober]
+) -> None:
+    p, _ = provider
+    result = run(trace, window, p.url, probes=12, max_calls=10, concurrency=2)
+    assert result.plan.probes == 3 and result.plan.left_out == 9 - 3
+    assert len(p.requests) == result.calls == 10  # the 9 first calls and one expand round
+    out = result.to_json()
+    assert out["plan"]["calls"] == 9 and out["calls"] == 10
+    # The expand rounds the bound refused are errors, not wrong answers.
+    expand = out["totals"]["rewritten+expand"]
+    assert expand["errors"] >= 1 and expand["asked"] + expand["errors"] == 3
+
+
+def test_the_json_report(
+    trace: Path,
+    window: str,
+    provider: tuple[FakeProvider, Prober],
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    p, _ = provider
+    monkeypatch.setenv("ANTHROPIC_API_KEY", KEY)
+    argv = ["eval", str(trace), "--config", window, "--base-url", p.url, "--probes", "4"]
+    assert cli.main([*argv, "--yes", "--json"]) == 0
+    captured = capsys.readouterr()
+    doc = json.loads(captured.out)
+    assert set(doc) >= {"preset", "plan", "totals", "checkpoints", "calls", "usage", "cost_usd"}
+    assert doc["plan"] == {
+        "checkpoints": 1,
+        "probes": 4,
+        "left_out": 0,
+        "calls": 12,
+        "most_calls": 24,
+    }
+    [cp] = doc["checkpoints"]
+    assert cp["session"] == "synthetic" and cp["span"] == [1, 11] and len(cp["ids"]) == 1
+    assert [f["kind"] for f in cp["facts"]] == ["user", "file", "command", "error"]
+    assert set(cp["scores"]) == set(CONDITIONS)
+    assert cp["scores"]["original"]["by_kind"]["file"] == {"correct": 1, "asked": 1, "errors": 0}
+    probe = cp["probes"][0]
+    assert set(probe["answers"]) == set(CONDITIONS)
+    assert probe["answers"]["original"]["correct"] is True
+    assert doc["totals"]["original"]["score"] == 1.0
+    assert doc["usage"]["claude-sonnet-4-5"]["requests"] == doc["calls"]
+    assert "12 calls" in captured.err  # the plan, said up front
+    assert KEY not in captured.out + captured.err
+
+
+def _cli(
+    *args: str, env: dict[str, str], stdin: int | None = None
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "cg", "eval", *args],
+        cwd=ROOT,
+        env=env,
+        stdin=stdin if stdin is not None else subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def test_the_cli_end_to_end(
+    trace: Path, window: str, provider: tuple[FakeProvider, Prober]
+) -> None:
+    p, prober = provider
+    env = {**os.environ, "ANTHROPIC_API_KEY": KEY, "PYTHONPATH": str(ROOT)}
+    base = [str(trace), "--config", window, "--base-url", p.url, "--probes", "4"]
+    # Not confirmed (stdin is no terminal, no --yes): nothing is sent.
+    refused = _cli(*base, env=env)
+    assert refused.returncode == 2 and "--yes" in refused.stderr
+    assert "12 calls" in refused.stderr and not p.requests
+    done = _cli(*base, "--yes", env=env)
+    assert done.returncode == 0, done.stderr
+    assert len(p.requests) == 12 + prober.expand_calls and prober.expand_calls > 0
+    out = done.stdout
+    assert "synthetic turn 6" in out and "rewritten+expand" in out and "calls made:" in out
+    assert "4/4 100%" in out  # the original condition
+    assert KEY not in out + done.stderr + refused.stdout + refused.stderr
+    # No key: refused before anything is asked.
+    bare = {k: v for k, v in env.items() if k != "ANTHROPIC_API_KEY"}
+    nokey = _cli(*base, "--yes", env=bare)
+    assert nokey.returncode == 2 and "ANTHROPIC_API_KEY" in nokey.stderr
+    assert len(p.requests) == 12 + prober.expand_calls
