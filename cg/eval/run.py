@@ -260,8 +260,8 @@ def evaluate(
     if summary_model is not None and summarizers is None:
         summarizers, closer = _live_summarizers()
     loop = asyncio.new_event_loop()
-    run = ProxyRun(config, corpus.facts, prices or price_table(), options or Options(), loop,
-                   summarizers)  # fmt: skip
+    table = prices or price_table()
+    run = ProxyRun(config, corpus.facts, table, options or Options(), loop, summarizers)
     try:
         checkpoints: list[Checkpoint] = []
         for s in corpus.sessions:
@@ -302,7 +302,6 @@ def evaluate(
         for a in r.asked:
             for ans in a.answers.values():
                 usage[m] = usage.get(m, Usage()) + ans.usage
-    table = prices or price_table()
     costs = [table.cost(m, u, table.tier(m, u.prompt_tokens)) for m, u in usage.items()]
     cost = None if any(c is None for c in costs) else sum(c or 0.0 for c in costs)
     return Result(

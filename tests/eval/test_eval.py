@@ -57,12 +57,16 @@ def _round(r: int) -> tuple[dict[str, Any], dict[str, Any]]:
     out = PAD + (
         f"\nFAILED tests/test_{r}.py::test_case - AssertionError: {r}" if tool == "Bash" else ""
     )
-    call = {"role": "assistant", "content": [
-        {"type": "text", "text": f"Step {r}."},
-        {"type": "tool_use", "id": f"toolu_{r:02}", "name": tool, "input": args},
-    ]}  # fmt: skip
-    content: list[dict[str, Any]] = [{"type": "tool_result", "tool_use_id": f"toolu_{r:02}",
-                                      "content": out}]  # fmt: skip
+    call = {
+        "role": "assistant",
+        "content": [
+            {"type": "text", "text": f"Step {r}."},
+            {"type": "tool_use", "id": f"toolu_{r:02}", "name": tool, "input": args},
+        ],
+    }
+    content: list[dict[str, Any]] = [
+        {"type": "tool_result", "tool_use_id": f"toolu_{r:02}", "content": out}
+    ]
     if r % 2 == 1 and r // 2 < len(PROMPTS):
         content.append({"type": "text", "text": PROMPTS[r // 2]})
     return call, {"role": "user", "content": content}
@@ -75,8 +79,13 @@ def synthetic(path: Path, rounds: int = 16) -> Path:
     with path.open("w", encoding="utf-8") as f:
         for r in range(rounds):
             messages += _round(r)
-            body = {"model": "claude-sonnet-4-5", "max_tokens": 1024, "system": "You code.",
-                    "tools": TOOLS, "messages": messages}  # fmt: skip
+            body = {
+                "model": "claude-sonnet-4-5",
+                "max_tokens": 1024,
+                "system": "You code.",
+                "tools": TOOLS,
+                "messages": messages,
+            }
             f.write(dumps_line(1_764_500_000.0 + 10 * r, headers, body) + "\n")
     return path
 
