@@ -454,7 +454,9 @@ def evaluate(args: argparse.Namespace) -> int:
                 "context-guru eval: not confirmed: pass --yes to make these calls", file=sys.stderr
             )
             return False
-        return input("Proceed? [y/N] ").strip().lower() in ("y", "yes")
+        sys.stderr.write("Proceed? [y/N] ")  # (stdout may be the --json report)
+        sys.stderr.flush()
+        return sys.stdin.readline().strip().lower() in ("y", "yes")
 
     result = evaluate(
         args.files,

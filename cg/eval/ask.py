@@ -110,7 +110,7 @@ class Endpoint:
 
     dialect: str
     url: str
-    key: str
+    key: str = field(repr=False)
 
     def headers(self, recorded: Mapping[str, str]) -> dict[str, str]:
         d = DIALECTS[self.dialect]

@@ -6,6 +6,13 @@ from cg.eval.ask import CONDITIONS
 from cg.eval.run import Result, Scores
 from cg.retention.facts import KINDS
 
+LOST_SHOWN = 5
+
+
+def _short(text: str, width: int = 90) -> str:
+    line = " ".join(text.split())
+    return repr(line if len(line) <= width else line[: width - 1] + "…")
+
 
 def _cell(v: list[int]) -> str:
     right, asked, errors = v
@@ -41,6 +48,14 @@ def text(result: Result) -> str:
         )
         if r.asked:
             out += _table(r.scores, "  ")
+        lost = [a.probe for a in r.asked if a.score("original") and a.score("rewritten") is False]
+        for p in lost[:LOST_SHOWN]:
+            out.append(f"  lost by the rewrite: {p.kind} {_short(p.expected)}")
+        if len(lost) > LOST_SHOWN:
+            out.append(f"  ... and {len(lost) - LOST_SHOWN} more (--json lists every probe)")
+    if not result.checkpoints:
+        out.append("")
+        out.append("no checkpoint: the preset replaced nothing in these sessions")
     out.append("")
     out.append("total (correct/asked per kind; a failed call is an error, not a wrong answer)")
     out += _table(result.totals, "  ")

@@ -50,6 +50,8 @@ class Plan:
     models: list[str]
 
     def describe(self) -> str:
+        if not self.probes:
+            return f"{self.checkpoints} checkpoints, nothing to ask: no calls."
         where = ", ".join(f"{d} at {u}" for d, u in self.endpoints.items()) or "nowhere"
         models = ", ".join(self.models) or "(none)"
         extra = f"; {self.left_out} probes left out by --max-calls" if self.left_out else ""
