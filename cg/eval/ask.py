@@ -207,8 +207,8 @@ async def ask(
             resp = await http.post(ep.url, content=body, headers=headers, extensions={FIRST: True})
         except BudgetSpent as e:
             return Answer(error=str(e))
-        except httpx.HTTPError as e:
-            return Answer(error=ep.redact(f"{type(e).__name__}: {e}"), calls=1)
+        except Exception as e:  # noqa: BLE001 - unreachable, a bad URL, anything: an error
+            return Answer(error=ep.redact(f"{type(e).__name__}: {e}")[:300], calls=1)
         if resp.status_code != 200:
             return Answer(error=ep.redact(f"HTTP {resp.status_code}: {resp.text[:300]}"), calls=1)
         try:

@@ -17,6 +17,8 @@ import pytest
 
 from cg import cli
 from cg.eval.ask import CONDITIONS
+from cg.eval.checkpoints import Checkpoint
+from cg.eval.probes import normalise
 from cg.eval.run import Result, evaluate
 from cg.retention.facts import is_human
 from cg.simulate.trace import dumps_line
@@ -139,6 +141,17 @@ class Carrier:
         return write
 
 
+def _summary(cp: Checkpoint) -> str:
+    """The normalised text of the summary message a checkpoint's rewritten request sent."""
+    texts = [
+        m["content"]
+        for m in json.loads(cp.rewritten)["messages"]
+        if isinstance(m["content"], str) and m["content"].startswith("=== History Summary ===")
+    ]
+    assert len(texts) == 1
+    return normalise(texts[0])
+
+
 def run(trace: Path, window: str, url: str, **kw: Any) -> Result:
     result = evaluate(
         [trace],
@@ -158,21 +171,22 @@ def test_original_is_right_the_summary_loses_what_it_dropped_expand_recovers_it(
     p, prober = provider
     carrier = Carrier()
     result = run(trace, window, p.url, summarizers=carrier, probes=40, concurrency=3)
-    asked = [a for r in result.checkpoints for a in r.asked]
-    kinds = {a.probe.kind for a in asked}
+    asked = [(r.checkpoint, a) for r in result.checkpoints for a in r.asked]
+    kinds = {a.probe.kind for _, a in asked}
     assert kinds == {"user", "file", "command", "error"}  # vacuity: every kind is probed
-    user = [a for a in asked if a.probe.kind == "user"]
-    assert any(a.probe.expected in carrier.carried for a in user)
-    assert any(a.probe.expected not in carrier.carried for a in user)
-    for a in asked:
+    user = [a.probe.expected for _, a in asked if a.probe.kind == "user"]
+    assert set(user) & set(carrier.carried) and set(user) & set(carrier.dropped)
+    for cp, a in asked:
         assert a.score("original") is True, a.probe
-        # The summary carries some user messages verbatim and no tool call: a user message is
-        # right exactly when it was carried, a call's detail never (the calls it replaced are
-        # not there to count).
-        carried = a.probe.kind == "user" and a.probe.expected in carrier.carried
+        # A user message is right exactly when the summary message carries it verbatim (the
+        # summary's text, or whatever else the message holds); a call's detail never (the
+        # calls it replaced are not there to count).
+        carried = a.probe.kind == "user" and normalise(a.probe.expected) in _summary(cp)
         assert a.score("rewritten") is carried, a.probe
         assert a.score("rewritten+expand") is True, a.probe
-    expanded = {k for a in asked for k in a.answers["rewritten+expand"].expanded}
+    assert any(a.score("rewritten") for _, a in asked if a.probe.expected in carrier.carried)
+    asked_ = [a for _, a in asked]
+    expanded = {k for a in asked_ for k in a.answers["rewritten+expand"].expanded}
     assert expanded and expanded <= {k for r in result.checkpoints for k in r.checkpoint.keys}
     assert prober.expand_calls > 0
     t = result.totals.to_json()
@@ -308,3 +322,39 @@ def test_the_cli_end_to_end(
     nokey = _cli(*base, "--yes", env=bare)
     assert nokey.returncode == 2 and "ANTHROPIC_API_KEY" in nokey.stderr
     assert len(p.requests) == 12 + prober.expand_calls
+
+
+@pytest.mark.parametrize(("typed", "asked"), [("n\n", False), ("yes\n", True)])
+def test_on_a_terminal_it_asks_before_spending(
+    trace: Path, window: str, provider: tuple[FakeProvider, Prober], typed: str, asked: bool
+) -> None:
+    import pty
+
+    p, _ = provider
+    env = {**os.environ, "ANTHROPIC_API_KEY": KEY, "PYTHONPATH": str(ROOT)}
+    leader, follower = pty.openpty()
+    try:
+        os.write(leader, typed.encode())  # held by the terminal until the question reads it
+        done = _cli(
+            str(trace),
+            "--config",
+            window,
+            "--base-url",
+            p.url,
+            "--probes",
+            "1",
+            "--json",
+            env=env,
+            stdin=follower,
+        )
+    finally:
+        os.close(leader)
+        os.close(follower)
+    assert "Proceed? [y/N]" in done.stderr and "3 calls" in done.stderr
+    assert done.returncode == (0 if asked else 2)
+    if asked:
+        doc = json.loads(done.stdout)
+        assert doc["totals"]["original"]["score"] == 1.0
+        assert len(p.requests) == doc["calls"] > 3  # (an expand round too)
+    else:
+        assert not p.requests and not done.stdout
