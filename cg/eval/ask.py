@@ -115,6 +115,13 @@ class Endpoint:
     def headers(self, recorded: Mapping[str, str]) -> dict[str, str]:
         d = DIALECTS[self.dialect]
         out = {k.lower(): v for k, v in recorded.items() if k.lower() in KEPT_HEADERS}
+        if "anthropic-beta" in out:
+            # An OAuth beta goes with the subscription token the agent had, not with a key.
+            betas = [b.strip() for b in out["anthropic-beta"].split(",")]
+            kept = [b for b in betas if b and not b.startswith("oauth-")]
+            out["anthropic-beta"] = ",".join(kept)
+            if not kept:
+                del out["anthropic-beta"]
         out.update({"content-type": "application/json", BYPASS[0]: BYPASS[1]})
         for k, v in d.auth_headers(self.key, bearer=False).items():
             if k not in KEPT_HEADERS or k not in out:  # the agent's API version stays

@@ -111,6 +111,9 @@ def test_the_endpoint_takes_the_key_from_the_dialect_s_variable() -> None:
     assert a.url == "https://api.anthropic.com/v1/messages"
     assert a.headers({"anthropic-version": "2099-01-01"})["anthropic-version"] == "2099-01-01"
     assert a.headers({})["x-api-key"] == KEY
+    betas = a.headers({"anthropic-beta": "oauth-2025-04-20,context-1m-2025-08-07"})
+    assert betas["anthropic-beta"] == "context-1m-2025-08-07"
+    assert "anthropic-beta" not in a.headers({"anthropic-beta": "oauth-2025-04-20"})
     with pytest.raises(ValueError, match="ANTHROPIC_API_KEY"):
         endpoint("anthropic", None, {"OPENAI_API_KEY": KEY})
     assert a.redact(f"bad key {KEY}!") == "bad key [key]!"

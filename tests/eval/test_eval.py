@@ -21,75 +21,13 @@ from cg.eval.checkpoints import Checkpoint
 from cg.eval.probes import normalise
 from cg.eval.run import Result, evaluate
 from cg.retention.facts import is_human
-from cg.simulate.trace import dumps_line
 from cg.summarize.component import Commission
+from tests.eval.sessions import CONFIG, synthetic
 from tests.support.fakeprovider import FakeProvider, Reply
 from tests.support.prober import Prober
 
 KEY = "sk-ant-eval-SECRET-0123456789"
 ROOT = Path(__file__).resolve().parents[2]
-
-
-TOOLS = [
-    {"name": name, "description": f"the {name} tool", "input_schema": {"type": "object"}}
-    for name in ("Read", "Bash", "Edit")
-]
-PROMPTS = [
-    "Please make the parser accept trailing commas in lists",
-    "Now check that the config loader keeps unknown keys",
-    "Do not touch the public API while you refactor this",
-    "Run the slow tests too before you call it finished",
-    "Also write a changelog entry naming the parser change",
-    "Keep the old flag working for one more release cycle",
-]
-PAD = "\n".join(f"{n:4} the quick brown fox jumps over the lazy dog" for n in range(30))
-
-
-def _round(r: int) -> tuple[dict[str, Any], dict[str, Any]]:
-    """Round r of the synthetic session: a call (Read, Bash or Edit by turn) and its output,
-    with a human prompt beside every other output."""
-    tool = TOOLS[r % 3]["name"]
-    args: dict[str, Any] = (
-        {"file_path": f"/work/app/module_{r}.py"}
-        if tool == "Read"
-        else {"command": f"pytest tests/test_{r}.py -x\necho done"}
-        if tool == "Bash"
-        else {"file_path": f"/work/app/edit_{r}.py", "old_string": "a", "new_string": "b"}
-    )
-    out = PAD + (
-        f"\nFAILED tests/test_{r}.py::test_case - AssertionError: {r}" if tool == "Bash" else ""
-    )
-    call = {
-        "role": "assistant",
-        "content": [
-            {"type": "text", "text": f"Step {r}."},
-            {"type": "tool_use", "id": f"toolu_{r:02}", "name": tool, "input": args},
-        ],
-    }
-    content: list[dict[str, Any]] = [
-        {"type": "tool_result", "tool_use_id": f"toolu_{r:02}", "content": out}
-    ]
-    if r % 2 == 1 and r // 2 < len(PROMPTS):
-        content.append({"type": "text", "text": PROMPTS[r // 2]})
-    return call, {"role": "user", "content": content}
-
-
-def synthetic(path: Path, rounds: int = 16) -> Path:
-    """A Claude Code-shaped session of `rounds` tool rounds, one request per round."""
-    messages: list[Any] = [{"role": "user", "content": "Fix the parser and keep the tests green."}]
-    headers = {"x-claude-code-session-id": "synthetic", "anthropic-version": "2023-06-01"}
-    with path.open("w", encoding="utf-8") as f:
-        for r in range(rounds):
-            messages += _round(r)
-            body = {
-                "model": "claude-sonnet-4-5",
-                "max_tokens": 1024,
-                "system": "You code.",
-                "tools": TOOLS,
-                "messages": messages,
-            }
-            f.write(dumps_line(1_764_500_000.0 + 10 * r, headers, body) + "\n")
-    return path
 
 
 @pytest.fixture(scope="module")
@@ -99,12 +37,8 @@ def trace(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def window(tmp_path_factory: pytest.TempPathFactory) -> str:
-    """Summarize from 2,500 tokens, never roll forward: one checkpoint."""
     cfg = tmp_path_factory.mktemp("eval") / "eval.yaml"
-    cfg.write_text(
-        "components:\n  summarize:\n    min_tokens: 200\n    resummarize_tokens: 1000000\n"
-        "    trigger: {min_request_tokens: 2500}\n"
-    )
+    cfg.write_text(CONFIG)
     return str(cfg)
 
 
@@ -158,7 +92,7 @@ def run(trace: Path, window: str, url: str, **kw: Any) -> Result:
         "summarize",
         config_file=window,
         base_url=url,
-        env={"ANTHROPIC_API_KEY": KEY},
+        env={"ANTHROPIC_API_KEY": KEY, "OPENAI_API_KEY": KEY},
         **kw,
     )
     assert result is not None
@@ -199,6 +133,25 @@ def test_original_is_right_the_summary_loses_what_it_dropped_expand_recovers_it(
     [usage] = result.usage.values()
     assert usage.requests == result.calls and usage.input_tokens > 0
     assert result.cost_usd is not None and result.cost_usd > 0
+
+
+@pytest.mark.parametrize("dialect", ["openai", "responses"])
+def test_the_openai_dialects_score_the_same_way(
+    tmp_path: Path, window: str, provider: tuple[FakeProvider, Prober], dialect: str
+) -> None:
+    p, prober = provider
+    trace = synthetic(tmp_path / f"{dialect}.jsonl", dialect)
+    result = run(trace, window, p.url, probes=8, concurrency=2)
+    [r] = result.checkpoints
+    assert r.checkpoint.dialect == dialect and len(r.asked) == 8
+    assert {a.probe.kind for a in r.asked} == {"user", "file", "command", "error"}
+    t = result.totals.to_json()
+    assert t["original"]["score"] == 1.0 and t["rewritten+expand"]["score"] == 1.0
+    assert t["rewritten"]["correct"] < t["rewritten"]["asked"] == 8  # the stand-in's filler
+    assert prober.expand_calls > 0
+    assert all(r.header("authorization") == f"Bearer {KEY}" for r in p.requests)
+    path = "/v1/responses" if dialect == "responses" else "/v1/chat/completions"
+    assert {r.path for r in p.requests} == {path}
 
 
 def test_the_probe_requests_are_the_conditions_requests(
