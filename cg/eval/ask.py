@@ -129,6 +129,7 @@ class Endpoint:
         return out
 
     def redact(self, text: str) -> str:
+        """`text` without the key (cut to length only after: a cut could halve the key)."""
         return text.replace(self.key, "[key]") if self.key else text
 
 
@@ -217,11 +218,11 @@ async def ask(
         except Exception as e:  # noqa: BLE001 - unreachable, a bad URL, anything: an error
             return Answer(error=ep.redact(f"{type(e).__name__}: {e}")[:300], calls=1)
         if resp.status_code != 200:
-            return Answer(error=ep.redact(f"HTTP {resp.status_code}: {resp.text[:300]}"), calls=1)
+            return Answer(error=ep.redact(f"HTTP {resp.status_code}: {resp.text}")[:300], calls=1)
         try:
             first = parse_json(ep.dialect, resp.content)
         except (ProviderError, ResponseParseError) as e:
-            return Answer(error=ep.redact(str(e)[:300]), calls=1)
+            return Answer(error=ep.redact(str(e))[:300], calls=1)
         replies, final, expanded, error = [first], first, [], None
         if condition == CONDITIONS[2]:
             done = await continuation.run(

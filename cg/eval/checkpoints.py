@@ -31,6 +31,7 @@ class Checkpoint:
     replaced: tuple[int, ...]  # the client's messages not sent as they came
     keys: tuple[str, ...]  # the stash ids named by the new messages' markers
     session: str  # the store's session id (the stashes' owner)
+    model: str  # the model the request names
     probes: list[Probe] = field(default_factory=list)
 
     @property
@@ -75,6 +76,7 @@ def collector(
             replaced,
             keys,
             rw.record.get("session", ""),
+            turns[i].model or "(no model)",
         )
         cp.probes = span_probes(dialect.name, messages, replaced, probes, f"{seed}:{label}:{i}")
         out.append(cp)

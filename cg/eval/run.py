@@ -204,13 +204,6 @@ def _usage_json(u: Usage) -> dict[str, int]:
     }
 
 
-def _model_of(body: bytes) -> str:
-    import json
-
-    model = json.loads(body).get("model")
-    return model if isinstance(model, str) else "(no model)"
-
-
 def _chosen(checkpoints: Sequence[Checkpoint], max_calls: int | None) -> int:
     """Cut each checkpoint's probes so that one call per probe and condition fits the bound,
     taking the checkpoints' probes in turn (the first of each, then the second, ...); returns
@@ -275,7 +268,7 @@ def evaluate(
         asked_n = sum(len(cp.probes) for cp in checkpoints)
         calls = asked_n * len(CONDITIONS)
         most = calls + asked_n * 3  # every expand condition taking its 3 rounds
-        models = sorted({model or _model_of(cp.original) for cp in checkpoints if cp.probes})
+        models = sorted({model or cp.model for cp in checkpoints if cp.probes})
         plan = Plan(
             len(checkpoints),
             asked_n,
@@ -298,14 +291,18 @@ def evaluate(
         loop.close()
     totals = Scores()
     usage: dict[str, Usage] = {}
+    cost: float | None = 0.0
     for r in results:
         totals.merge(r.scores)
-        m = model or _model_of(r.checkpoint.original)
+        m = model or r.checkpoint.model
         for a in r.asked:
             for ans in a.answers.values():
                 usage[m] = usage.get(m, Usage()) + ans.usage
-    costs = [table.cost(m, u, table.tier(m, u.prompt_tokens)) for m, u in usage.items()]
-    cost = None if any(c is None for c in costs) else sum(c or 0.0 for c in costs)
+                # Each answer at the tier of its own requests' size (a long-context price is
+                # by the request, not by the sum).
+                per = ans.usage.prompt_tokens // max(ans.usage.requests, 1)
+                c = table.cost(m, ans.usage, table.tier(m, per)) if ans.usage.requests else 0.0
+                cost = None if cost is None or c is None else cost + c
     return Result(
         preset,
         results,
