@@ -259,8 +259,11 @@ def evaluate(
     run = ProxyRun(config, corpus.facts, table, options or Options(), loop, summarizers)
     try:
         checkpoints: list[Checkpoint] = []
-        for s in corpus.sessions:
-            observe = collector(_label(s), s.turns, checkpoints, probes, seed)
+        labels = [_label(s) for s in corpus.sessions]
+        for s, label in zip(corpus.sessions, labels, strict=True):
+            if labels.count(label) > 1:  # several sessions in one file: as simulate names them
+                label = f"{label}:{s.id[:8]}"
+            observe = collector(label, s.turns, checkpoints, probes, seed)
             run.session(s.turns, observe=observe)
         left_out = _chosen(checkpoints, max_calls)
         dialects = sorted({cp.dialect for cp in checkpoints if cp.probes})

@@ -311,3 +311,19 @@ def test_on_a_terminal_it_asks_before_spending(
         assert len(p.requests) == doc["calls"] > 3  # (an expand round too)
     else:
         assert not p.requests and not done.stdout
+
+
+def test_sessions_of_two_dialects_in_one_file_each_go_to_their_own_endpoint(
+    tmp_path: Path, window: str, provider: tuple[FakeProvider, Prober]
+) -> None:
+    p, _ = provider
+    mixed = tmp_path / "mixed.jsonl"
+    a = synthetic(tmp_path / "a.jsonl").read_text()
+    mixed.write_text(a + synthetic(tmp_path / "b.jsonl", "responses").read_text())
+    result = run(mixed, window, p.url, probes=2, concurrency=2)
+    labels = [r.checkpoint.label for r in result.checkpoints]
+    assert len(labels) == len(set(labels)) == 2 and all(x.startswith("mixed:") for x in labels)
+    assert set(result.plan.endpoints) == {"anthropic", "responses"}
+    assert {r.path for r in p.requests} == {"/v1/messages", "/v1/responses"}
+    assert set(result.usage) == {"claude-sonnet-4-5", "gpt-5"}
+    assert result.totals.to_json()["original"]["score"] == 1.0
