@@ -53,28 +53,56 @@ def probe_text(question: str, condition: Condition) -> str:
     )
 
 
+def _blank(content: Any) -> bool:
+    if isinstance(content, str):
+        return not content.strip()
+    if isinstance(content, list):
+        return all(
+            isinstance(b, dict) and b.get("type") == "text" and not str(b.get("text", "")).strip()
+            for b in content
+        )
+    return content is None
+
+
+def _blank_prefill(m: Any) -> bool:
+    return (
+        isinstance(m, dict)
+        and m.get("role") == "assistant"
+        and not m.get("tool_calls")
+        and _blank(m.get("content"))
+    )
+
+
 def _append_question(dialect: str, items: list[Any], text: str) -> None:
+    """The question as the transcript's last user turn. An empty prefill (legal only at the end)
+    is left out; in Anthropic's array the question joins the last user turn (roles alternate)
+    and goes before any system messages that end the array (legal only there)."""
+    at = len(items)
     if dialect == "anthropic":
-        last = items[-1] if items else None
-        if isinstance(last, dict) and last.get("role") == "user":
-            # The API wants roles to alternate: the question joins the last user turn.
-            content = last.get("content")
-            blocks = (
-                list(content)
-                if isinstance(content, list)
-                else [{"type": "text", "text": content}]
-                if isinstance(content, str) and content
-                else []
-            )
-            items[-1] = {**last, "content": [*blocks, {"type": "text", "text": text}]}
-        else:
-            items.append({"role": "user", "content": [{"type": "text", "text": text}]})
-    elif dialect == "responses":
+        while at and isinstance(items[at - 1], dict) and items[at - 1].get("role") == "system":
+            at -= 1
+    if at and _blank_prefill(items[at - 1]):
+        del items[at - 1]
+        at -= 1
+    if dialect == "responses":
         items.append(
             {"type": "message", "role": "user", "content": [{"type": "input_text", "text": text}]}
         )
-    else:
+    elif dialect != "anthropic":
         items.append({"role": "user", "content": text})
+    elif at and isinstance(items[at - 1], dict) and items[at - 1].get("role") == "user":
+        last = items[at - 1]
+        content = last.get("content")
+        blocks = (
+            list(content)
+            if isinstance(content, list)
+            else [{"type": "text", "text": content}]
+            if isinstance(content, str) and content
+            else []
+        )
+        items[at - 1] = {**last, "content": [*blocks, {"type": "text", "text": text}]}
+    else:
+        items.insert(at, {"role": "user", "content": [{"type": "text", "text": text}]})
 
 
 def probe_body(

@@ -9,11 +9,18 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from cg.eval.ask import Answer, Budget, Condition, Endpoint, ask, client, endpoint, probe_body
 from cg.eval.probes import correct
+from cg.wire.body import index_body
+from cg.wire.dialects import DIALECTS
+from cg.wire.shape import validate_index
 from tests.support.fakeprovider import FakeProvider
 from tests.support.prober import Prober
+from tests.support.strategies import DIALECT_NAMES, messages
+from tests.support.strategies import Dialect as StDialect
 
 Q = "Which file did the 1st call of the `Read` tool (counting …) touch? Answer with the path only."
 KEY = "sk-test-ask-key"
@@ -223,3 +230,36 @@ def test_an_endpoint_that_does_not_answer_is_an_error() -> None:
     got = asyncio.run(go())
     assert got.error is not None and "ConnectError" in got.error and KEY not in got.error
     assert got.calls == 1 and got.text == ""
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.sampled_from(DIALECT_NAMES), st.data())
+def test_the_question_breaks_no_shape_rule_and_leaves_every_other_message(
+    dialect: StDialect, data: st.DataObject
+) -> None:
+    msgs = data.draw(messages(dialect, 0, 4))
+    body = json.dumps({"model": "m", "max_tokens": 5, "messages": msgs}).encode()
+    before = {v.rule for v in validate_index(index_body(body, DIALECTS[dialect]))}
+    new = probe_body(dialect, body, Q, "rewritten")
+    after = {v.rule for v in validate_index(index_body(new, DIALECTS[dialect]))}
+    assert after <= before
+    sent = json.loads(new)["messages"]
+    end = len(msgs)
+    while dialect == "anthropic" and end and msgs[end - 1]["role"] == "system":
+        end -= 1  # system messages that end the array stay at the end
+    tail = msgs[end:]
+    if end and msgs[end - 1]["role"] == "assistant" and msgs[end - 1]["content"] in ("", []):
+        end -= 1  # an empty prefill, legal only at the end, is left out
+    head = msgs[:end]
+    assert sent[len(sent) - len(tail) :] == tail
+    sent = sent[: len(sent) - len(tail)]
+    joined = len(sent) == len(head)  # the question joined the last user turn (Anthropic)
+    assert sent[: len(head) - joined] == head[: len(head) - joined]
+    last = sent[-1]
+    assert last["role"] == "user"
+    text = last["content"] if isinstance(last["content"], str) else last["content"][-1]["text"]
+    assert Q in text
+    if joined:
+        old = head[-1]["content"]
+        blocks = old if isinstance(old, list) else [{"type": "text", "text": old}] if old else []
+        assert last["content"][:-1] == blocks
