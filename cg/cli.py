@@ -439,6 +439,9 @@ def evaluate(args: argparse.Namespace) -> int:
     from cg.simulate.proxy import Options
     from cg.simulate.run import stderr_warn
 
+    if not 0 < args.summary_ratio <= 1 or args.summary_latency < 0:
+        print("--summary-ratio: must be in (0, 1]; --summary-latency: >= 0", file=sys.stderr)
+        return EXIT_USAGE
     for name in ("probes", "concurrency", "max_calls"):
         value = getattr(args, name)
         if value is not None and value < 1:
@@ -462,7 +465,7 @@ def evaluate(args: argparse.Namespace) -> int:
         args.files,
         args.preset,
         config_file=args.config,
-        options=Options(args.summary_ratio, 0.0),
+        options=Options(args.summary_ratio, args.summary_latency),
         summary_model=args.summary_model,
         model=args.model,
         base_url=args.base_url,
@@ -587,6 +590,12 @@ def parser() -> argparse.ArgumentParser:
         type=float,
         default=0.05,
         help="the stand-in summary's size, as a share of the tokens it covers (default 0.05)",
+    )
+    v.add_argument(
+        "--summary-latency",
+        type=float,
+        default=0.0,
+        help="seconds a summary takes to write; 0 (default): ready from the next turn",
     )
     v.add_argument("--json", action="store_true")
     v.set_defaults(func=evaluate)

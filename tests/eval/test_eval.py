@@ -327,3 +327,14 @@ def test_sessions_of_two_dialects_in_one_file_each_go_to_their_own_endpoint(
     assert {r.path for r in p.requests} == {"/v1/messages", "/v1/responses"}
     assert set(result.usage) == {"claude-sonnet-4-5", "gpt-5"}
     assert result.totals.to_json()["original"]["score"] == 1.0
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [["--probes", "0"], ["--max-calls", "0"], ["--concurrency", "0"], ["--summary-ratio", "2"]],
+)
+def test_bad_options_are_refused_before_anything_is_read(
+    bad: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert cli.main(["eval", "/nonexistent.jsonl", *bad, "--yes"]) == 2
+    assert bad[0] in capsys.readouterr().err
