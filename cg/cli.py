@@ -6,6 +6,8 @@
     context-guru stats [--db PATH|URL | --proxy URL [--token T]] [--config F] [--json]
     context-guru simulate FILE… [--preset P]… [--config F] [--json] [--summary-ratio R]
                          [--summary-latency S] [--model NAME] [--plot OUT.png]
+    context-guru eval FILE… [--preset P] [--config F] [--probes N] [--max-calls N] [--yes]
+                     [--model NAME] [--base-url URL] [--summary-model NAME] [--json]
 
 `replay` runs a captured body (a raw request body, a `{"provider", "body"}` fixture, or a
 mitmproxy flow file) through a preset offline, against a throwaway store, and shows what would
@@ -16,6 +18,11 @@ spliced, so the rewrite itself can be inspected without a model.
 real pipeline offline and bills every request under the prompt-cache model
 (docs/behaviour.md#usage-cost-and-savings): what each preset would have cost, as an estimate
 (`cg.simulate`).
+
+`eval` replays the same sessions through one preset and asks the user's own model (real calls,
+billed to the key in ANTHROPIC_API_KEY / OPENAI_API_KEY) questions about the facts each rewrite
+replaced, of the original request, the rewritten one, and the rewritten one with expand allowed
+(docs/eval.md).
 """
 
 from __future__ import annotations
@@ -468,6 +475,61 @@ def simulate(args: argparse.Namespace) -> int:
     return EXIT_NOT_FOUND if missing else 0
 
 
+# -- eval ---------------------------------------------------------------------------------------
+
+
+def evaluate(args: argparse.Namespace) -> int:
+    from cg.eval.report import text
+    from cg.eval.run import Plan, evaluate
+    from cg.simulate.proxy import Options
+    from cg.simulate.run import stderr_warn
+
+    if not 0 < args.summary_ratio <= 1 or args.summary_latency < 0:
+        print("--summary-ratio: must be in (0, 1]; --summary-latency: >= 0", file=sys.stderr)
+        return EXIT_USAGE
+    for name in ("probes", "concurrency", "max_calls"):
+        value = getattr(args, name)
+        if value is not None and value < 1:
+            print(f"--{name.replace('_', '-')}: must be >= 1 (got {value})", file=sys.stderr)
+            return EXIT_USAGE
+
+    def confirm(plan: Plan) -> bool:
+        print(f"context-guru eval: {plan.describe()}", file=sys.stderr)
+        if args.yes:
+            return True
+        if not sys.stdin.isatty():
+            print(
+                "context-guru eval: not confirmed: pass --yes to make these calls", file=sys.stderr
+            )
+            return False
+        sys.stderr.write("Proceed? [y/N] ")  # (stdout may be the --json report)
+        sys.stderr.flush()
+        return sys.stdin.readline().strip().lower() in ("y", "yes")
+
+    result = evaluate(
+        args.files,
+        args.preset,
+        config_file=args.config,
+        options=Options(args.summary_ratio, args.summary_latency),
+        summary_model=args.summary_model,
+        model=args.model,
+        base_url=args.base_url,
+        probes=args.probes,
+        seed=args.seed,
+        concurrency=args.concurrency,
+        max_calls=args.max_calls,
+        confirm=confirm,
+        warn=stderr_warn,
+    )
+    if result is None:
+        return EXIT_USAGE
+    if args.json:
+        _out(result.to_json())
+    else:
+        print(text(result))
+    return 0
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="context-guru", description=__doc__.split("\n\n")[0])
     sub = p.add_subparsers(dest="command", required=True)
@@ -541,6 +603,47 @@ def parser() -> argparse.ArgumentParser:
     m.add_argument("--plot", default=None, metavar="OUT.png", help="cumulative cost per turn")
     m.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     m.set_defaults(func=simulate)
+
+    v = sub.add_parser(
+        "eval",
+        help="ask your model what each rewrite lost, on recorded sessions (real, billed calls)",
+        description="Replay recorded sessions through a preset offline and, at each checkpoint, "
+        "ask the model probe questions about the facts of the replaced span: of the original "
+        "request, of the rewritten one, and of the rewritten one with expand allowed. Scored by "
+        "exact match. The calls are billed to the key in ANTHROPIC_API_KEY / OPENAI_API_KEY.",
+    )
+    v.add_argument("files", nargs="+", metavar="FILE")
+    v.add_argument("--preset", default="summarize")
+    v.add_argument("--config", default=None, help="a YAML config merged over the preset")
+    v.add_argument("--probes", type=int, default=12, help="at most this many per checkpoint")
+    v.add_argument("--seed", default="0", help="which facts are asked (deterministic)")
+    v.add_argument("--concurrency", type=int, default=4, help="calls in flight at once")
+    v.add_argument("--max-calls", type=int, default=None, help="never more calls than this")
+    v.add_argument("--yes", action="store_true", help="make the calls without asking")
+    v.add_argument("--model", default=None, help="ask this model (default: each request's own)")
+    v.add_argument(
+        "--base-url", default=None, help="the provider's base URL (default: the dialect's own)"
+    )
+    v.add_argument(
+        "--summary-model",
+        default=None,
+        help="have summaries written by this model (as simulate's --model); default: the "
+        "offline stand-in",
+    )
+    v.add_argument(
+        "--summary-ratio",
+        type=float,
+        default=0.05,
+        help="the stand-in summary's size, as a share of the tokens it covers (default 0.05)",
+    )
+    v.add_argument(
+        "--summary-latency",
+        type=float,
+        default=0.0,
+        help="seconds a summary takes to write; 0 (default): ready from the next turn",
+    )
+    v.add_argument("--json", action="store_true")
+    v.set_defaults(func=evaluate)
     return p
 
 

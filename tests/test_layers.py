@@ -24,6 +24,7 @@ LAYERS = [
     "components",
     "proxy",
     "simulate",
+    "eval",
     "cli",
     "__main__",
 ]
