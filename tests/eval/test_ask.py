@@ -135,7 +135,7 @@ def fake() -> Iterator[FakeProvider]:
 
 def _summarized(dialect: str) -> tuple[bytes, str]:
     """A request whose call of Read a summary (marker <<cg:abc>>) replaced, and the expand
-    tool's answer for it: the replaced messages, `[n] {json}` each."""
+    tool's answer for it: the replaced messages, `[KEY#N] {json}` each."""
     summary = (
         "=== History Summary ===\n<summary>Read a file.</summary> <<cg:0123456789abcdef01234567>>"
     )
@@ -186,7 +186,8 @@ def _summarized(dialect: str) -> tuple[bytes, str]:
             ],
             "tools": [{"type": "function", "name": "Read", "parameters": {}}],
         }
-    stash = f"The 1 messages that the summary replaced, verbatim:\n\n[0] {json.dumps(call)}"
+    key = "0123456789abcdef01234567"
+    stash = f"The 1 messages that the summary replaced, verbatim:\n\n[{key}#1] {json.dumps(call)}"
     return json.dumps(body).encode(), stash
 
 

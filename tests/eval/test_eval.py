@@ -308,7 +308,7 @@ def test_on_a_terminal_it_asks_before_spending(
     if asked:
         doc = json.loads(done.stdout)
         assert doc["totals"]["original"]["score"] == 1.0
-        assert len(p.requests) == doc["calls"] > 3  # (an expand round too)
+        assert len(p.requests) == doc["calls"] >= 3  # (and an expand round, if one was needed)
     else:
         assert not p.requests and not done.stdout
 

@@ -36,7 +36,7 @@ DONT_KNOW = "I do not know."
 _USER_Q = re.compile(r"Quote verbatim the user's message that began with '(.*?)'\. Answer", re.S)
 _CALL_Q = re.compile(r"the (\d+)(?:st|nd|rd|th) call of the `([^`]+)` tool")
 _MARKER = re.compile(r"<<cg:([A-Za-z0-9_-]+)>>")
-_ITEM = re.compile(r"\n\n\[(\d+)\] ")
+_ITEM = re.compile(r"\n\n\[[A-Za-z0-9_-]+#(\d+)\] ")
 _PATCH = re.compile(r"\*\*\* (?:Add|Update|Delete) File: ([^\r\n]+)")
 FILE_KEYS = ("file_path", "path", "notebook_path", "filename")
 
@@ -125,7 +125,7 @@ def _is_user(dialect: str, m: Any) -> bool:
 
 
 def expansion(text: str) -> list[Any]:
-    """The messages of an expand tool result (`[n] {json}` each)."""
+    """The messages of an expand tool result (`[KEY#N] {json}` each)."""
     out = []
     dec = json.JSONDecoder()
     for m in _ITEM.finditer(text):
