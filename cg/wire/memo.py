@@ -53,6 +53,8 @@ class Memo:
     wire_ok: tuple[object, list[bool] | None] = _per_message()
     # cg.retention.measure.message_found: each message's facts.
     retained: tuple[object, list[Any] | None] = _per_message()
+    # cg.mask.outputs.scans: each message's tool calls and tool outputs, where they lie.
+    masks: tuple[object, list[Any] | None] = _per_message()
 
     # -- whole body (carried as it is) -------------------------------------------------------
     # cg.state.facts.FactsCache.prelude: the members before the array the cache keys on.
