@@ -38,6 +38,7 @@ from mitmproxy import flow as mflow
 from mitmproxy.net.http.headers import parse_content_type
 
 from cg.expand.tool import SUMMARY_HEADER, TOOL_JSON, markers
+from cg.mask.stub import PREFIX as STUB_PREFIX
 from cg.state import Stash
 from cg.wire.dialects import DIALECTS
 from cg.wire.jsonspan import JsonSpanError, rebuild_array, walk_document
@@ -115,8 +116,11 @@ def view_record(
     for comp in decision.get("components", ()):
         if not isinstance(comp, dict):
             continue
-        if isinstance(comp.get("tokens"), int):
+        # The tokens of the last component that acted (or of the first, if none did).
+        if isinstance(comp.get("tokens"), int) and (comp.get("acted") or "tokens" not in rec):
             rec["tokens"] = [comp["tokens"], comp.get("tokens_after", comp["tokens"])]
+        if comp.get("component") == "mask" and comp.get("acted"):
+            rec["masked"] = {k: comp.get(k) for k in ("masked", "tokens_saved", "checkpoint")}
         cp = comp.get("checkpoint")
         if comp.get("reused") and isinstance(cp, dict):
             rec["replaced"] = cp.get("covered")
@@ -340,6 +344,32 @@ def transcript_lines(
         yield from message_lines(m, names, None if whole else FIRST_LINES)
 
 
+def stubs(value: Any) -> Iterator[str]:
+    """Every mask stub in a message's value (`cg.mask.stub`), in order."""
+    if isinstance(value, str):
+        if value.startswith(STUB_PREFIX):
+            yield value
+    elif isinstance(value, dict):
+        for v in value.values():
+            yield from stubs(v)
+    elif isinstance(value, list):
+        for v in value:
+            yield from stubs(v)
+
+
+def stub_lines(messages: list[Any]) -> Iterator[Line]:
+    """The masked tool outputs of the messages sent, each its stub whole: the tool, its
+    input, the size of what it replaced, the first error line and its id."""
+    found = [(i, st) for i, m in enumerate(messages) for st in stubs(m)]
+    if not found:
+        return
+    yield [("header", f"── {len(found)} masked tool outputs (message: stub) ──")]
+    for i, st in found:
+        for ln in wrap(f"[{i}] {st}", "  "):
+            yield [("highlight", ln)]
+    yield [("text", "")]
+
+
 # -- rebuilding the original ----------------------------------------------------------------
 
 
@@ -460,6 +490,17 @@ def header_lines(rec: dict[str, Any]) -> Iterator[Line]:
                 ),
             )
         ]
+    masked = rec.get("masked")
+    if isinstance(masked, dict) and isinstance(masked.get("masked"), int):
+        yield [
+            (
+                "text",
+                f"  masked {masked['masked']} old tool outputs, "
+                f"{human_tokens(masked.get('tokens_saved'))} tokens saved (our count); "
+                f"checkpoint: {masked.get('checkpoint')}; each stub names its tool, the "
+                "output's size and the id that expands it",
+            )
+        ]
     if rec.get("summarizing") is not None and action in ("commissioned", "rewritten"):
         flow_id = rec.get("summary_flow")
         yield [
@@ -544,6 +585,7 @@ class RewriteView(_FlowView):
             return
         at = next((i for i, m in enumerate(messages) if summary_text(m) is not None), None)
         yield [("text", "")]
+        yield from stub_lines(messages)
         if at is None or rec.get("action") == "summary":
             yield [("header", f"── the {len(messages)} messages sent ──")]
             yield from transcript_lines(messages, whole_last=rec.get("action") == "summary")
@@ -619,6 +661,11 @@ class OriginalView(_FlowView):
                 if key
                 else "context-guru original: no stash was kept for this rewrite; the body "
                 "below is the one sent"
+                + (
+                    " (its masked tool outputs are stashed: each stub names the id that expands it)"
+                    if rec.get("masked")
+                    else ""
+                )
             )
             return _fallback(why, data, flow, http_message)
         try:
