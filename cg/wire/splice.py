@@ -175,7 +175,8 @@ Bytes = bytes | memoryview
 def splice_array_bytes(index: BodyIndex, plan: Sequence[Piece]) -> tuple[int, int, list[Bytes]]:
     """The rebuilt array in the original's punctuation (`rebuild_array`), in parts, and the
     span `[start, end)` of `raw` it replaces: a kept message is its own bytes, sliced where
-    they lie in `raw` (its end is known, and the punctuation before it is ASCII).
+    they lie in `raw` (its end is known, and the punctuation before it is ASCII), and two
+    messages that were neighbours keep the separator that lay between them.
 
     The parts are `[`, lead, message, sep, message, ..., trail, `]` (`b"[]"` alone for no
     messages): `array_messages` reads the messages back out of them, so the role check reads
@@ -191,9 +192,16 @@ def splice_array_bytes(index: BodyIndex, plan: Sequence[Piece]) -> tuple[int, in
     lead, sep, trail = (p.encode() for p in punctuation(index.chars, arr))
     raw = memoryview(index.raw)
     parts: list[Bytes] = [b"[", lead]
+    last = -2  # the client's message the previous piece came from (-2: none)
     for n, p in enumerate(plan):
-        if n:
+        at = -2 if isinstance(p, Insert) else p.index
+        if n and at == last + 1:
+            # Two of the client's messages that were neighbours still are: the bytes between
+            # them as they came (an edited body whose separators vary keeps them).
+            parts.append(raw[ends[last] : msgs[at].start + ends[last] - msgs[last].end])
+        elif n:
             parts.append(sep)
+        last = at
         if isinstance(p, Keep):
             i = p.index
             m = msgs[i]
