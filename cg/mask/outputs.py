@@ -1,8 +1,9 @@
 """Where each message's tool calls and tool outputs lie: what the `mask` component may replace.
 
-An output is the value the dialect keeps a tool's answer in: an Anthropic `tool_result` block's
-`content`, an OpenAI `role: tool` message's `content`, a Responses output item's `output`. Its
-span is found in the message's own source (`cg.wire.jsonspan`), so a masked message is that
+An output is the value the dialect keeps a tool's answer in (`Dialect.tool_outputs`: an
+Anthropic `tool_result` block's `content`, an OpenAI `role: tool` message's `content`, a
+Responses output item's `output`), and the stub names its call (`Dialect.tool_calls`). Its span
+is found in the message's own source (`cg.wire.jsonspan`), so a masked message is that
 source with only this value's bytes replaced. An output is maskable when its value is text (a
 string, or an array of text parts only): an image, a screenshot object or a value of no known
 shape is left as it came (`why_not` says why), and a stub never stands for what it cannot
@@ -16,28 +17,18 @@ from __future__ import annotations
 
 import contextlib
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from cg.retention.facts import first_error
 from cg.wire.body import BodyIndex
+from cg.wire.dialects import ToolOutput
 from cg.wire.jsonspan import Member, walk_object
 from cg.wire.reply import dumps
 from cg.wire.splice import Edit
 
 INPUT_CHARS = 160  # a call's input, abbreviated to this many characters in a stub
-# Responses output items whose `output` a string may replace (the API takes a string there),
-# and those of them whose `output` may also be an array of text parts.
-STRING_OUTPUTS = frozenset(
-    {
-        "function_call_output",
-        "custom_tool_call_output",
-        "local_shell_call_output",
-        "apply_patch_call_output",
-    }
-)
-PART_OUTPUTS = frozenset({"function_call_output", "custom_tool_call_output"})
 TEXT_PARTS = frozenset({"text", "input_text", "output_text"})
 _OWNER = object()  # the memo slot's owner: this module
 
@@ -84,15 +75,23 @@ def scans(index: BodyIndex) -> list[Scan]:
     """Every message's scan, memoised on the index (a next turn reads its new messages only)."""
     owner, known = index.memo.masks
     have: list[Scan] = list(known) if owner is _OWNER and known is not None else []
-    name = index.dialect.name
+    d = index.dialect
     for i in range(len(have), len(index.messages)):
         m = index.messages[i]
         view = m.view
         if not view.tool_call_ids and not view.tool_result_ids:
             have.append(EMPTY)
             continue
-        calls = _calls(name, m.value) if view.tool_call_ids else ()
-        outputs = _outputs(name, m.value, index.source(i)) if view.tool_result_ids else ()
+        calls = (
+            tuple(Call(c.id, c.name, abbreviate(c.input)) for c in d.tool_calls(m.value))
+            if view.tool_call_ids
+            else ()
+        )
+        outputs = (
+            tuple(_output(index.source(i), o) for o in d.tool_outputs(m.value))
+            if view.tool_result_ids
+            else ()
+        )
         have.append(Scan(calls, outputs))
     index.memo.masks = (_OWNER, have)
     return have
@@ -119,73 +118,44 @@ def output_text(value: Any) -> str:
     return ""
 
 
-def _calls(dialect: str, m: Mapping[str, Any]) -> tuple[Call, ...]:
-    out: list[Call] = []
-    if dialect == "anthropic":
-        for b in m.get("content") or ():
-            if isinstance(b, dict) and b.get("type") == "tool_use":
-                out.append(Call(_s(b.get("id")), _s(b.get("name")), abbreviate(b.get("input"))))
-    elif dialect == "openai":
-        for c in m.get("tool_calls") or ():
-            if isinstance(c, dict):
-                fn = c.get("function")
-                fn = fn if isinstance(fn, dict) else {}
-                out.append(
-                    Call(_s(c.get("id")), _s(fn.get("name")), abbreviate(fn.get("arguments")))
-                )
-    else:
-        kind = _s(m.get("type"))
-        cid = _s(m.get("call_id"))
-        if kind == "function_call":
-            out.append(Call(cid, _s(m.get("name")), abbreviate(m.get("arguments"))))
-        elif kind == "custom_tool_call":
-            out.append(Call(cid, _s(m.get("name")), abbreviate(m.get("input"))))
-        elif kind == "local_shell_call":
-            out.append(Call(cid, "local_shell", abbreviate(m.get("action"))))
+def locate(source: str, path: Sequence[str | int]) -> Member | None:
+    """The member a path of keys and array indices names in a message's source (spans in it),
+    or None where the path does not lead."""
+    at = 0
+    k = 0
+    while k < len(path):
+        key = path[k]
+        if not isinstance(key, str):
+            return None
+        step = path[k + 1] if k + 1 < len(path) else None
+        members, _ = walk_object(source, at, arrays=(key,) if isinstance(step, int) else ())
+        found = next((x for x in members if x.key == key), None)
+        if found is None or step is None:
+            return found
+        if isinstance(step, int):
+            if found.array is None or not 0 <= step < len(found.array.elements):
+                return None
+            at = found.array.elements[step].start
+            k += 2
         else:
-            detail = {k: v for k, v in m.items() if k in ("action", "operation", "name")}
-            out.append(Call(cid, kind.removesuffix("_call"), abbreviate(detail)))
-    return tuple(out)
+            at = found.start
+            k += 1
+        if source[at : at + 1] != "{":
+            return None
+    return None
 
 
-def _outputs(dialect: str, m: Mapping[str, Any], source: str) -> tuple[Output, ...]:
-    if dialect == "anthropic":
-        content = m.get("content")
-        if not isinstance(content, list):
-            return ()
-        members, _ = walk_object(source, 0, arrays=("content",))
-        arr = next((x.array for x in members if x.key == "content"), None)
-        if arr is None:
-            return ()
-        out: list[Output] = []
-        for el in arr.elements:
-            b = el.value
-            if isinstance(b, dict) and b.get("type") == "tool_result":
-                inner, _ = walk_object(source, el.start)
-                out.append(_output(_s(b.get("tool_use_id")), _member(inner, "content"), False))
-        return tuple(out)
-    members, _ = walk_object(source, 0)
-    if dialect == "openai":
-        return (_output(_s(m.get("tool_call_id")), _member(members, "content"), False),)
-    kind = m.get("type")
-    cid = _s(m.get("call_id"))
-    if kind not in STRING_OUTPUTS:
-        return (Output(cid, 0, 0, 0, 0, None, f"a {kind} item's output is not text"),)
-    return (_output(cid, _member(members, "output"), kind not in PART_OUTPUTS),)
-
-
-def _member(members: Sequence[Member], key: str) -> Member | None:
-    return next((x for x in members if x.key == key), None)
-
-
-def _output(call: str, value: Member | None, string_only: bool) -> Output:
-    """The output whose value is `value` (None: the message has none)."""
+def _output(source: str, where: ToolOutput) -> Output:
+    """The output `where` points at in a message's `source`."""
+    value = locate(source, where.path) if where.text != "none" else None
+    if where.text == "none":
+        return Output(where.call, 0, 0, 0, 0, None, "its output is not text")
     if value is None:
-        return Output(call, 0, 0, 0, 0, None, "no output value")
+        return Output(where.call, 0, 0, 0, 0, None, "no output value")
     v = value.value
     why: str | None = None
     if isinstance(v, list):
-        if string_only:
+        if where.text == "string":
             why = "an array where only a string is accepted"
         elif not v or not all(isinstance(p, dict) and p.get("type") in TEXT_PARTS for p in v):
             why = "not text only (an image, a file, or a part of no known type)"
@@ -195,8 +165,4 @@ def _output(call: str, value: Member | None, string_only: bool) -> Output:
         why = f"a {type(v).__name__}, neither a string nor an array of text parts"
     text = output_text(v) if why is None else ""
     lines = text.count("\n") + 1 if text else 0
-    return Output(call, value.start, value.end, len(text), lines, first_error(text), why)
-
-
-def _s(v: Any) -> str:
-    return v if isinstance(v, str) else ""
+    return Output(where.call, value.start, value.end, len(text), lines, first_error(text), why)
