@@ -10,7 +10,9 @@ addon is loaded. The full decision record stays in `flow.metadata["context_guru"
                             tokens before→after, which messages the summary replaced, its stash
                             id, the time spent), then the transcript as a person reads it —
                             head, the summary wrapped and whole, tail — tool calls and results
-                            by name and first lines. Chosen by default for every request the
+                            by name and first lines; a masked turn's stubs listed whole (the
+                            tool, its input, the size of what each replaced, the id that
+                            expands it), with the mask's count and savings. Chosen by default for every request the
                             addon touched (rewritten, commissioned, failed open, retried) and for
                             the summarizer's and the expand rounds' own flows.
     context-guru original   the request as the client sent it, rebuilt from the bytes kept
