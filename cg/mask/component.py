@@ -56,10 +56,11 @@ from cg.summarize.triggers import (
 from cg.wire.body import BodyIndex
 from cg.wire.dialects import MessageView
 from cg.wire.reply import dumps
-from cg.wire.splice import Edit, Keep, Plan, is_identity
+from cg.wire.splice import Edit, Plan, identity, is_identity
 
 SUFFIX = "~mask"  # a mask checkpoint's key: the conversation's key and this
 META_VERSION = 1
+CHECKPOINTS_MAX = 256  # conversations whose checkpoint's list a component remembers
 
 
 @dataclass(frozen=True, slots=True, order=True)
@@ -116,6 +117,9 @@ class Mask:
         self.table = table or shipped_windows()
         self.facts = facts or FactsCache(tokens)
         self.facts.backing = store
+        # Each conversation's checkpoint as last read: its mark and masked outputs.
+        self._read: dict[str, tuple[tuple[str, float, str | None], list[Masked] | None]] = {}
+        self._counted: tuple[Sequence[Masked], int] | None = None
 
     def invalidate(self, req: RequestContext) -> str | None:
         """The agent is compacting this conversation itself: the masked prefix is gone."""
@@ -189,9 +193,7 @@ class Mask:
         if restored:
             detail["stash"] = f"written again: {', '.join(restored)}"
         out = self._plan(index, found, masked)
-        saved = sum(_tokens(stats[m.at], m.k) for m in masked) - sum(
-            self.tokens.count_text(m.stub) for m in masked
-        )
+        saved = sum(_tokens(stats[m.at], m.k) for m in masked) - self._stub_tokens(masked)
         tokens = sum(f.tokens for f in stats) + self.facts.prelude(index).tokens
         detail.update(
             masked=len(masked),
@@ -220,7 +222,7 @@ class Mask:
         if cp is None:
             return [], 0
         ce = cp.covered_count
-        masked = _entries(cp.meta)
+        masked = self._entries(cp)
         intact = (
             masked is not None
             and ce <= len(stats)
@@ -237,6 +239,19 @@ class Mask:
             detail["diverged"] = "the covered prefix changed: checkpoint invalidated"
             return [], 0
         return masked, ce
+
+    def _entries(self, cp: Checkpoint) -> list[Masked] | None:
+        """`_entries` of a checkpoint's `meta`, remembered per checkpoint as written (a reuse
+        turn reads the same one; a long session's list is thousands of rows)."""
+        mark = (cp.covered_hash, cp.updated, cp.key)
+        known = self._read.get(cp.session)
+        if known is not None and known[0] == mark:
+            return known[1]
+        masked = _entries(cp.meta)
+        if len(self._read) >= CHECKPOINTS_MAX:
+            self._read.clear()
+        self._read[cp.session] = (mark, masked)
+        return masked
 
     def _roll(
         self,
@@ -313,7 +328,7 @@ class Mask:
         by_at: dict[int, list[Masked]] = {}
         for m in masked:
             by_at.setdefault(m.at, []).append(m)
-        plan: Plan = [Keep(i) for i in range(len(index.messages))]
+        plan: Plan = list(identity(len(index.messages)))
         for i, ms in by_at.items():
             scan = found[i]
             want = tuple((m.k, m.stub) for m in sorted(ms))
@@ -326,6 +341,16 @@ class Mask:
                 scan.edits[want] = edit
             plan[i] = edit
         return plan
+
+    def _stub_tokens(self, masked: Sequence[Masked]) -> int:
+        """The stubs' tokens, remembered for the list last counted (a reuse turn's is the
+        same list)."""
+        known = self._counted
+        if known is not None and known[0] is masked:
+            return known[1]
+        n = sum(self.tokens.count_text(m.stub) for m in masked)
+        self._counted = (masked, n)
+        return n
 
     def _facts(
         self, index: BodyIndex, req: RequestContext, stats: Sequence[MessageFacts]
