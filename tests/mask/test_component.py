@@ -448,3 +448,18 @@ def test_a_mask_masking_nothing_leaves_summarize_as_it_was(store: Store) -> None
     r = send([mask(store), Summarize(config(), store, TOKENS)], raw, "anthropic", store)
     assert rec(r)["acted"] is False
     assert len(r.commissions) == 1  # summarize decided on the client's plan
+
+
+class Unreadable(Refusing):
+    """A store whose reads fail (a corrupt or vanished file, say)."""
+
+    def get_checkpoint(self, *a: Any, **kw: Any) -> Any:
+        raise StoreError("file is not a database")
+
+
+def test_a_failing_store_fails_open_with_the_reason(store: Store) -> None:
+    raw = dumps(BODIES["openai"](BIG))
+    r = send([mask(cast(Store, Unreadable(store, None)))], raw, "openai", store)
+    assert r.body is None and r.outcome == "passed_through"
+    (d,) = r.record["components"]
+    assert d == {"component": "mask", "acted": False, "error": "StoreError: file is not a database"}
