@@ -12,12 +12,12 @@ from mitmproxy.test import taddons
 
 from cg.mask.component import Mask
 from cg.proxy.addon import META, ContextGuru
-from cg.proxy.view import RECORD, OriginalView, RewriteView
+from cg.proxy.view import RECORD, OriginalView, RewriteView, rebuild_original
 from tests.proxy.test_view import flow_of, render
 from tests.support.masking import BODIES, dumps, mask_config, replaced, words
 
 
-def test_a_masked_turn_shows_its_stubs_and_what_they_replaced(tmp_path: Path) -> None:
+async def test_a_masked_turn_shows_its_stubs_and_what_they_replaced(tmp_path: Path) -> None:
     cfg = tmp_path / "cg.yaml"
     cfg.write_text(yaml.safe_dump({"pipeline": ["mask"], "components": {"mask": mask_config()}}))
     cg = ContextGuru()
@@ -49,6 +49,14 @@ def test_a_masked_turn_shows_its_stubs_and_what_they_replaced(tmp_path: Path) ->
             assert f"[{n}] {stub}" in listed
         assert "characters" in listed and "#1" in listed
 
-        lines = render(original, f)
-        assert "its masked tool outputs are stashed" in " ".join(lines[:3])
+        # The original, one click away: each masked message back from the stash its id names,
+        # byte for byte the client's body.
+        head = " ".join(render(original, f)[:3])
+        assert "rebuilt from the body sent and the masked outputs' stashes" in head
+        assert f"{len(body):,} bytes, as the client sent" in head
+        rec_ = f.metadata[RECORD]
+        assert rebuild_original(f.request.content or b"", rec_, None, cg._stash) == body
+        # A stash gone: said in one line, the body sent below.
+        gone = OriginalView(lambda key: None)
+        assert "no longer in the store" in render(gone, f)[0]
         cg.done()
