@@ -16,8 +16,9 @@ addon is loaded. The full decision record stays in `flow.metadata["context_guru"
                             addon touched (rewritten, commissioned, failed open, retried) and for
                             the summarizer's and the expand rounds' own flows.
     context-guru original   the request as the client sent it, rebuilt from the bytes kept
-                            (the body sent) and the stash (what the summary replaced); no
-                            second copy of the body is held for it.
+                            (the body sent) and the stashes (what the summary replaced, what
+                            each mask stub stands for); no second copy of the body is held
+                            for it.
 
 Bad input never raises into mitmproxy: a flow with no record, a record of another version, a
 stash that expired, a body that is not JSON — the view says so in one line and shows the plain
