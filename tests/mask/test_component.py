@@ -463,3 +463,25 @@ def test_a_failing_store_fails_open_with_the_reason(store: Store) -> None:
     assert r.body is None and r.outcome == "passed_through"
     (d,) = r.record["components"]
     assert d == {"component": "mask", "acted": False, "error": "StoreError: file is not a database"}
+
+
+def test_a_tenants_masked_prefix_is_its_own(store: Store) -> None:
+    """Two credentials in one session with the same first message: each tenant's checkpoint and
+    stash are its own; the other tenant's request never gets its stubs."""
+    raw = dumps(BODIES["anthropic"](BIG))
+
+    def as_tenant(tenant: str, **over: Any) -> Rewrite:
+        return rewrite_body(
+            raw, DIALECTS["anthropic"], [mask(store, **over)], headers=SESSION,
+            expand=ExpandPolicy("auto", store), tenant=tenant,
+        )  # fmt: skip
+
+    a = as_tenant("a" * 32)
+    assert a.body is not None and rec(a)["conversation"].endswith("~mask")
+    (key,) = rec(a)["keys"]
+    assert store.has_stash(key, "sess-mask", "a" * 32)
+    assert not store.has_stash(key, "sess-mask", "b" * 32)
+    # Tenant b, whose trigger does not fire: nothing of a's reaches it.
+    b = as_tenant("b" * 32, trigger={"min_request_tokens": 10**6})
+    assert b.body is None and rec(b)["reason"] == "trigger did not fire"
+    assert rec(b)["conversation"] != rec(a)["conversation"]
