@@ -152,7 +152,10 @@ class Mask:
             (i, k)
             for i in range(boundary)
             for k, o in enumerate(found[i].outputs)
-            if o.why_not is None and (i, k) not in done and _tokens(stats[i], k) >= max(floor, 1)
+            if o.why_not is None
+            and not o.breakpoint
+            and (i, k) not in done
+            and _tokens(stats[i], k) >= max(floor, 1)
         ]
         waiting = sum(_tokens(stats[i], k) for i, k in pending)
         detail["unmasked_tokens"] = waiting
@@ -192,6 +195,11 @@ class Mask:
             return Step(None, f"the masked outputs' stashes cannot be checked: {e}", detail)
         if restored:
             detail["stash"] = f"written again: {', '.join(restored)}"
+        # An output the client now marks with a breakpoint goes as it came while it does.
+        shown = [m for m in masked if not found[m.at].outputs[m.k].breakpoint]
+        if len(shown) < len(masked):
+            detail["breakpoint"] = f"{len(masked) - len(shown)} masked outputs sent whole"
+            masked = shown
         out = self._plan(index, found, masked)
         saved = sum(_tokens(stats[m.at], m.k) for m in masked) - self._stub_tokens(masked)
         tokens = sum(f.tokens for f in stats) + self.facts.prelude(index).tokens

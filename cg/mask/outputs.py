@@ -46,7 +46,8 @@ class Call:
 class Output:
     """A tool output of a message: `[start, end)` its value's span in the message's source,
     `call` the call it answers, its text's size and first error line (`cg.retention.facts`),
-    `why_not` None when it may be masked, else why not."""
+    `why_not` None when it may be masked, else why not; `breakpoint`: the value carries a
+    `cache_control` breakpoint (the client's cache marks it: not replaced while it does)."""
 
     call: str
     start: int
@@ -55,6 +56,7 @@ class Output:
     lines: int
     error: str | None
     why_not: str | None = None
+    breakpoint: bool = False
 
 
 @dataclass(slots=True)
@@ -165,4 +167,7 @@ def _output(source: str, where: ToolOutput) -> Output:
         why = f"a {type(v).__name__}, neither a string nor an array of text parts"
     text = output_text(v) if why is None else ""
     lines = text.count("\n") + 1 if text else 0
-    return Output(where.call, value.start, value.end, len(text), lines, first_error(text), why)
+    marked = isinstance(v, list) and any(isinstance(p, dict) and "cache_control" in p for p in v)
+    return Output(
+        where.call, value.start, value.end, len(text), lines, first_error(text), why, marked
+    )

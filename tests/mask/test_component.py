@@ -485,3 +485,27 @@ def test_a_tenants_masked_prefix_is_its_own(store: Store) -> None:
     b = as_tenant("b" * 32, trigger={"min_request_tokens": 10**6})
     assert b.body is None and rec(b)["reason"] == "trigger did not fire"
     assert rec(b)["conversation"] != rec(a)["conversation"]
+
+
+def test_an_output_carrying_a_breakpoint_is_not_replaced(store: Store) -> None:
+    """A `cache_control` inside an output's value is the client's cache mark: the output goes
+    whole while it carries one (a stub would drop the breakpoint), masked or not."""
+    body = BODIES["anthropic"](BIG)
+    marked = {"type": "text", "text": BIG[0], "cache_control": {"type": "ephemeral"}}
+    body["messages"][2]["content"][0]["content"] = [marked]
+    raw = dumps(body)
+    r = send([mask(store)], raw, "anthropic", store)
+    assert r.body is not None
+    assert [output_text(v) for v, _ in replaced(raw, r.body)] == [BIG[1], BIG[2]]
+
+    # Masked first, marked later (a client marking an old turn): sent whole that turn.
+    comp = mask(store, remask_tokens=100)
+    first = BODIES["openai"](BIG)
+    first["messages"][3]["content"] = [{"type": "text", "text": BIG[0]}]
+    assert rec(send([comp], first, "openai", store))["masked"] == 3
+    later = BODIES["openai"](BIG)
+    later["messages"][3]["content"] = [dict(marked)]
+    r2 = send([comp], later, "openai", store)
+    d = rec(r2)
+    assert d["checkpoint"] == "reused" and d["masked"] == 2
+    assert d["breakpoint"] == "1 masked outputs sent whole"
