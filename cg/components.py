@@ -10,6 +10,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from cg.mask.component import Mask
+from cg.mask.config import parse_mask
 from cg.pipeline.contract import Component
 from cg.state import Store
 from cg.state.facts import FactsCache
@@ -41,7 +43,11 @@ def _summarize(raw: Mapping[str, Any], s: Services) -> Component:
     return Summarize(cfg, s.store, s.tokens, s.model_windows, summarizer=summarizer, facts=s.facts)
 
 
-COMPONENTS: dict[str, Builder] = {"summarize": _summarize}
+def _mask(raw: Mapping[str, Any], s: Services) -> Component:
+    return Mask(parse_mask(raw), s.store, s.tokens, s.model_windows, facts=s.facts)
+
+
+COMPONENTS: dict[str, Builder] = {"summarize": _summarize, "mask": _mask}
 
 
 def build_pipeline(

@@ -21,6 +21,7 @@ LAYERS = [
     "retention",
     "pipeline",
     "summarize",
+    "mask",
     "components",
     "proxy",
     "simulate",
@@ -79,7 +80,9 @@ def problems(module: str, source: str) -> list[str]:
         target = layer(name)
         if own and target != own and RANK[target] > RANK[own]:
             out.append(f"{module}:{line} imports {name}: {own} is below {target}")
-        elif own == "summarize" and target == "pipeline" and name != "cg.pipeline.contract":
+        elif (
+            own in ("summarize", "mask") and target == "pipeline" and name != "cg.pipeline.contract"
+        ):
             out.append(f"{module}:{line} imports {name}: a component imports only the contract")
         elif own != "state" and target == "state" and name not in STATE_PUBLIC:
             out.append(f"{module}:{line} imports {name}: outside cg/state, only its interface")

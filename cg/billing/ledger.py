@@ -42,7 +42,7 @@ from cg.state.facts import FactsCache
 from cg.state.session import session_of, valid_session_id
 from cg.wire.body import BodyIndex, BodyRejected, MessageCache, index_body
 from cg.wire.dialects import DIALECTS
-from cg.wire.splice import Insert, Keep, SentShape
+from cg.wire.splice import Edit, Insert, Keep, SentShape
 from cg.wire.usage import Usage
 
 HISTORY_TURNS = 200  # per session, for the dashboard's chart (memory only)
@@ -254,7 +254,7 @@ class Ledger:
         for p in shape.plan:
             if isinstance(p, Keep):
                 total += facts[p.index].tokens
-            elif isinstance(p, Insert):
+            elif isinstance(p, Insert | Edit):  # the summary, a masked message: as written
                 total += self.facts.written(p.json, p.view).tokens
             else:
                 return None

@@ -13,12 +13,15 @@ retention, `retained`); the lost facts' text is read from the decision record, i
                             ones, which messages the summary replaced, its stash id, the time
                             spent), then the transcript as a person reads it —
                             head, the summary wrapped and whole, tail — tool calls and results
-                            by name and first lines. Chosen by default for every request the
+                            by name and first lines; a masked turn's stubs listed whole (the
+                            tool, its input, the size of what each replaced, the id that
+                            expands it), with the mask's count and savings. Chosen by default for every request the
                             addon touched (rewritten, commissioned, failed open, retried) and for
                             the summarizer's and the expand rounds' own flows.
     context-guru original   the request as the client sent it, rebuilt from the bytes kept
-                            (the body sent) and the stash (what the summary replaced); no
-                            second copy of the body is held for it.
+                            (the body sent) and the stashes (what the summary replaced, what
+                            each mask stub stands for); no second copy of the body is held
+                            for it.
 
 Bad input never raises into mitmproxy: a flow with no record, a record of another version, a
 stash that expired, a body that is not JSON — the view says so in one line and shows the plain
@@ -32,6 +35,7 @@ mitmproxy 12 changed the contentview API; this module is the one place that know
 from __future__ import annotations
 
 import json
+import re
 import textwrap
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
@@ -41,9 +45,10 @@ from mitmproxy import flow as mflow
 from mitmproxy.net.http.headers import parse_content_type
 
 from cg.expand.tool import SUMMARY_HEADER, TOOL_JSON, markers
+from cg.mask.stub import PREFIX as STUB_PREFIX
 from cg.state import Stash
 from cg.wire.dialects import DIALECTS
-from cg.wire.jsonspan import JsonSpanError, rebuild_array, walk_document
+from cg.wire.jsonspan import JsonSpanError, walk_document
 
 META = "context_guru"  # the decision record (cg.pipeline.rewrite), whole
 RECORD = "context_guru_view"  # what the views read: small, versioned
@@ -118,8 +123,11 @@ def view_record(
     for comp in decision.get("components", ()):
         if not isinstance(comp, dict):
             continue
-        if isinstance(comp.get("tokens"), int):
+        # The tokens of the last component that acted (or of the first, if none did).
+        if isinstance(comp.get("tokens"), int) and (comp.get("acted") or "tokens" not in rec):
             rec["tokens"] = [comp["tokens"], comp.get("tokens_after", comp["tokens"])]
+        if comp.get("component") == "mask" and comp.get("acted"):
+            rec["masked"] = {k: comp.get(k) for k in ("masked", "tokens_saved", "checkpoint")}
         cp = comp.get("checkpoint")
         if comp.get("reused") and isinstance(cp, dict):
             rec["replaced"] = cp.get("covered")
@@ -364,13 +372,49 @@ def transcript_lines(
         yield from message_lines(m, names, None if whole else FIRST_LINES)
 
 
+def stubs(value: Any) -> Iterator[str]:
+    """Every mask stub in a message's value (`cg.mask.stub`), in order."""
+    if isinstance(value, str):
+        if value.startswith(STUB_PREFIX):
+            yield value
+    elif isinstance(value, dict):
+        for v in value.values():
+            yield from stubs(v)
+    elif isinstance(value, list):
+        for v in value:
+            yield from stubs(v)
+
+
+def stub_lines(messages: list[Any]) -> Iterator[Line]:
+    """The masked tool outputs of the messages sent, each its stub whole: the tool, its
+    input, the size of what it replaced, the first error line and its id."""
+    found = [(i, st) for i, m in enumerate(messages) for st in stubs(m)]
+    if not found:
+        return
+    yield [("header", f"── {len(found)} masked tool outputs (message: stub) ──")]
+    for i, st in found:
+        for ln in wrap(f"[{i}] {st}", "  "):
+            yield [("highlight", ln)]
+    yield [("text", "")]
+
+
 # -- rebuilding the original ----------------------------------------------------------------
 
 
-def rebuild_original(sent: bytes, rec: dict[str, Any], stash: Stash) -> bytes:
+STUB_ID = re.compile(r'with id "([0-9a-f]{24})#([0-9]+)"')
+
+
+def rebuild_original(
+    sent: bytes,
+    rec: dict[str, Any],
+    stash: Stash | None,
+    lookup: Callable[[str], Stash | None] | None = None,
+) -> bytes:
     """The body as the client sent it: the summary message of `sent` replaced by the stashed
-    messages it stands for, and the appended expand tool taken out. Raises ValueError when
-    `sent` is not the body the record describes."""
+    messages it stands for (`stash`; None: no summary), each message holding a mask stub by
+    the message its `KEY#N` names (read with `lookup`), and the appended expand tool taken out;
+    every other byte as sent. Raises ValueError when `sent` is not the body the record
+    describes, or a masked output's stash is gone."""
     dialect = DIALECTS.get(str(rec.get("dialect")))
     if dialect is None:
         raise ValueError(f"unknown dialect {rec.get('dialect')!r}")
@@ -382,25 +426,28 @@ def rebuild_original(sent: bytes, rec: dict[str, Any], stash: Stash) -> bytes:
     arr = next((m.array for m in members if m.key == dialect.array_key), None)
     if arr is None:
         raise ValueError(f"no {dialect.array_key!r} array")
-    pieces = [text[e.start : e.end] for e in arr.elements]
-    at = next(
-        (
-            i
-            for i, src in enumerate(pieces)
-            if stash.key in set(markers(summary_text(json.loads(src)) or ""))
-        ),
-        None,
-    )
-    if at is None:
-        raise ValueError(f"no summary marked {stash.key} in the body sent")
     els = arr.elements
-    sep = text[els[0].end : els[1].start] if len(els) >= 2 else ","
-    joined = sep.join(stash.sources())
-    out = (
-        text[: arr.start]
-        + rebuild_array(text, arr, [*pieces[:at], joined, *pieces[at + 1 :]])
-        + text[arr.end :]
-    )
+    pieces = [text[e.start : e.end] for e in els]
+    if stash is not None:
+        at = next(
+            (
+                i
+                for i, src in enumerate(pieces)
+                if stash.key in set(markers(summary_text(json.loads(src)) or ""))
+            ),
+            None,
+        )
+        if at is None:
+            raise ValueError(f"no summary marked {stash.key} in the body sent")
+        sep = text[els[0].end : els[1].start] if len(els) >= 2 else ","
+        pieces[at] = sep.join(stash.sources())
+    if rec.get("masked"):
+        pieces = [_unmasked(src, lookup) for src in pieces]
+    # Each piece where its message lay: the separators between them as sent.
+    out = text[: els[0].start] if els else text[: arr.end]
+    for n, piece in enumerate(pieces):
+        out += piece + (text[els[n].end : els[n + 1].start] if n + 1 < len(els) else "")
+    out += text[els[-1].end :] if els else text[arr.end :]
     if rec.get("expand_tool"):
         tool = TOOL_JSON[dialect.name]
         member = f',"tools":[{tool}]'
@@ -410,6 +457,26 @@ def rebuild_original(sent: bytes, rec: dict[str, Any], stash: Stash) -> bytes:
             cut = out.rfind("," + tool)
             out = out[:cut] + out[cut + 1 + len(tool) :] if cut >= 0 else out.replace(tool, "", 1)
     return out.encode("utf-8")
+
+
+def _unmasked(src: str, lookup: Callable[[str], Stash | None] | None) -> str:
+    """A message as sent, or, when it holds a mask stub, the stashed message its id names."""
+    if STUB_PREFIX not in src:
+        return src
+    try:
+        found = next((m for st in stubs(json.loads(src)) if (m := STUB_ID.search(st))), None)
+    except ValueError:
+        return src
+    if found is None:
+        return src
+    key, n = found.group(1), int(found.group(2))
+    stash = lookup(key) if lookup is not None else None
+    if stash is None:
+        raise ValueError(f"stash {key} of a masked tool output is no longer in the store")
+    sources = stash.sources()
+    if not 0 < n <= len(sources):
+        raise ValueError(f"stash {key} holds no message {n}")
+    return sources[n - 1]
 
 
 # -- the views ------------------------------------------------------------------------------
@@ -519,6 +586,17 @@ def header_lines(rec: dict[str, Any], decision: Mapping[str, Any] | None = None)
                 ),
             )
         ]
+    masked = rec.get("masked")
+    if isinstance(masked, dict) and isinstance(masked.get("masked"), int):
+        yield [
+            (
+                "text",
+                f"  masked {masked['masked']} old tool outputs, "
+                f"{human_tokens(masked.get('tokens_saved'))} tokens saved (our count); "
+                f"checkpoint: {masked.get('checkpoint')}; each stub names its tool, the "
+                "output's size and the id that expands it",
+            )
+        ]
     if rec.get("summarizing") is not None and action in ("commissioned", "rewritten"):
         flow_id = rec.get("summary_flow")
         yield [
@@ -607,6 +685,7 @@ class RewriteView(_FlowView):
             return
         at = next((i for i, m in enumerate(messages) if summary_text(m) is not None), None)
         yield [("text", "")]
+        yield from stub_lines(messages)
         if at is None or rec.get("action") == "summary":
             yield [("header", f"── the {len(messages)} messages sent ──")]
             yield from transcript_lines(messages, whole_last=rec.get("action") == "summary")
@@ -674,7 +753,7 @@ class OriginalView(_FlowView):
                 flow,
                 http_message,
             )
-        if stash is None:
+        if stash is None and (key or not rec.get("masked")):
             why = (
                 f"context-guru original: stash {key} is no longer in the store (expired, or "
                 "the addon is not loaded with its store): the original cannot be rebuilt; the "
@@ -685,7 +764,7 @@ class OriginalView(_FlowView):
             )
             return _fallback(why, data, flow, http_message)
         try:
-            original = rebuild_original(data, rec, stash)
+            original = rebuild_original(data, rec, stash, self.stash)
         except Exception as e:  # noqa: BLE001 - a bad body or stash is one line, never a crash
             return _fallback(
                 f"context-guru original: cannot rebuild ({e})", data, flow, http_message
@@ -696,9 +775,14 @@ class OriginalView(_FlowView):
             if want == len(original)
             else f"{len(original):,} bytes; the client sent {want if want is not None else '?'}"
         )
+        stashes = (
+            f"stash {key}" + (" and the masked outputs' stashes" if rec.get("masked") else "")
+            if key
+            else "the masked outputs' stashes"
+        )
         return _original(
             f"context-guru original: the request as the client sent it, rebuilt from the body "
-            f"sent and stash {key} ({check})",
+            f"sent and {stashes} ({check})",
             original,
             flow,
             http_message,

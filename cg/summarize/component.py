@@ -58,7 +58,7 @@ from cg.summarize.triggers import (
 )
 from cg.wire.body import BodyIndex
 from cg.wire.dialects import DIALECTS, Dialect, MessageView
-from cg.wire.splice import Insert, Keep, Plan, is_identity
+from cg.wire.splice import Edit, Insert, Keep, Piece, Plan, is_identity
 
 # `deferred`: another instance sharing the store holds the claim on this conversation, or has
 # already written a newer checkpoint (`Store.claim`): its summary is reused, none is made here.
@@ -212,6 +212,13 @@ def conversation_key(session: str, first: bytes, tenant: str = "") -> str:
     return f"{key}@{tenant[:CONVERSATION_HEX]}" if tenant else key
 
 
+def in_place(plan: Sequence[Piece], n: int) -> bool:
+    """Whether `plan` is one piece per client message, in order, each kept or edited."""
+    return len(plan) == n and all(
+        isinstance(p, Keep | Edit) and p.index == i for i, p in enumerate(plan)
+    )
+
+
 def prefix_hash(digests: Sequence[bytes]) -> str:
     h = hashlib.blake2b(digest_size=16)
     for d in digests:
@@ -332,8 +339,15 @@ class Summarize:
     def apply(self, req: RequestContext, plan: Plan) -> Step:
         index = req.index
         n = len(index.messages)
+        # An earlier component's edits (`mask`): its head and tail pieces are spliced as they
+        # are, so a masked message there stays masked; the stash holds the client's sources.
+        incoming: Plan | None = None
         if not is_identity(plan, n):
-            return Step(None, "summarize runs alone: an earlier component changed the plan")
+            if not in_place(plan, n):
+                return Step(
+                    None, "an earlier component changed the plan beyond editing messages in place"
+                )
+            incoming = plan
         stats = self.facts.all(index)
         totals = self._totals(index, stats)
         tokens, outputs, top, long = totals[-1] if totals else (0, 0, 0, False)
@@ -392,7 +406,7 @@ class Summarize:
                 detail["checkpoint"] = "covers into the tail: not reused this turn"
                 cp = None
             else:
-                step = self._splice(index, cp, ce, detail, req.tenant)
+                step = self._splice(index, cp, ce, detail, req.tenant, incoming)
                 middle_tokens = between(ce, span.end)
                 detail["middle_tokens"] = middle_tokens
 
@@ -537,7 +551,13 @@ class Summarize:
         return mine
 
     def _splice(
-        self, index: BodyIndex, cp: Checkpoint, ce: int, detail: dict[str, Any], tenant: str
+        self,
+        index: BodyIndex,
+        cp: Checkpoint,
+        ce: int,
+        detail: dict[str, Any],
+        tenant: str,
+        incoming: Plan | None = None,
     ) -> Step:
         mode = self.marker_mode
         if cp.tenant == UNBOUND:
@@ -562,9 +582,12 @@ class Summarize:
             self.store.put_checkpoint(cp)
             detail["stash"] = "expired"
         insert = self._insert(index.dialect, cp.message)[0]
-        plan: Plan = [Keep(i) for i in range(cp.head_count)]
-        plan.append(insert)
-        plan.extend(Keep(i) for i in range(ce, len(index.messages)))
+        if incoming is None:
+            plan: Plan = [Keep(i) for i in range(cp.head_count)]
+            plan.append(insert)
+            plan.extend(Keep(i) for i in range(ce, len(index.messages)))
+        else:
+            plan = [*incoming[: cp.head_count], insert, *incoming[ce:]]
         plan = repair_orphans(index, plan)
         detail["checkpoint"] = {"covered": [cp.head_count, ce], "key": cp.key}
         stashed = frozenset(range(cp.head_count, ce)) if cp.key else frozenset()

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from cg.wire.body import BodyIndex
 from cg.wire.dialects import MessageView
 from cg.wire.dialects.base import Pairing
-from cg.wire.splice import Cut, Keep, Piece, Plan, plan_views
+from cg.wire.splice import Cut, Edit, Keep, Piece, Plan, cut_edit, plan_views
 
 
 @dataclass(frozen=True, slots=True)
@@ -142,8 +142,9 @@ def _select_items(views: Sequence[MessageView], keep_first: int, keep_last: int)
 def repair_orphans(index: BodyIndex, plan: Plan) -> Plan:
     """Cut every tool result whose call is not in the message that opens its run.
 
-    Anthropic: the `tool_result` blocks are cut from the user message, which is dropped whole
-    if nothing else is left. OpenAI: the `role: tool` message is dropped.
+    Anthropic: the `tool_result` blocks are cut from the user message (a masked one's from its
+    edited text), which is dropped whole if nothing else is left. OpenAI: the `role: tool`
+    message is dropped.
     """
     views = plan_views(index, plan)
     if index.dialect.pairing == "id":
@@ -161,8 +162,18 @@ def repair_orphans(index: BodyIndex, plan: Plan) -> Plan:
             out.append(piece)
             prev = v
             continue
-        if not anthropic or not isinstance(piece, Keep | Cut):
+        if not anthropic or not isinstance(piece, Keep | Cut | Edit):
             continue  # an orphaned `tool` message goes whole
+        if isinstance(piece, Edit):  # a masked message: its orphans cut from its own text
+            orphans = frozenset(
+                n
+                for n, b in enumerate(piece.view.blocks)
+                if b.tool_result_id is not None and b.tool_result_id not in opener_calls
+            )
+            if len(orphans) < len(piece.view.blocks):
+                out.append(cut_edit(piece, orphans, index.dialect))
+                prev = v
+            continue
         base = piece.drop if isinstance(piece, Cut) else frozenset()
         live = [n for n in range(len(index.messages[piece.index].view.blocks)) if n not in base]
         drop = set(base)

@@ -13,12 +13,12 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import cache
-from typing import Any
+from typing import Any, Protocol
 
 import yaml
 
 from cg.settings import PRESETS_DIR
-from cg.summarize.config import SummarizeConfig
+from cg.summarize.config import TriggerConfig
 
 CACHE_TTL_DEFAULT = 300.0
 CACHE_TTL_1H = 3600.0
@@ -89,7 +89,21 @@ class TriggerResult:
         return {"fire": self.fire, "hard": self.hard, "blocked": self.blocked, "cache": self.cache}
 
 
-def evaluate(cfg: SummarizeConfig, f: RequestFacts) -> TriggerResult:
+class Gated(Protocol):
+    """What `evaluate` reads of a component's configuration: its `trigger` block, the message
+    gate and the cache state it acts in (`SummarizeConfig`, and the `mask` component's)."""
+
+    @property
+    def trigger(self) -> TriggerConfig: ...
+
+    @property
+    def min_messages(self) -> int: ...
+
+    @property
+    def cache_state(self) -> str: ...
+
+
+def evaluate(cfg: Gated, f: RequestFacts) -> TriggerResult:
     t = cfg.trigger
     r = TriggerResult()
 

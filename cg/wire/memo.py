@@ -56,6 +56,8 @@ class Memo:
     # cg.retention.measure.of_plan: which lost facts the kept messages' text holds, last of the
     # messages searched.
     searched: tuple[object, list[Any] | None] = _per_message()
+    # cg.mask.outputs.scans: each message's tool calls and tool outputs, where they lie.
+    masks: tuple[object, list[Any] | None] = _per_message()
 
     # -- whole body (carried as it is) -------------------------------------------------------
     # cg.state.facts.FactsCache.prelude: the members before the array the cache keys on.

@@ -5,6 +5,8 @@ A plan lists the output messages in order:
     Keep(i)          message i, its original bytes
     Cut(i, blocks)   message i with some content blocks cut out of its raw bytes
     Insert(json)     a new message (the summary), serialised once, byte-stable across turns
+    Edit(i, json)    message i as its own source with values replaced in place (a masked tool
+                     output: only that value's bytes differ), `json` the message as sent
 
 Only the `messages` array is rebuilt; `model`, `system`, `tools`, whitespace, key order and
 escapes outside it stay exactly as the client sent them. The identity plan returns the original
@@ -13,6 +15,7 @@ escapes outside it stay exactly as the client sent them. The identity plan retur
 
 from __future__ import annotations
 
+import json
 import operator
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -20,7 +23,7 @@ from typing import Any
 
 from cg.wire.body import BodyIndex
 from cg.wire.dialects import Dialect, MessageView
-from cg.wire.jsonspan import punctuation
+from cg.wire.jsonspan import ArraySpan, punctuation, shift_array, walk_object
 from cg.wire.reply import dumps
 
 
@@ -47,7 +50,38 @@ class Insert:
         return cls(text, dialect.view(obj))
 
 
-Piece = Keep | Cut | Insert
+@dataclass(frozen=True, slots=True)
+class Edit:
+    """Message `index` re-emitted as its original source with some values replaced where they
+    lie (`edited`): every other byte of the message is the client's. It stays message `index`
+    (`plan_sources` names it `m{index}`; it is not dropped), and `view` is its view as sent."""
+
+    index: int
+    json: str
+    view: MessageView
+
+    @classmethod
+    def of(cls, index: BodyIndex, i: int, values: Sequence[tuple[int, int, str]]) -> Edit:
+        """Message i with each `(start, end, text)` of `values` (positions in its source)
+        replaced by `text`, viewed by its dialect."""
+        text = edited(index.source(i), values)
+        return cls(i, text, index.dialect.view(json.loads(text)))
+
+
+def edited(source: str, values: Sequence[tuple[int, int, str]]) -> str:
+    """`source` with each `[start, end)` (not overlapping, any order) replaced by its text."""
+    out: list[str] = []
+    at = 0
+    for start, end, text in sorted(values):
+        if start < at or end < start or end > len(source):
+            raise ValueError(f"edit [{start}, {end}) overlaps or lies outside the message")
+        out += (source[at:start], text)
+        at = end
+    out.append(source[at:])
+    return "".join(out)
+
+
+Piece = Keep | Cut | Insert | Edit
 Plan = list[Piece]
 
 
@@ -86,23 +120,36 @@ def cut_source(index: BodyIndex, i: int, drop: frozenset[int]) -> str:
     if arr is None:
         raise ValueError(f"messages[{i}] has no content block array to cut from")
     m = index.messages[i]
-    src = index.source(i)
+    return cut_blocks(index.source(i), shift_array(arr, -m.start), drop)
 
-    def cut(a: int, b: int) -> str:  # text[a:b] of the whole body, read in the message's source
-        return src[a - m.start : b - m.start]
 
+def cut_edit(edit: Edit, drop: frozenset[int], dialect: Dialect) -> Edit:
+    """An edited message with the blocks in `drop` cut out of its text, as `cut_source` cuts a
+    client's message: what is left of a masked message whose tool results lost their call."""
+    key = dialect.content_blocks_key()
+    members, _ = walk_object(edit.json, 0, arrays=(key,))
+    arr = next((x.array for x in members if x.key == key), None)
+    if arr is None:
+        raise ValueError(f"messages[{edit.index}] has no content block array to cut from")
+    text = cut_blocks(edit.json, arr, drop)
+    return Edit(edit.index, text, dialect.view(json.loads(text)))
+
+
+def cut_blocks(src: str, arr: ArraySpan, drop: frozenset[int]) -> str:
+    """`src` (one message's text) with the elements in `drop` of its block array `arr` (spans
+    in `src`) cut out."""
     els = arr.elements
     keep = [n for n in range(len(els)) if n not in drop]
     if not keep:
-        return cut(m.start, arr.start) + "[]" + cut(arr.end, m.end)
+        return src[: arr.start] + "[]" + src[arr.end :]
     # Each dropped block goes with one separator next to it; every other byte (including the
     # whitespace between kept blocks, uniform or not) stays exactly as the client sent it.
-    parts = [cut(m.start, els[0].start)]
+    parts = [src[: els[0].start]]
     for a, n in enumerate(keep):
-        parts.append(cut(els[n].start, els[n].end))
+        parts.append(src[els[n].start : els[n].end])
         if a + 1 < len(keep):
-            parts.append(cut(els[n].end, els[n + 1].start))
-    parts.append(cut(els[-1].end, m.end))
+            parts.append(src[els[n].end : els[n + 1].start])
+    parts.append(src[els[-1].end :])
     return "".join(parts)
 
 
@@ -128,7 +175,8 @@ Bytes = bytes | memoryview
 def splice_array_bytes(index: BodyIndex, plan: Sequence[Piece]) -> tuple[int, int, list[Bytes]]:
     """The rebuilt array in the original's punctuation (`rebuild_array`), in parts, and the
     span `[start, end)` of `raw` it replaces: a kept message is its own bytes, sliced where
-    they lie in `raw` (its end is known, and the punctuation before it is ASCII).
+    they lie in `raw` (its end is known, and the punctuation before it is ASCII), and two
+    messages that were neighbours keep the separator that lay between them.
 
     The parts are `[`, lead, message, sep, message, ..., trail, `]` (`b"[]"` alone for no
     messages): `array_messages` reads the messages back out of them, so the role check reads
@@ -144,9 +192,16 @@ def splice_array_bytes(index: BodyIndex, plan: Sequence[Piece]) -> tuple[int, in
     lead, sep, trail = (p.encode() for p in punctuation(index.chars, arr))
     raw = memoryview(index.raw)
     parts: list[Bytes] = [b"[", lead]
+    last = -2  # the client's message the previous piece came from (-2: none)
     for n, p in enumerate(plan):
-        if n:
+        at = -2 if isinstance(p, Insert) else p.index
+        if n and at == last + 1:
+            # Two of the client's messages that were neighbours still are: the bytes between
+            # them as they came (an edited body whose separators vary keeps them).
+            parts.append(raw[ends[last] : msgs[at].start + ends[last] - msgs[last].end])
+        elif n:
             parts.append(sep)
+        last = at
         if isinstance(p, Keep):
             i = p.index
             m = msgs[i]
@@ -154,7 +209,7 @@ def splice_array_bytes(index: BodyIndex, plan: Sequence[Piece]) -> tuple[int, in
             parts.append(raw[m.start + before : ends[i]])
         elif isinstance(p, Cut):
             parts.append(cut_source(index, p.index, p.drop).encode("utf-8"))
-        else:
+        else:  # an Insert or an Edit: its text as made
             parts.append(p.json.encode("utf-8"))
     parts += (trail, b"]")
     return start, ends[-1], parts
@@ -196,13 +251,14 @@ def plan_views(index: BodyIndex, plan: Sequence[Piece]) -> list[MessageView]:
             views.append(index.messages[p.index].view)
         elif isinstance(p, Cut):
             views.append(index.dialect.view(cut_value(index, p.index, p.drop)))
-        else:
+        else:  # an Insert or an Edit carries its view
             views.append(p.view)
     return views
 
 
 def plan_sources(plan: Sequence[Piece]) -> list[str]:
-    """A stable name per output message: which input message it came from, or `new#k`."""
+    """A stable name per output message: which input message it came from (kept, cut or
+    edited), or `new#k`."""
     out: list[str] = []
     k = 0
     for p in plan:

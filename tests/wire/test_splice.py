@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from cg.wire import shape
 from cg.wire.body import BodyIndex, MessageCache, index_body
 from cg.wire.dialects import ANTHROPIC, DIALECTS, OPENAI
-from cg.wire.jsonspan import rebuild_array
+from cg.wire.jsonspan import punctuation
 from cg.wire.shape import Violation, check_wire_array, check_wire_roles
 from cg.wire.splice import (
     Cut,
@@ -336,7 +336,8 @@ def test_plan_sources_name_inputs_and_new_messages() -> None:
 
 def splice_text(index: BodyIndex, plan: list[Piece]) -> str:
     """The splice done on text, the way it was before `splice_array_bytes` (the oracle): each
-    output message's source text, the array rebuilt in its punctuation, the text around it."""
+    output message's source text, the array rebuilt in its punctuation (two messages that were
+    neighbours with the text that lay between them), the text around it."""
     pieces: list[str] = []
     for p in plan:
         if isinstance(p, Keep):
@@ -346,9 +347,25 @@ def splice_text(index: BodyIndex, plan: list[Piece]) -> str:
         else:
             pieces.append(p.json)
     arr, chars = index.array, index.chars
+    if not pieces:
+        return chars.slice(0, arr.start) + "[]" + chars.slice(arr.end, len(chars))
+    lead, sep, trail = punctuation(chars, arr)
+    msgs = index.messages
+    joined = [pieces[0]]
+    for n in range(1, len(plan)):
+        a, b = plan[n - 1], plan[n]
+        if not isinstance(a, Insert) and not isinstance(b, Insert) and b.index == a.index + 1:
+            joined.append(chars.slice(msgs[a.index].end, msgs[b.index].start))
+        else:
+            joined.append(sep)
+        joined.append(pieces[n])
     return (
         chars.slice(0, arr.start)
-        + rebuild_array(chars, arr, pieces)
+        + "["
+        + lead
+        + "".join(joined)
+        + trail
+        + "]"
         + chars.slice(arr.end, len(chars))
     )
 

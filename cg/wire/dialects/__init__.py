@@ -14,6 +14,8 @@ from cg.wire.dialects.base import (
     Dialect,
     MessageShapeError,
     MessageView,
+    ToolCall,
+    ToolOutput,
 )
 from cg.wire.dialects.openai import OpenAI
 from cg.wire.dialects.responses import Responses
@@ -50,5 +52,7 @@ __all__ = [
     "Dialect",
     "MessageShapeError",
     "MessageView",
+    "ToolCall",
+    "ToolOutput",
     "route",
 ]

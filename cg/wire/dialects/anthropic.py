@@ -16,6 +16,8 @@ from cg.wire.dialects.base import (
     MessageShapeError,
     MessageView,
     Pairing,
+    ToolCall,
+    ToolOutput,
     UsageReader,
     answer_model,
     is_blank_text,
@@ -101,6 +103,10 @@ def _block(block: Any) -> BlockView:
 
 
 ANTHROPIC_VERSION = "2023-06-01"
+
+
+def _id(v: Any) -> str:
+    return v if isinstance(v, str) else ""
 
 
 def _int(v: Any) -> bool:
@@ -227,6 +233,27 @@ class Anthropic(Dialect):
             return False
         idx = obj.get("index")
         return not (isinstance(idx, int) and idx < at)
+
+    def tool_outputs(self, message: Mapping[str, Any]) -> tuple[ToolOutput, ...]:
+        """Each `tool_result` block's `content` (a string or text blocks)."""
+        content = message.get("content")
+        if not isinstance(content, list):
+            return ()
+        return tuple(
+            ToolOutput(_id(b.get("tool_use_id")), ("content", n, "content"))
+            for n, b in enumerate(content)
+            if isinstance(b, dict) and b.get("type") == "tool_result"
+        )
+
+    def tool_calls(self, message: Mapping[str, Any]) -> tuple[ToolCall, ...]:
+        content = message.get("content")
+        if not isinstance(content, list):
+            return ()
+        return tuple(
+            ToolCall(_id(b.get("id")), _id(b.get("name")), b.get("input"))
+            for b in content
+            if isinstance(b, dict) and b.get("type") == "tool_use"
+        )
 
     def view(self, message: Any) -> MessageView:
         # Every message of a cold body comes through here (400 for a 1 MB Claude Code turn):

@@ -41,6 +41,31 @@ def answer_model(obj: Any) -> str | None:
     return m if isinstance(m, str) and m else None
 
 
+# What may stand in a tool output's place, and what of it is text: `parts` a string or an array
+# of text parts (both read as text), `string` a string only, `none` no text at all (a
+# screenshot, an approval).
+OutputText = Literal["parts", "string", "none"]
+
+
+class ToolOutput(NamedTuple):
+    """Where one tool output lies in a request message (`Dialect.tool_outputs`): the call it
+    answers, the path of member keys and array indices from the message to its value, and
+    what text its value is (`OutputText`)."""
+
+    call: str
+    path: tuple[str | int, ...]
+    text: OutputText = "parts"
+
+
+class ToolCall(NamedTuple):
+    """One tool call of a request message (`Dialect.tool_calls`): its id, the tool's name,
+    its input as sent (an object, or the string a custom tool or JSON arguments arrive in)."""
+
+    id: str
+    name: str
+    input: Any
+
+
 class MessageShapeError(ValueError):
     """A message is not an object, or its role is not a string: the body passes through."""
 
@@ -157,6 +182,15 @@ class Dialect:
     def user_message(self, text: str) -> dict[str, Any]:
         """A new user message carrying `text` (the summary, the summarizer's instruction)."""
         return {"role": "user", "content": text}
+
+    def tool_outputs(self, message: Mapping[str, Any]) -> tuple[ToolOutput, ...]:
+        """Where the message's tool outputs lie, in the order its view lists their call ids
+        (the `mask` component replaces their values)."""
+        raise NotImplementedError
+
+    def tool_calls(self, message: Mapping[str, Any]) -> tuple[ToolCall, ...]:
+        """The message's tool calls (what a masked output's stub names)."""
+        raise NotImplementedError
 
     def content_blocks_key(self) -> str:
         """The key whose array holds a message's blocks; block cuts happen inside it."""

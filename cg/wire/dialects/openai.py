@@ -18,6 +18,8 @@ from cg.wire.dialects.base import (
     Dialect,
     MessageShapeError,
     MessageView,
+    ToolCall,
+    ToolOutput,
     UsageReader,
     answer_model,
     is_blank_text,
@@ -193,6 +195,29 @@ class OpenAI(Dialect):
             ):
                 return False
         return True
+
+    def tool_outputs(self, message: Mapping[str, Any]) -> tuple[ToolOutput, ...]:
+        """A `tool` message's `content` (a string or text parts)."""
+        if message.get("role") != "tool":
+            return ()
+        cid = message.get("tool_call_id")
+        return (ToolOutput(cid if isinstance(cid, str) else "", ("content",)),)
+
+    def tool_calls(self, message: Mapping[str, Any]) -> tuple[ToolCall, ...]:
+        out: list[ToolCall] = []
+        for c in message.get("tool_calls") or ():
+            if isinstance(c, dict):
+                fn = c.get("function")
+                fn = fn if isinstance(fn, dict) else {}
+                cid, name = c.get("id"), fn.get("name")
+                out.append(
+                    ToolCall(
+                        cid if isinstance(cid, str) else "",
+                        name if isinstance(name, str) else "",
+                        fn.get("arguments"),
+                    )
+                )
+        return tuple(out)
 
     def view(self, message: Any) -> MessageView:
         role = message_role(message)

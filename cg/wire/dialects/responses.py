@@ -29,7 +29,10 @@ from cg.wire.dialects.base import (
     Dialect,
     MessageShapeError,
     MessageView,
+    OutputText,
     Pairing,
+    ToolCall,
+    ToolOutput,
     UsageReader,
     answer_model,
     is_blank_text,
@@ -81,6 +84,14 @@ _CALL_ID = {"mcp_approval_request": ("id",)}
 _OUTPUT_ID = {
     "mcp_approval_response": ("approval_request_id",),
     "local_shell_call_output": ("call_id", "id"),
+}
+# What may stand in each output item's `output` (`ToolOutput.text`): a string or text parts, a
+# string only; any other output item's is not text (a screenshot, a list of shell results).
+OUTPUT_TEXT: dict[str, OutputText] = {
+    "function_call_output": "parts",
+    "custom_tool_call_output": "parts",
+    "local_shell_call_output": "string",
+    "apply_patch_call_output": "string",
 }
 # Items the provider ran itself (no output item answers them): kept or summarized like text.
 SERVER_ITEMS = frozenset(
@@ -319,6 +330,31 @@ class Responses(Dialect):
         if inp is not None and isinstance(inp.value, str):
             return "'input' is a string: a single user turn, nothing to summarize"
         return None
+
+    def tool_outputs(self, message: Mapping[str, Any]) -> tuple[ToolOutput, ...]:
+        """An output item's `output`."""
+        kind = message.get("type")
+        if not isinstance(kind, str) or kind not in OUTPUTS:
+            return ()
+        keys = _OUTPUT_ID.get(kind, ("call_id",))
+        cid = next((v for k in keys if isinstance(v := message.get(k), str) and v), "")
+        return (ToolOutput(cid, ("output",), OUTPUT_TEXT.get(kind, "none")),)
+
+    def tool_calls(self, message: Mapping[str, Any]) -> tuple[ToolCall, ...]:
+        kind = message.get("type")
+        if not isinstance(kind, str) or kind not in CALLS:
+            return ()
+        keys = _CALL_ID.get(kind, ("call_id",))
+        cid = next((v for k in keys if isinstance(v := message.get(k), str) and v), "")
+        name = message.get("name")
+        if kind == "function_call" or kind == "mcp_approval_request":
+            given = message.get("arguments")
+        elif kind == "custom_tool_call":
+            given = message.get("input")
+        else:
+            given = {k: v for k, v in message.items() if k in ("action", "operation")}
+        tool = name if isinstance(name, str) and name else kind.removesuffix("_call")
+        return (ToolCall(cid, tool, given),)
 
     def view(self, item: Any) -> MessageView:
         if not isinstance(item, dict):
