@@ -25,7 +25,7 @@ import httpx
 from cg.expand import continuation
 from cg.expand.tool import TOOL_JSON, declares
 from cg.wire.answers import ProviderError, Reply, ResponseParseError, parse_json, sum_usage
-from cg.wire.dialects import DIALECTS
+from cg.wire.dialects import DIALECTS, Dialect
 from cg.wire.usage import Usage, UsageError
 
 Condition = Literal["original", "rewritten", "rewritten+expand"]
@@ -73,36 +73,26 @@ def _blank_prefill(m: Any) -> bool:
     )
 
 
+def _is_system(d: Dialect, m: Any) -> bool:
+    try:
+        return d.view(m).is_system
+    except ValueError:
+        return False
+
+
 def _append_question(dialect: str, items: list[Any], text: str) -> None:
-    """The question as the transcript's last user turn. An empty prefill (legal only at the end)
-    is left out; in Anthropic's array the question joins the last user turn (roles alternate)
-    and goes before any system messages that end the array (legal only there)."""
+    """The question as the transcript's last user turn, in the dialect's form for a new user
+    message. An empty prefill (legal only at the end) is left out, and the question goes before
+    any system messages that end the array (legal only there). (Anthropic combines it with a
+    user turn right before it, as its API does with consecutive turns of one role.)"""
+    d = DIALECTS[dialect]
     at = len(items)
-    if dialect == "anthropic":
-        while at and isinstance(items[at - 1], dict) and items[at - 1].get("role") == "system":
-            at -= 1
+    while at and _is_system(d, items[at - 1]):
+        at -= 1
     if at and _blank_prefill(items[at - 1]):
         del items[at - 1]
         at -= 1
-    if dialect == "responses":
-        items.append(
-            {"type": "message", "role": "user", "content": [{"type": "input_text", "text": text}]}
-        )
-    elif dialect != "anthropic":
-        items.append({"role": "user", "content": text})
-    elif at and isinstance(items[at - 1], dict) and items[at - 1].get("role") == "user":
-        last = items[at - 1]
-        content = last.get("content")
-        blocks = (
-            list(content)
-            if isinstance(content, list)
-            else [{"type": "text", "text": content}]
-            if isinstance(content, str) and content
-            else []
-        )
-        items[at - 1] = {**last, "content": [*blocks, {"type": "text", "text": text}]}
-    else:
-        items.insert(at, {"role": "user", "content": [{"type": "text", "text": text}]})
+    items.insert(at, d.user_message(text))
 
 
 def probe_body(
@@ -125,8 +115,7 @@ def probe_body(
         tools = [*(tools if isinstance(tools, list) else []), json.loads(TOOL_JSON[dialect])]
         doc["tools"] = tools
     if isinstance(tools, list) and tools:
-        mode = "auto" if expand else "none"
-        doc["tool_choice"] = {"type": mode} if dialect == "anthropic" else mode
+        doc["tool_choice"] = d.tool_choice("auto" if expand else "none")
     else:
         doc.pop("tool_choice", None)
     return json.dumps(doc, ensure_ascii=False, separators=(",", ":")).encode("utf-8")

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from cg.retention.facts import KINDS, Found, Kind, transcript_facts
+from cg.wire.dialects import DIALECTS
 
 PREFIX_WORDS = 6
 # A user message longer than this is not asked for verbatim: a model quoting pages back
@@ -56,35 +57,14 @@ def correct(expected: str, answer: str) -> bool:
 
 def tool_calls(dialect: str, messages: Sequence[Any]) -> Iterator[tuple[str, str, int]]:
     """(tool, call id, message position) of every tool call in the transcript, in order; the
-    tool named as `cg.retention.facts` names it."""
+    tool named as `cg.retention.facts` names it (the dialect's `tool_calls`)."""
+    d = DIALECTS[dialect]
     for at, m in enumerate(messages):
         if not isinstance(m, dict):
             continue
-        if dialect == "anthropic" and m.get("role") == "assistant":
-            content = m.get("content")
-            for b in content if isinstance(content, list) else ():
-                if (
-                    isinstance(b, dict)
-                    and b.get("type") in ("tool_use", "server_tool_use")
-                    and isinstance(b.get("name"), str)
-                    and isinstance(b.get("id"), str)
-                ):
-                    yield b["name"], b["id"], at
-        elif dialect == "openai" and m.get("role") == "assistant":
-            for c in m.get("tool_calls") or ():
-                fn = c.get("function") if isinstance(c, dict) else None
-                if (
-                    isinstance(fn, dict)
-                    and isinstance(fn.get("name"), str)
-                    and isinstance(c.get("id"), str)
-                ):
-                    yield fn["name"], c["id"], at
-        elif dialect == "responses":
-            kind = m.get("type")
-            if kind in ("function_call", "custom_tool_call", "local_shell_call"):
-                name = m.get("name") if isinstance(m.get("name"), str) else kind
-                if isinstance(m.get("call_id"), str):
-                    yield str(name), m["call_id"], at
+        for c in d.tool_calls(m):
+            if c.name and c.id:
+                yield c.name, c.id, at
 
 
 def ordinal(n: int) -> str:

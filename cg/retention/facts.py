@@ -27,6 +27,7 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any, Literal, NamedTuple
 
 from cg.expand.tool import SUMMARY_HEADER
+from cg.wire.dialects import DIALECTS, Dialect, MessageView
 
 Kind = Literal["user", "file", "command", "error"]
 KINDS: tuple[Kind, ...] = ("user", "file", "command", "error")
@@ -183,119 +184,59 @@ def _output_text(content: Any) -> str:
     return ""
 
 
-def _output(text: str, at: int, call: str | None) -> Found | None:
-    line = first_error(text)
-    return Found("error", line, at, None, call) if line else None
+def _value_at(message: Any, path: Sequence[str | int]) -> Any:
+    v = message
+    for step in path:
+        if isinstance(step, int) and isinstance(v, list) and 0 <= step < len(v):
+            v = v[step]
+        elif isinstance(step, str) and isinstance(v, dict):
+            v = v.get(step)
+        else:
+            return None
+    return v
 
 
-def _user_texts(content: Any) -> Iterator[str]:
-    if isinstance(content, str):
-        yield content
-    elif isinstance(content, list):
-        for p in content:
-            if (
-                isinstance(p, dict)
-                and p.get("type") in ("text", "input_text")
-                and isinstance(t := p.get("text"), str)
-            ):
-                yield t
+def _user_texts(view: MessageView) -> Iterator[str]:
+    """The texts a user message's view shows as its own (not tool results)."""
+    if view.role != "user" or view.kind != "message":
+        return
+    if view.form == "string" and view.shown is not None:
+        yield view.shown
+        return
+    for b in view.blocks:
+        if b.type in ("text", "input_text") and b.call is None:
+            yield b.shown
 
 
-def _anthropic(m: Mapping[str, Any], at: int) -> list[Found]:
+def _read(dialect: Dialect, m: Mapping[str, Any], at: int) -> list[Found]:
     out: list[Found] = []
-    role, content = m.get("role"), m.get("content")
-    if role == "user":
-        out += [Found("user", t, at) for t in _user_texts(content) if is_human(t)]
-    if not isinstance(content, list):
+    try:
+        view = dialect.view(m)
+    except ValueError:
         return out
-    for b in content:
-        if not isinstance(b, dict):
-            continue
-        kind = b.get("type")
-        if kind in ("tool_use", "server_tool_use") and role == "assistant":
-            name = b.get("name")
-            out += call_facts(name if isinstance(name, str) else None, b.get("input"), at,
-                              _str(b.get("id")))  # fmt: skip
-        elif kind == "tool_result":
-            text = _output_text(b.get("content"))
-            status = exit_status(text)
-            found = _output(text, at, _str(b.get("tool_use_id")))
-            if found:
-                out.append(found)
-            if status is not None:
-                out.append(Found("error", "", at, None, _str(b.get("tool_use_id")), status))
-    return out
-
-
-def _openai(m: Mapping[str, Any], at: int) -> list[Found]:
-    out: list[Found] = []
-    role = m.get("role")
-    if role == "user":
-        out += [Found("user", t, at) for t in _user_texts(m.get("content")) if is_human(t)]
-    elif role == "assistant":
-        for c in m.get("tool_calls") or ():
-            if not isinstance(c, dict):
-                continue
-            fn = c.get("function")
-            if isinstance(fn, dict):
-                name = fn.get("name")
-                out += call_facts(name if isinstance(name, str) else None,
-                                  _parse_args(fn.get("arguments")), at, _str(c.get("id")))  # fmt: skip
-    elif role in ("tool", "function"):
-        text = _output_text(m.get("content"))
-        call = _str(m.get("tool_call_id"))
-        found = _output(text, at, call)
-        if found:
-            out.append(found)
+    out += [Found("user", t, at) for t in _user_texts(view) if is_human(t)]
+    for c in dialect.tool_calls(m):
+        out += call_facts(c.name or None, _parse_args(c.input), at, c.id or None)
+    for o in dialect.tool_outputs(m):
+        text = _output_text(_value_at(m, o.path))
+        call = o.call or None
+        line = first_error(text)
+        if line:
+            out.append(Found("error", line, at, None, call))
         status = exit_status(text)
         if status is not None:
             out.append(Found("error", "", at, None, call, status))
     return out
-
-
-def _responses(m: Mapping[str, Any], at: int) -> list[Found]:
-    kind = m.get("type", "message")
-    out: list[Found] = []
-    if kind == "message":
-        if m.get("role") == "user":
-            out += [Found("user", t, at) for t in _user_texts(m.get("content")) if is_human(t)]
-        return out
-    call = _str(m.get("call_id"))
-    if isinstance(kind, str) and kind.endswith("_call_output"):
-        text = _output_text(m.get("output"))
-        found = _output(text, at, call)
-        if found:
-            out.append(found)
-        status = exit_status(text)
-        if status is not None:
-            out.append(Found("error", "", at, None, call, status))
-        return out
-    name = m.get("name")
-    tool = name if isinstance(name, str) else (kind if isinstance(kind, str) else None)
-    if kind == "function_call":
-        return call_facts(tool, _parse_args(m.get("arguments")), at, call)
-    if kind == "custom_tool_call":
-        return call_facts(tool, m.get("input"), at, call)
-    if kind == "local_shell_call":
-        return call_facts(tool, m.get("action"), at, call)
-    return out
-
-
-def _str(v: Any) -> str | None:
-    return v if isinstance(v, str) else None
-
-
-_READERS = {"anthropic": _anthropic, "openai": _openai, "responses": _responses}
 
 
 def message_facts(dialect: str, message: Any, at: int = 0) -> tuple[Found, ...]:
     """What one parsed message holds (exit statuses unlinked: see `transcript_facts`)."""
-    read = _READERS.get(dialect)
-    if read is None or not isinstance(message, dict):
+    d = DIALECTS.get(dialect)
+    if d is None or not isinstance(message, dict):
         return ()
     try:
-        return tuple(read(message, at))
-    except (RecursionError, ValueError):
+        return tuple(_read(d, message, at))
+    except (RecursionError, ValueError, TypeError):
         return ()
 
 

@@ -111,7 +111,7 @@ def run(
         else:  # first turn, or a history that diverged from what was compacted: as recorded
             conv.base, conv.prefix, conv.origin = None, (), ()
             msgs, origin = own, tuple(range(len(own)))
-        codex = turn.request.dialect.name == "responses"
+        codex = turn.request.dialect.codex_session_header  # (Codex's dialect)
         threshold = agent_threshold(turn.window, codex)
         now = turn.t + shift
         auto = turn.prompt.auto

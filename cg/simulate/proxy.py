@@ -168,7 +168,7 @@ class ProxyRun:
                 tally.rewritten += 1
                 prompt = prompt_of(index_body(rw.body, req.dialect, self.sent_cache), self.facts)
                 tally.retained.turn(of_rewrite(rw))
-            threshold = agent_threshold(turn.window, req.dialect.name == "responses")
+            threshold = agent_threshold(turn.window, req.dialect.codex_session_header)
             if threshold is not None and context.get(turn.conversation, 0) >= threshold:
                 tally.agent_compaction_turns += 1
             usage = cache.bill(prompt, turn.t) + Usage(output_tokens=turn.output)

@@ -55,18 +55,16 @@ def _anthropic(last_user: Any) -> bytes:
 RESULT = {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1", "content": "x"}]}
 
 
-def test_anthropic_the_question_joins_the_last_user_turn() -> None:
+def test_anthropic_the_question_follows_the_last_user_turn_as_its_own() -> None:
+    """The question is the dialect's new user message after the transcript (the API combines
+    it with a user turn before it, as it does any consecutive turns of one role)."""
     doc = json.loads(probe_body("anthropic", _anthropic(RESULT), Q, "original"))
-    assert len(doc["messages"]) == 3
-    blocks = doc["messages"][-1]["content"]
-    assert blocks[0] == RESULT["content"][0]
-    assert blocks[1]["type"] == "text" and Q in blocks[1]["text"]
+    assert len(doc["messages"]) == 4
+    assert doc["messages"][-2] == RESULT
+    last = doc["messages"][-1]
+    assert last["role"] == "user" and Q in last["content"]
     assert doc["stream"] is False and doc["tool_choice"] == {"type": "none"}
     assert [t["name"] for t in doc["tools"]] == ["Read"]  # not offered: no expand
-    plain = json.loads(
-        probe_body("anthropic", _anthropic({"role": "user", "content": "hi"}), Q, "rewritten")
-    )
-    assert plain["messages"][-1]["content"][0] == {"type": "text", "text": "hi"}
     after = json.loads(
         probe_body("anthropic", _anthropic({"role": "assistant", "content": "ok"}), Q, "rewritten")
     )

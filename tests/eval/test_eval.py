@@ -162,12 +162,12 @@ def test_the_probe_requests_are_the_conditions_requests(
     [cp] = [r.checkpoint for r in result.checkpoints]
     first = [r.json() for r in p.requests[:3]]
     client = json.loads(cp.original)
-    assert len(first[0]["messages"]) == len(client["messages"])  # the question joins the last
-    assert first[0]["messages"][:-1] == client["messages"][:-1]
-    assert first[0]["messages"][-1]["content"][-1]["text"].startswith("[context-guru eval]")
+    assert len(first[0]["messages"]) == len(client["messages"]) + 1  # the question, last
+    assert first[0]["messages"][:-1] == client["messages"]
+    assert first[0]["messages"][-1]["content"].startswith("[context-guru eval]")
     assert first[0]["tool_choice"] == {"type": "none"} and first[0]["stream"] is False
     sent = json.loads(cp.rewritten)
-    assert first[1]["messages"][:-1] == sent["messages"][:-1]
+    assert first[1]["messages"][:-1] == sent["messages"]
     assert first[1]["messages"][1]["content"].startswith("=== History Summary ===")
     assert first[2]["tool_choice"] == {"type": "auto"}
     names = [t["name"] for t in first[2]["tools"]]

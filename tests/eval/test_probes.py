@@ -117,5 +117,5 @@ def test_tool_calls_per_dialect() -> None:
     ]
     assert list(tool_calls("responses", responses)) == [
         ("shell", "c1", 1),
-        ("local_shell_call", "c2", 2),
+        ("local_shell", "c2", 2),  # (a call with no name: its type, as the dialect names it)
     ]

@@ -8,7 +8,7 @@ and streamed back as the API streams it.
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping, Sequence
-from typing import Any, ClassVar, cast
+from typing import Any, ClassVar, Literal, cast
 
 from cg.wire.dialects.base import (
     BlockView,
@@ -196,6 +196,9 @@ class Anthropic(Dialect):
 
     def forces_a_tool(self, tool_choice: Any) -> bool:
         return isinstance(tool_choice, dict) and tool_choice.get("type") in ("any", "tool")
+
+    def tool_choice(self, mode: Literal["auto", "none"]) -> Any:
+        return {"type": mode}
 
     def fixed_tool_choice(self, tool_choice: Any) -> bool:
         return isinstance(tool_choice, dict) and tool_choice.get("type") in ("any", "tool", "none")

@@ -332,6 +332,11 @@ class Dialect:
         OpenAI's (Chat Completions and Responses)."""
         return tool_choice == "required" or isinstance(tool_choice, dict)
 
+    def tool_choice(self, mode: Literal["auto", "none"]) -> Any:
+        """The `tool_choice` that lets the model call a tool or not (`auto`), or forbids it
+        (`none`). This form is OpenAI's."""
+        return mode
+
     def fixed_tool_choice(self, tool_choice: Any) -> bool:
         """A (non-None) tool_choice that says exactly what the model may (not) call, so a tool
         must not be added to it. This form is OpenAI's."""
