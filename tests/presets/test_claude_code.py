@@ -86,7 +86,7 @@ def test_claude_code_preset_splices_before_80_percent_of_a_200k_window(store: Sq
 
 def test_on_claude_codes_1m_window_the_preset_acts_at_its_token_trigger(store: SqliteStore) -> None:
     """Claude Code asks for claude-opus-4-8 with the context-1m beta: a 1M window, which a
-    fraction trigger would leave untouched until 800k tokens. The token trigger acts at 60k."""
+    fraction trigger would leave untouched until 800k tokens. The token trigger acts at 40k."""
     headers = fixture_headers(CC16)
     assert "context-1m" in headers["anthropic-beta"]
     d = preset_driver("claude-code", store, headers=headers)

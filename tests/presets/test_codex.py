@@ -54,7 +54,8 @@ def test_the_preset_values() -> None:
     cfg = load_config("codex", None, ["summarize"])
     s = parse_summarize(cfg.components["summarize"], env={})
     assert (s.keep_first, s.keep_last, s.cache_state, s.resummarize_tokens) == (2, 6, "any", 40_000)
-    assert (s.trigger.min_request_tokens, s.trigger.min_request_frac) == (60_000, 0)
+    assert (s.trigger.min_request_tokens, s.trigger.min_request_frac) == (40_000, 0)
+    assert (s.summary_level, s.keep_user_tokens, s.keep_artifact_tokens) == ("concise", 8000, 16000)
     assert s.trigger.ceiling_frac == 0.6
 
 
@@ -85,14 +86,14 @@ def test_the_preset_splices_long_before_codexs_limit(store: SqliteStore) -> None
     rows = run(codex_driver(store), bodies, int(0.95 * CODEX_LIMIT))
     assert rows[-1]["tokens"] >= 0.95 * CODEX_LIMIT, "the session never grew that far: vacuous"
     first = next(i for i, r in enumerate(rows) if r["outcome"] == "rewritten")
-    assert 60_000 <= rows[first - 1]["tokens"] < 80_000  # commissioned at the token trigger
+    assert 40_000 <= rows[first - 1]["tokens"] < 60_000  # commissioned at the token trigger
     assert all(r["outcome"] == "rewritten" for r in rows[first:]), [r["outcome"] for r in rows]
     assert max(r["sent"] for r in rows) < 0.5 * CODEX_LIMIT
     assert rows[first]["rec"]["window"] == 272_000
 
 
 def test_with_a_small_window_the_ceiling_keeps_codex_under_its_limit(store: SqliteStore) -> None:
-    """Codex told `model_context_window = 50000` compacts at 45,000 (below the 60k trigger):
+    """Codex told `model_context_window = 50000` compacts at 45,000 (near the 40k trigger):
     the proxy told the same window acts at its ceiling, 60% of it."""
     doc = json.loads(grow("middle", 1)[0])
     assert doc["model"] == "my-local-model"
