@@ -25,6 +25,7 @@ import anthropic
 import httpx
 import pytest
 
+from cg.summarize.prompt import MAX_TOKENS
 from tests.e2e.harness import (
     Proxy,
     assert_forwarded_unchanged,
@@ -196,7 +197,7 @@ def test_commission_splice_reuse_and_roll_forward(path, sproxy, nproxy, provider
             # The forwarded request byte for byte, one instruction appended, a summary's
             # output budget instead of the agent's 64 tokens.
             ask, changed = split_shared(got1.body, job.body, "anthropic")
-            assert changed == {"max_tokens": 4096}
+            assert changed == {"max_tokens": MAX_TOKENS["concise"]}  # the preset's level
             prompt = ask["content"]
             assert "after the first message and before the last 3 messages" in prompt
             assert "messages 2 to 4 of the 7" in prompt
@@ -248,7 +249,7 @@ def test_commission_splice_reuse_and_roll_forward(path, sproxy, nproxy, provider
             # Built on turn 4 as forwarded: [m0, the old summary, m4 … m12]; the span runs from
             # the old summary to m9, before the last 3 messages.
             ask, changed = split_shared(got4.body, roll[1].body, "anthropic")
-            assert changed == {"max_tokens": 4096}
+            assert changed == {"max_tokens": MAX_TOKENS["concise"]}  # the preset's level
             roll_prompt = ask["content"]
             assert "messages 2 to 8 of the 11" in roll_prompt
             assert "begins with: [user] === History Summary ===" in roll_prompt
