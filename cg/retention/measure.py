@@ -18,7 +18,8 @@ from __future__ import annotations
 import contextlib
 import json
 import operator
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections import Counter
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from itertools import chain
 from typing import Any
@@ -64,18 +65,6 @@ class Retention:
             },
             "lost": [{"kind": f.kind, "text": f.text[:120]} for f in self.lost[:lost_shown]],
         }
-
-
-def measure(original: Mapping[Fact, Found], visible: Iterable[Fact]) -> Retention:
-    out = Retention()
-    seen = set(visible)
-    for fact in original:
-        out.total[fact.kind] += 1
-        if fact in seen:
-            out.visible[fact.kind] += 1
-        else:
-            out.lost.append(fact)
-    return out
 
 
 def strings(value: Any) -> Iterator[str]:
@@ -231,5 +220,32 @@ def of_plan(index: BodyIndex, plan: Sequence[Piece]) -> Retention:
         missing = {f for f in missing if f[1] not in joined}
     if missing and kept:
         missing -= _in_kept(index, kept, missing)
-    ordered = distinct(link(chain.from_iterable(per)))
-    return measure(ordered, set(ordered) - {Fact(*f) for f in missing})
+    return _tally(original, missing, per)
+
+
+_KIND = operator.itemgetter(0)
+
+
+def _tally(
+    original: set[tuple[str, str]],
+    missing: set[tuple[str, str]],
+    per: Sequence[tuple[Found, ...]],
+) -> Retention:
+    """Counts per kind at C speed; the lost facts named in the order they first occur (the
+    messages walked only as far as the last of them)."""
+    out = Retention()
+    out.total.update(Counter(map(_KIND, original)))
+    lost = Counter(map(_KIND, missing))
+    for kind in KINDS:
+        out.visible[kind] = out.total[kind] - lost.get(kind, 0)
+    if missing:
+        left = set(missing)
+        for found in per:
+            for f in found:
+                key = (f.kind, f.text)
+                if key in left:
+                    left.discard(key)
+                    out.lost.append(Fact(f.kind, f.text))
+            if not left:
+                break
+    return out
