@@ -200,6 +200,29 @@ def _in_kept(
     return found | search(missing - found, [i for i in kept if i >= stable])
 
 
+_found_in: dict[str, dict[tuple[str, str], bool]] = {}
+FOUND_MAX = 100_000  # facts remembered for one text, at most
+
+
+def _not_in(missing: set[tuple[str, str]], joined: str) -> set[tuple[str, str]]:
+    """The `missing` facts whose text `joined` (the new messages' text) does not hold, each
+    fact searched for once per text: a reuse turn re-sends the same summary for the same lost
+    facts every turn."""
+    known = _found_in.get(joined)
+    if known is None or len(known) > FOUND_MAX:
+        if len(_found_in) >= NEW_MAX:
+            _found_in.clear()
+        known = _found_in[joined] = {}
+    out = set()
+    for f in missing:
+        hit = known.get(f)
+        if hit is None:
+            hit = known[f] = f[1] in joined
+        if not hit:
+            out.add(f)
+    return out
+
+
 def of_plan(index: BodyIndex, plan: Sequence[Piece]) -> Retention:
     """Retention of the request `plan` makes of `index` (the client's body)."""
     per = message_found(index)
@@ -216,8 +239,7 @@ def of_plan(index: BodyIndex, plan: Sequence[Piece]) -> Retention:
             texts.append(text)
     missing = original - sent
     if missing and texts:
-        joined = "\n".join(texts)
-        missing = {f for f in missing if f[1] not in joined}
+        missing = _not_in(missing, "\n".join(texts))
     if missing and kept:
         missing -= _in_kept(index, kept, missing)
     return _tally(original, missing, per)
