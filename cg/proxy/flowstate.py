@@ -10,9 +10,10 @@ a `response`, or a `response` after an `error`, finds nothing to do twice.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from mitmproxy import http
 
@@ -40,6 +41,9 @@ class FlowState:
     readable: bool = False  # its body may be indexed after the fact (a bypassed turn's)
     # Every round's reply of an expand continuation (the answer's hook), for the meter.
     replies: list[Reply] | None = None
+    # A rewritten turn's retention, measured in the worker thread from the answer's headers on
+    # (`cg.proxy.retained.begin`), taken by the answer's hook.
+    retention: asyncio.Future[Any] | None = None
 
 
 class Flows:

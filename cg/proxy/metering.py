@@ -40,6 +40,8 @@ class Metering:
         record = flow.metadata.get(META)
         if record is None or flow.response is None:
             return
+        # A rewritten turn's retention, measured while the answer streams.
+        retained.begin(self.rt, flow, cast(Record, record))
         expand = record.get("expand")
         if expand is not None and expand.get("injected"):
             st = self.rt.flows.get(flow.id)

@@ -2,18 +2,21 @@
 the request sent still shows, measured once per rewritten flow and recorded in its decision
 record (`retention`), its view record (mitmweb's view and comment) and `/_cg/stats`.
 
-Why in the answer's hooks (`cg.proxy.metering`'s `response`, and `error` for a flow that failed)
-and not in the request hook: measuring reads every message's facts (~20–30 ms for a cold 1 MB,
-400-message body; ~0.3–1.1 ms on a warm turn of a 630 KB one, whose index inherits the previous
-turn's facts and kept-text search: `cg.retention.measure`), and
-nothing on the request's path needs the figure. So the request hook costs what it did, and the
-request goes upstream without waiting for it. Those two hooks see every flow once, and what is
-measured is the metering's turn (the client's body as indexed, and the plan that made the body
-sent), which the first of them takes: a response after an error, or an error after a response,
-finds nothing to measure again. A hook of its own rather than a task left running: the record is
-complete when the flow is saved (`-w`) or shown. A measurement with more to read than a turn
-reads on the loop (`cg.proxy.offload.INLINE`) runs in the worker thread, awaited by the hook
-(other flows go on meanwhile), and is recorded back on the loop.
+Why not in the request hook: measuring reads every message's facts (~20–30 ms for a cold 1 MB,
+400-message body; ~0.14–0.3 ms on a warm turn, whose index inherits the previous turn's facts
+and kept-text search: `cg.retention.measure`), and nothing on the request's path needs the
+figure. So the request hook costs what it did, and the request goes upstream without waiting.
+Why it begins at the answer's headers (`begin`, from `cg.proxy.metering`'s `responseheaders`),
+in the worker thread: it then runs while the provider streams its answer, and the answer's hook
+(`response`, or `error` for a flow that failed) only records what is done, so the client does
+not wait for it at the end of the answer (measured in the hook itself, on the loop, the client
+waited ~1 ms more on a 1 MB reuse turn: docs/benchmarks.md). A flow that failed before any
+answer is measured by its error hook: on the loop when there is little to read, else in the
+worker thread, awaited. Those hooks see every flow once, and what is measured is the metering's
+turn (the client's body as indexed, and the plan that made the body sent), which the first of
+them takes: a response after an error, or an error after a response, finds nothing to measure
+again. Recorded by the hook rather than by a task left running: the record is complete when
+the flow is saved (`-w`) or shown.
 
 Only a turn sent `rewritten` whose plan changed a message is measured: an expand-tool-only
 injection keeps every message (retention 1 by construction) and a re-sent original
@@ -30,6 +33,7 @@ like API keys, are masked in it before it is kept.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import re
 from collections.abc import Awaitable, Sequence
@@ -62,11 +66,39 @@ LOST_SHOWN, LOST_CHARS = 5, 120  # lost facts kept in the record, and of each it
 SECRET_MIN = 8  # a credential value shorter than this is not searched for (it would mask words)
 
 
-def measure(rt: Runtime, flow: http.HTTPFlow, record: Record) -> Awaitable[None] | None:
-    """Measure the flow's retention if it is a rewritten turn not measured yet: on the loop
-    when there is little to read, else an awaitable that measures in the worker thread (the
-    caller awaits it). Call before the meter takes the flow's turn."""
+def begin(rt: Runtime, flow: http.HTTPFlow, record: Record) -> None:
+    """At the answer's headers: a rewritten turn's measurement begun in the worker thread, so
+    that it runs while the provider streams its answer and the answer's hook finds it done
+    (the client does not wait for it at the end of the answer). Call before the meter takes
+    the flow's turn; a failure here leaves the measurement to the answer's hook."""
     try:
+        st = rt.flows.get(flow.id)
+        if st is None or st.retention is not None:
+            return
+        got = _pending(rt, flow, record)
+        if got is not None:
+            st.retention = asyncio.ensure_future(rt.offload.chore(_of, *got))
+    except Exception:  # noqa: BLE001 - fail open: measured at the answer's end instead
+        return
+
+
+def measure(rt: Runtime, flow: http.HTTPFlow, record: Record) -> Awaitable[None] | None:
+    """Record the flow's retention if it is a rewritten turn not measured yet: the one `begin`
+    started (at once when it is done, else an awaitable that waits for it), or measured now:
+    on the loop when there is little to read, else an awaitable that measures in the worker
+    thread (the caller awaits it). Call before the meter takes the flow's turn."""
+    try:
+        st = rt.flows.get(flow.id)
+        early = st.retention if st is not None else None
+        if st is not None and early is not None:
+            st.retention = None
+            if "retention" in record or record.get("outcome") != "rewritten":
+                early.cancel()  # (a 400 re-sent the original since: its figure is not this)
+                return None
+            if early.done() and not early.cancelled():
+                _record(rt, flow, record, early.result())
+                return None
+            return _finish(rt, flow, record, early)
         got = _pending(rt, flow, record)
         if got is None:
             return None
@@ -105,6 +137,20 @@ def _of(index: BodyIndex, plan: Sequence[Piece]) -> Retention | str:
         return of_plan(index, plan)
     except Exception as e:  # noqa: BLE001
         return _why(e)
+
+
+async def _finish(
+    rt: Runtime, flow: http.HTTPFlow, record: Record, early: asyncio.Future[Any]
+) -> None:
+    try:
+        result = await early
+    except asyncio.CancelledError:
+        if not early.cancelled():
+            raise  # the hook itself is being cancelled
+        result = "the measurement was cancelled (the worker thread stopped)"
+    except Exception as e:  # noqa: BLE001 - the worker gone (at exit): said, not raised
+        result = _why(e)
+    _record(rt, flow, record, result)
 
 
 async def _aside(

@@ -259,34 +259,45 @@ async def test_an_error_status_and_a_failed_flow_are_measured_once(
     assert addon.stats.retention.turns == 2
 
 
-async def test_a_large_read_is_measured_in_the_worker_thread(
+async def test_the_measurement_runs_in_the_worker_while_the_answer_streams(
     addon: ContextGuru, fake: SharedFake, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Past the loop's limits the measurement runs in the worker (awaited by the hook, in
-    `response` and `error` alike); within them, on the loop."""
+    """From the answer's headers on, in the worker thread, so the answer's hook finds it done
+    (or waits for it); a flow that failed before any answer is measured by its error hook: on
+    the loop within the loop's limits, past them in the worker (awaited)."""
     await summarized(addon, fake)
     threads: list[str] = []
+    loop_thread = threading.current_thread().name
 
     def spy(index: Any, plan: Any) -> Retention:
         threads.append(threading.current_thread().name)
         return of_plan(index, plan)
 
     monkeypatch.setattr(retained, "of_plan", spy)
-    await answered(addon, rewritten(addon))
-    assert threads == [threading.current_thread().name]
-    monkeypatch.setattr(retained, "INLINE", (-1, -1))  # every measurement past them
     f = rewritten(addon)
-    await answered(addon, f)
+    f.response = answer(200)
+    addon.responseheaders(f)
+    st = addon.rt.flows.get(f.id)
+    assert st is not None and st.retention is not None  # begun at the headers
+    await st.retention
+    assert "retention" not in f.metadata[META]  # recorded by the answer's hook
+    await addon.response(f)
     assert f.metadata[META]["retention"]["visible"] == 4
+    assert threads == ["cg-large-body_0"]
     g = rewritten(addon)
-    g.error = tflow.terr()
-    pending = addon.error(g)
-    assert isinstance(pending, Awaitable) and "retention" not in g.metadata[META]
+    g.error = tflow.terr()  # no answer: no headers
+    assert addon.error(g) is None and g.metadata[META]["retention"]["visible"] == 4
+    assert threads[-1] == loop_thread
+    monkeypatch.setattr(retained, "INLINE", (-1, -1))  # every measurement past them
+    h = rewritten(addon)
+    h.error = tflow.terr()
+    pending = addon.error(h)
+    assert isinstance(pending, Awaitable) and "retention" not in h.metadata[META]
     await pending
-    assert g.metadata[META]["retention"]["visible"] == 4
-    assert threads[1:] == ["cg-large-body_0", "cg-large-body_0"]
+    assert h.metadata[META]["retention"]["visible"] == 4
+    assert threads[-1] == "cg-large-body_0"
     assert addon.stats.retention.turns == 3
-    assert g.id not in addon.live  # the redactor's error hook ran after it
+    assert h.id not in addon.live  # the redactor's error hook ran after it
 
 
 async def test_a_lost_fact_never_carries_a_credential(addon: ContextGuru, fake: SharedFake) -> None:
