@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from cg.retention.facts import first_error
+from cg.retention.facts import first_error, output_text
 from cg.wire.body import BodyIndex
 from cg.wire.dialects import ToolOutput
 from cg.wire.jsonspan import Member, walk_object
@@ -107,17 +107,6 @@ def abbreviate(value: Any) -> str:
             value = json.loads(value)  # a function call's arguments are JSON text
     text = dumps(value)
     return text if len(text) <= INPUT_CHARS else text[: INPUT_CHARS - 1] + "…"
-
-
-def output_text(value: Any) -> str:
-    """An output's text as `cg.retention.facts` reads it: a string, or its parts' texts."""
-    if isinstance(value, str):
-        return value
-    if isinstance(value, list):
-        return "\n".join(
-            t for p in value if isinstance(p, dict) and isinstance(t := p.get("text"), str)
-        )
-    return ""
 
 
 def locate(source: str, path: Sequence[str | int]) -> Member | None:

@@ -173,8 +173,9 @@ def _parse_args(arguments: Any) -> Any:
     return arguments
 
 
-def _output_text(content: Any) -> str:
-    """A tool output's text: a string, or the texts of its parts."""
+def output_text(content: Any) -> str:
+    """A tool output's text: a string, or the texts of its parts (what `first_error` reads, and
+    what `cg.mask` sizes)."""
     if isinstance(content, str):
         return content
     if isinstance(content, list):
@@ -218,7 +219,7 @@ def _read(dialect: Dialect, m: Mapping[str, Any], at: int) -> list[Found]:
     for c in dialect.tool_calls(m):
         out += call_facts(c.name or None, _parse_args(c.input), at, c.id or None)
     for o in dialect.tool_outputs(m):
-        text = _output_text(_value_at(m, o.path))
+        text = output_text(_value_at(m, o.path))
         call = o.call or None
         line = first_error(text)
         if line:
