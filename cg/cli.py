@@ -8,6 +8,12 @@
                          [--summary-latency S] [--model NAME] [--plot OUT.png]
     context-guru eval FILE… [--preset P] [--config F] [--probes N] [--max-calls N] [--yes]
                      [--model NAME] [--base-url URL] [--summary-model NAME] [--json]
+    context-guru proxy [--web] [MITMDUMP ARGS…]
+    context-guru addon-path
+
+`proxy` runs mitmdump (mitmweb with `--web`) with the addon that ships in the package, every
+other argument passed to it as given; `addon-path` prints that addon's path, for
+`mitmdump -s "$(context-guru addon-path)"`.
 
 `replay` runs a captured body (a raw request body, a `{"provider", "body"}` fixture, or a
 mitmproxy flow file) through a preset offline, against a throwaway store, and shows what would
@@ -29,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib.util
 import json
 import os
 import sys
@@ -604,6 +611,17 @@ def parser() -> argparse.ArgumentParser:
     m.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     m.set_defaults(func=simulate)
 
+    # (Run by `main` before the parser reads anything else: every argument goes to mitmdump.)
+    sub.add_parser(
+        "proxy",
+        help="run mitmdump (mitmweb with --web) with the packaged addon; every other argument "
+        "is mitmdump's",
+        add_help=False,
+    ).set_defaults(func=lambda a: 2)
+    sub.add_parser(
+        "addon-path", help="print the packaged addon's path, for mitmdump -s"
+    ).set_defaults(func=lambda a: (print(addon_path()), 0)[1])
+
     v = sub.add_parser(
         "eval",
         help="ask your model what each rewrite lost, on recorded sessions (real, billed calls)",
@@ -647,7 +665,37 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
+# mitmproxy's own entry points, run in this interpreter: an installed wheel may have no
+# `mitmdump` script on PATH beside it (its dependencies in another environment).
+_MITM = "import sys; from mitmproxy.tools.main import {0}; sys.argv[0] = {0!r}; sys.exit({0}())"
+
+
+def addon_path() -> str:
+    """The addon entry that ships in the package (found without importing it: importing it
+    makes the addons)."""
+    spec = importlib.util.find_spec("cg.proxy.entry")
+    if spec is None or spec.origin is None:
+        raise OSError("the package has no cg/proxy/entry.py: a broken install")
+    return spec.origin
+
+
+def proxy_command(args: Sequence[str]) -> list[str]:
+    """The command `context-guru proxy ARGS` runs: mitmdump (mitmweb for `--web`) with the
+    packaged addon, then ARGS."""
+    rest = list(args)
+    tool = "mitmweb" if "--web" in rest else "mitmdump"
+    rest = [a for a in rest if a != "--web"]
+    return [sys.executable, "-c", _MITM.format(tool), "-s", addon_path(), *rest]
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    given = list(sys.argv[1:] if argv is None else argv)
+    if given[:1] == ["addon-path"] and len(given) == 1:
+        print(addon_path())
+        return 0
+    if given[:1] == ["proxy"]:
+        cmd = proxy_command(given[1:])
+        os.execv(cmd[0], cmd)  # the terminal, signals and exit status are mitmproxy's
     args = parser().parse_args(argv)
     try:
         code: int = args.func(args)

@@ -1,6 +1,6 @@
 """Options + YAML presets -> validated settings. Pure functions that raise ValueError.
 
-Sources, later wins: `presets/NAME.yaml` < the `cg_config` file < mitmproxy options. Unknown keys
+Sources, later wins: `cg/presets/NAME.yaml` < the `cg_config` file < mitmproxy options. Unknown keys
 and bad values are refused with a message naming the key and the value.
 """
 
@@ -16,7 +16,8 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-PRESETS_DIR = Path(__file__).resolve().parent.parent / "presets"
+# Package data: the presets and the tables ship inside `cg` (a wheel needs no checkout).
+PRESETS_DIR = Path(__file__).resolve().parent / "presets"
 
 
 class StoreConfig(BaseModel):
@@ -39,7 +40,7 @@ class StoreConfig(BaseModel):
 
 
 class Rates(BaseModel):
-    """List prices of one model, USD per million tokens (`presets/tables/prices.yaml`)."""
+    """List prices of one model, USD per million tokens (`cg/presets/tables/prices.yaml`)."""
 
     model_config = ConfigDict(extra="forbid", strict=True)
     input: float = Field(ge=0)
@@ -79,7 +80,7 @@ class Config(BaseModel):
     store: StoreConfig = Field(default_factory=StoreConfig)
     model_windows: dict[str, int] = Field(default_factory=dict)
     # {model: {input, cache_write_5m, cache_write_1h, cache_read, output[, long_prompt]}} in
-    # USD per million tokens, over presets/tables/prices.yaml (validated by load_config)
+    # USD per million tokens, over cg/presets/tables/prices.yaml (validated by load_config)
     prices: dict[str, Any] = Field(default_factory=dict)
 
 

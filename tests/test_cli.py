@@ -477,3 +477,24 @@ def test_stats_of_a_running_proxy_prints_its_retention(capsys) -> None:
     assert "turns measured  2  mean 69.0%  least 66.7%" in out
     assert "user 100.0%  file none  command 50.0%  error none" in out
     assert "not measured (failed): 1" in out
+
+
+def test_proxy_runs_mitmdump_or_mitmweb_with_the_packaged_addon(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from cg.cli import addon_path, main, proxy_command
+
+    path = Path(addon_path())
+    assert path.is_file() and path.parts[-3:] == ("cg", "proxy", "entry.py")
+    assert main(["addon-path"]) == 0 and capsys.readouterr().out.strip() == str(path)
+    cmd = proxy_command(["--mode", "reverse:http://127.0.0.1:9", "--web", "-q"])
+    assert cmd[0] == sys.executable and "mitmweb" in cmd[2] and "mitmdump" not in cmd[2]
+    assert cmd[3:] == ["-s", str(path), "--mode", "reverse:http://127.0.0.1:9", "-q"]
+    assert "mitmdump" in proxy_command([])[2]
+    done = subprocess.run(
+        [sys.executable, "-m", "cg", "proxy", "--version"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0 and "Mitmproxy:" in done.stdout, done.stderr

@@ -3,7 +3,7 @@
     cache.py    the prompt-cache billing model: which part of a request is read from the cache,
                 written to it, or sent at the full input price (the simulator and the savings
                 estimate both use it)
-    prices.py   list prices per model (presets/tables/prices.yaml, a user's `prices` map over it)
+    prices.py   list prices per model (cg/presets/tables/prices.yaml, a user's `prices` map over it)
     tap.py      reading `usage` from an answer as it passes: a stream callable for SSE, and JSON
     ledger.py   the per-session usage ledger in the store, and the without-rewrite estimate
     savings.py  the ledger priced: `usage` and `savings` for /_cg/stats and /_cg/sessions

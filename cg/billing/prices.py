@@ -1,6 +1,6 @@
 """List prices per model, in USD per million tokens (docs/behaviour.md#usage-cost-and-savings).
 
-The shipped table is `presets/tables/prices.yaml` (dated, each figure with its source); a
+The shipped table is `cg/presets/tables/prices.yaml` (dated, each figure with its source); a
 config's `prices:` map overrides it model by model. A model is matched by its exact name, else by
 the longest name in the table that it starts with (`claude-sonnet-4-5-20250929` takes
 `claude-sonnet-4-5`). A model with no price is *unknown*: its cost is None, never zero, and

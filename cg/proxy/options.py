@@ -24,7 +24,7 @@ def declare(loader: Any) -> None:
         AUTO,
         "context-guru preset: auto (default: claude-code for requests carrying Claude "
         "Code's own headers, codex for Codex CLI's, summarize for everything else), or a "
-        "name from presets/ (summarize, claude-code, codex, summarizer1509, off) applied to "
+        "name from cg/presets/ (summarize, claude-code, codex, mask, summarizer1509, off) applied to "
         "all traffic.",
     )
     loader.add_option(

@@ -4,7 +4,7 @@
 The figures are model estimates, not measurements: the real pipeline of each preset runs
 offline, but the summaries are a stand-in's (unless `model` names a real one), the agent's
 answers are read off the trace, and the bill is the prompt-cache model of `cg.billing.cache` at
-the list prices of `presets/tables/prices.yaml`. `off` is always run: it is what every ratio is
+the list prices of `cg/presets/tables/prices.yaml`. `off` is always run: it is what every ratio is
 taken against; `agent-compaction` (the agent compacting itself, `cg.simulate.compaction`) is the
 baseline that savings are also reported against.
 """

@@ -48,7 +48,7 @@ NEEDS_RESPONSES = pytest.mark.skipif(
     reason="needs the `responses` dialect: the proxy does not decide on /v1/responses yet",
 )
 NEEDS_CODEX_PRESET = pytest.mark.skipif(
-    "codex" not in preset_names(), reason="needs the `codex` preset (presets/codex.yaml)"
+    "codex" not in preset_names(), reason="needs the `codex` preset (cg/presets/codex.yaml)"
 )
 HEADER = "=== History Summary ==="
 MARKER = re.compile(r"<<cg:([0-9a-f]+)>>")

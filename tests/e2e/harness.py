@@ -140,11 +140,15 @@ class Proxy:
         scripts: Sequence[Path] = (),
         program: Path = MITMDUMP,
         args: Sequence[str] = (),
+        addon: Path | None = REPO / "cg_addon.py",
+        cwd: Path = REPO,
     ) -> Proxy:
         """Start mitmdump in front of `upstream`; `options` are extra `--set` values, `env`
         extra environment variables (see HERMETIC). `mode` replaces `reverse:{upstream}` (e.g.
         `regular`); `scripts` load before cg_addon.py, so their hooks see a request first.
-        `program` (mitmweb, say) replaces mitmdump, `args` go first on its command line."""
+        `program` (mitmweb, say) replaces mitmdump, `args` go first on its command line;
+        `addon` None: the program loads the addon itself (`context-guru proxy`); `cwd` where
+        it runs."""
         confdir = workdir / "confdir"
         confdir.mkdir(parents=True, exist_ok=True)
         record = workdir / "decisions.jsonl"
@@ -158,8 +162,7 @@ class Proxy:
             "--listen-port",
             "0",
             *(arg for script in scripts for arg in ("-s", str(script))),
-            "-s",
-            str(REPO / "cg_addon.py"),
+            *(("-s", str(addon)) if addon is not None else ()),
             "-s",
             str(RECORDER),
             "--set",
@@ -173,7 +176,7 @@ class Proxy:
             cmd += ["--set", opt]
         proc = subprocess.Popen(
             cmd,
-            cwd=REPO,
+            cwd=cwd,
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,

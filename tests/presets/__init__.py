@@ -1,1 +1,1 @@
-"""The shipped presets (presets/*.yaml) against the behaviour each was chosen for."""
+"""The shipped presets (cg/presets/*.yaml) against the behaviour each was chosen for."""
