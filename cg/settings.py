@@ -84,18 +84,43 @@ class Config(BaseModel):
     prices: dict[str, Any] = Field(default_factory=dict)
 
 
-def describe(e: ValidationError, source: str, secret_keys: Collection[str] = ()) -> str:
-    """One line per error, naming the key path and the value that was refused.
+def describe(
+    e: ValidationError,
+    source: str,
+    secret_keys: Collection[str] = (),
+    model: type[BaseModel] | None = None,
+) -> str:
+    """One line per error, naming the key path and the value that was refused; an unknown key
+    of `model` (the validated model) with the known key it is close to, as a misspelt `--set`
+    option gets.
 
     The value under a key in `secret_keys` is never echoed.
     """
     lines = []
     for err in e.errors():
-        key = ".".join(str(p) for p in err["loc"]) or "(top level)"
-        secret = any(str(p) in secret_keys for p in err["loc"])
+        loc = err["loc"]
+        key = ".".join(str(p) for p in loc) or "(top level)"
+        secret = any(str(p) in secret_keys for p in loc)
         value = "<redacted>" if secret else repr(err.get("input"))
-        lines.append(f"{source}: {key}: {err['msg']} (got {value})")
+        hint = ""
+        if err["type"] == "extra_forbidden" and model is not None and loc:
+            known = _keys_at(model, loc[:-1])
+            close = difflib.get_close_matches(str(loc[-1]), sorted(known), n=1)
+            hint = f" (did you mean {'.'.join([*map(str, loc[:-1]), close[0]])}?)" if close else ""
+        lines.append(f"{source}: {key}: {err['msg']} (got {value}){hint}")
     return "; ".join(lines)
+
+
+def _keys_at(model: type[BaseModel], path: Sequence[int | str]) -> Collection[str]:
+    """The keys of the model nested at `path` in `model` (none where the path leaves models)."""
+    here: type[BaseModel] = model
+    for part in path:
+        field = here.model_fields.get(str(part))
+        nested = field.annotation if field is not None else None
+        if not (isinstance(nested, type) and issubclass(nested, BaseModel)):
+            return ()
+        here = nested
+    return here.model_fields.keys()
 
 
 def _read_yaml(path: Path, source: str) -> dict[str, Any]:
@@ -150,7 +175,7 @@ def load_config(preset: str, config_file: str | None, known_components: Sequence
     try:
         cfg = Config.model_validate(data)
     except ValidationError as e:
-        raise ValueError(describe(e, "config", secret_keys=("url",))) from None
+        raise ValueError(describe(e, "config", secret_keys=("url",), model=Config)) from None
     parse_prices(cfg.prices, "config: prices")
     for name in cfg.pipeline:
         if name not in known_components:

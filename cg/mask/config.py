@@ -41,4 +41,4 @@ def parse_mask(raw: Mapping[str, Any]) -> MaskConfig:
     try:
         return MaskConfig.model_validate(dict(raw))
     except ValidationError as e:
-        raise ValueError(describe(e, "components.mask")) from None
+        raise ValueError(describe(e, "components.mask", model=MaskConfig)) from None

@@ -135,4 +135,6 @@ def parse_summarize(
     try:
         return SummarizeConfig.model_validate(data)
     except ValidationError as e:
-        raise ValueError(describe(e, "components.summarize", secret_keys={"api_key"})) from None
+        raise ValueError(
+            describe(e, "components.summarize", secret_keys={"api_key"}, model=SummarizeConfig)
+        ) from None

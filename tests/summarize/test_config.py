@@ -5,6 +5,7 @@ naming key and value, the legacy `start_from_message` fold, `CHEAP_MODEL*` env, 
 from __future__ import annotations
 
 import traceback
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -47,18 +48,49 @@ def test_defaults_are_the_spec_table_but_the_triggers_the_simulator_chose() -> N
 
 
 @pytest.mark.parametrize(
-    ("raw", "key"),
+    ("raw", "key", "meant"),
     [
-        ({"keep_frist": 2}, "keep_frist"),
-        ({"trigger": {"min_reqest_frac": 0.5}}, "trigger.min_reqest_frac"),
-        ({"model": {"endpoint": "http://x"}}, "model.endpoint"),
-        ({"summarise_level": "concise"}, "summarise_level"),
+        ({"keep_frist": 2}, "keep_frist", "keep_first"),
+        (
+            {"trigger": {"min_reqest_frac": 0.5}},
+            "trigger.min_reqest_frac",
+            "trigger.min_request_frac",
+        ),
+        ({"model": {"endpoint": "http://x"}}, "model.endpoint", None),
+        ({"summarise_level": "concise"}, "summarise_level", "summary_level"),
+        ({"keep_artifact_token": 10}, "keep_artifact_token", "keep_artifact_tokens"),
     ],
 )
-def test_unknown_keys_are_refused_by_name(raw: dict[str, Any], key: str) -> None:
+def test_unknown_keys_are_refused_by_name(raw: dict[str, Any], key: str, meant: str | None) -> None:
+    """Named with the known key they are close to, at the same depth, as a misspelt `--set`
+    option is; a key close to none gets no guess."""
     msg = refused(raw)
     assert f"components.summarize: {key}:" in msg
     assert "Extra inputs are not permitted" in msg
+    if meant is None:
+        assert "did you mean" not in msg
+    else:
+        assert msg.endswith(f"(did you mean {meant}?)")
+
+
+def test_an_unknown_key_of_the_config_file_or_the_mask_block_gets_a_guess_too(
+    tmp_path: Path,
+) -> None:
+    from cg.components import COMPONENTS
+    from cg.mask.config import parse_mask
+    from cg.settings import load_config
+
+    bad = tmp_path / "cg.yaml"
+    bad.write_text("store: {max_bm: 3}\npipelin: [summarize]\n")
+    with pytest.raises(ValueError) as e:
+        load_config("summarize", str(bad), list(COMPONENTS))
+    assert "config: store.max_bm: " in str(e.value) and "(did you mean store.max_mb?)" in str(
+        e.value
+    )
+    assert "(did you mean pipeline?)" in str(e.value)
+    with pytest.raises(ValueError) as e:
+        parse_mask({"keep_last_round": 3})
+    assert str(e.value).endswith("(did you mean keep_last_rounds?)")
 
 
 @pytest.mark.parametrize(
