@@ -14,9 +14,13 @@ keeps it too, so a later build that words stubs differently still re-emits the o
 
 from __future__ import annotations
 
+import re
+
+from cg.expand.tool import parse_id
 from cg.mask.outputs import Call, Output
 
 PREFIX = "[context-guru masked this tool output]"
+_ID = re.compile(r'; call context_guru_expand with id "([^"]{1,64})" to read it <<cg:')
 
 
 def stub(call: Call | None, output: Output, key: str, n: int) -> str:
@@ -31,6 +35,13 @@ def stub(call: Call | None, output: Output, key: str, n: int) -> str:
     if output.error:
         text += f"; first error line: {_line(output.error)}"
     return f'{text}; call context_guru_expand with id "{key}#{n}" to read it <<cg:{key}>>'
+
+
+def stub_id(text: str) -> tuple[str, int] | None:
+    """The stash key and message number a stub (as `stub` writes it) names, or None."""
+    m = _ID.search(text) if text.startswith(PREFIX) else None
+    parsed = parse_id(m.group(1)) if m else None
+    return (parsed[0], parsed[1]) if parsed is not None and parsed[1] is not None else None
 
 
 def _line(text: str) -> str:

@@ -170,7 +170,7 @@ def _record(rt: Runtime, flow: http.HTTPFlow, record: Record, result: Retention 
             doc: dict[str, Any] = {"error": result}
             rt.stats.retention.failed += 1
         else:
-            doc = result.to_json(LOST_SHOWN)
+            doc = result.to_json(0)  # the lost facts are added below, masked
             secrets = credentials(flow.request.headers)
             # Masked whole, then cut: a key cut at the 120th character would not be matched.
             doc["lost"] = [

@@ -35,7 +35,6 @@ mitmproxy 12 changed the contentview API; this module is the one place that know
 from __future__ import annotations
 
 import json
-import re
 import textwrap
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
@@ -46,6 +45,7 @@ from mitmproxy.net.http.headers import parse_content_type
 
 from cg.expand.tool import SUMMARY_HEADER, TOOL_JSON, markers
 from cg.mask.stub import PREFIX as STUB_PREFIX
+from cg.mask.stub import stub_id
 from cg.state import Stash
 from cg.wire.dialects import DIALECTS
 from cg.wire.jsonspan import JsonSpanError, walk_document
@@ -401,9 +401,6 @@ def stub_lines(messages: list[Any]) -> Iterator[Line]:
 # -- rebuilding the original ----------------------------------------------------------------
 
 
-STUB_ID = re.compile(r'with id "([0-9a-f]{24})#([0-9]+)"')
-
-
 def rebuild_original(
     sent: bytes,
     rec: dict[str, Any],
@@ -444,10 +441,11 @@ def rebuild_original(
     if rec.get("masked"):
         pieces = [_unmasked(src, lookup) for src in pieces]
     # Each piece where its message lay: the separators between them as sent.
-    out = text[: els[0].start] if els else text[: arr.end]
+    parts = [text[: els[0].start] if els else text[: arr.end]]
     for n, piece in enumerate(pieces):
-        out += piece + (text[els[n].end : els[n + 1].start] if n + 1 < len(els) else "")
-    out += text[els[-1].end :] if els else text[arr.end :]
+        parts += (piece, text[els[n].end : els[n + 1].start] if n + 1 < len(els) else "")
+    parts.append(text[els[-1].end :] if els else text[arr.end :])
+    out = "".join(parts)
     if rec.get("expand_tool"):
         tool = TOOL_JSON[dialect.name]
         member = f',"tools":[{tool}]'
@@ -464,12 +462,12 @@ def _unmasked(src: str, lookup: Callable[[str], Stash | None] | None) -> str:
     if STUB_PREFIX not in src:
         return src
     try:
-        found = next((m for st in stubs(json.loads(src)) if (m := STUB_ID.search(st))), None)
+        found = next((i for st in stubs(json.loads(src)) if (i := stub_id(st))), None)
     except ValueError:
         return src
     if found is None:
         return src
-    key, n = found.group(1), int(found.group(2))
+    key, n = found
     stash = lookup(key) if lookup is not None else None
     if stash is None:
         raise ValueError(f"stash {key} of a masked tool output is no longer in the store")
