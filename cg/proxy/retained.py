@@ -105,7 +105,7 @@ def measure(rt: Runtime, flow: http.HTTPFlow, record: Record) -> Awaitable[None]
         index, plan = got
         messages, chars = unread(index)
         if messages > INLINE[1] or chars > INLINE[0]:
-            return _aside(rt, flow, record, index, plan)
+            return _finish(rt, flow, record, asyncio.ensure_future(rt.offload.chore(_of, *got)))
         _record(rt, flow, record, _of(index, plan))
     except Exception as e:  # noqa: BLE001 - fail open: the answer never sees it
         _record(rt, flow, record, _why(e))
@@ -142,22 +142,14 @@ def _of(index: BodyIndex, plan: Sequence[Piece]) -> Retention | str:
 async def _finish(
     rt: Runtime, flow: http.HTTPFlow, record: Record, early: asyncio.Future[Any]
 ) -> None:
+    """A measurement running in the worker thread (begun at the answer's headers, or by the
+    hook for a long read), recorded on the loop once it is done."""
     try:
         result = await early
     except asyncio.CancelledError:
         if not early.cancelled():
             raise  # the hook itself is being cancelled
         result = "the measurement was cancelled (the worker thread stopped)"
-    except Exception as e:  # noqa: BLE001 - the worker gone (at exit): said, not raised
-        result = _why(e)
-    _record(rt, flow, record, result)
-
-
-async def _aside(
-    rt: Runtime, flow: http.HTTPFlow, record: Record, index: BodyIndex, plan: Sequence[Piece]
-) -> None:
-    try:
-        result = await rt.offload.chore(_of, index, plan)
     except Exception as e:  # noqa: BLE001 - the worker gone (at exit): said, not raised
         result = _why(e)
     _record(rt, flow, record, result)
