@@ -3,7 +3,8 @@
 The shipped table is `cg/presets/tables/prices.yaml` (dated, each figure with its source); a
 config's `prices:` map overrides it model by model. A model is matched by its exact name, else by
 the longest name in the table that it starts with (`claude-sonnet-4-5-20250929` takes
-`claude-sonnet-4-5`). A model with no price is *unknown*: its cost is None, never zero, and
+`claude-sonnet-4-5`); a gateway's provider prefix (`openai/gpt-4o`, `aws/claude-sonnet-5`) is
+dropped when the whole name matches nothing. A model with no price is *unknown*: its cost is None, never zero, and
 every total it enters says so.
 
 Some models charge more for a long prompt (every token of a request whose input, cache reads and
@@ -58,6 +59,8 @@ class PriceTable:
             return self._matched[model]
         best = max((p for p in self.prices if model.startswith(p)), key=len, default=None)
         found = self.prices[best] if best is not None else None
+        if found is None and "/" in model:
+            found = self.lookup(model.rsplit("/", 1)[1])
         if len(self._matched) < MATCHED_MAX:
             self._matched[model] = found
         return found

@@ -58,7 +58,10 @@ def resolve_window(
         return user_windows[model]
     if "context-1m" in beta_header and any(model.startswith(p) for p in table.context_1m):
         return ONE_MILLION
-    return _longest_prefix(model, user_windows) or _longest_prefix(model, table.windows)
+    found = _longest_prefix(model, user_windows) or _longest_prefix(model, table.windows)
+    if found is None and "/" in model:  # a gateway's provider prefix: `openai/gpt-4o`
+        return resolve_window(model.rsplit("/", 1)[1], beta_header, user_windows, table)
+    return found
 
 
 def cache_ttl(body_text: str) -> float:

@@ -196,7 +196,7 @@ TABLE = shipped_windows()
         ("claude-opus-4-8", 200_000),
         ("gpt-4o-mini", 128_000),
         ("gpt-4.1-nano", 1_047_576),
-        ("aws/claude-sonnet-5", None),
+        ("aws/claude-sonnet-5", 1_000_000),  # a gateway's prefix, dropped
         ("m/x", None),
         ("", None),
         (None, None),
@@ -372,7 +372,9 @@ def test_the_fraction_gate_on_real_traffic(store: SqliteStore) -> None:
     rec = record(d.send(body, **beta))
     assert rec["window"] == ONE_MILLION
     unknown = make(config(trigger={"min_request_frac": 0.9}), store, session="sess-unknown")
-    rec = record(unknown.send(fixture_body(CC_TOOL_USE)))
+    named = fixture_body(CC_TOOL_USE)
+    assert named["model"] == "aws/claude-sonnet-5"  # vacuity guard: the model renamed below
+    rec = record(unknown.send({**named, "model": "aws/model-nobody-knows"}))
     assert rec["window"] is None
     assert rec["trigger"]["blocked"] == [
         "min_request_frac: window unknown, fraction not resolvable"
