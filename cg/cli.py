@@ -1,8 +1,8 @@
 """`context-guru` (also `python -m cg`): look at what the proxy did, and what it would do.
 
     context-guru replay FILE [--preset P] [--config F] [--summary TEXT] [--json]
-    context-guru expand KEY[#N] [--db PATH|URL] [--json]
-    context-guru sessions [--db PATH|URL] [--config F] [--json]
+    context-guru expand KEY[#N] [--db PATH|URL | --proxy URL [--token T]] [--json]
+    context-guru sessions [--db PATH|URL | --proxy URL [--token T]] [--config F] [--json]
     context-guru stats [--db PATH|URL | --proxy URL [--token T]] [--config F] [--json]
     context-guru simulate FILE… [--preset P]… [--config F] [--json] [--summary-ratio R]
                          [--summary-latency S] [--model NAME] [--plot OUT.png]
@@ -14,6 +14,10 @@
 `proxy` runs mitmdump (mitmweb with `--web`) with the addon that ships in the package, every
 other argument passed to it as given; `addon-path` prints that addon's path, for
 `mitmdump -s "$(context-guru addon-path)"`.
+
+`expand`, `sessions` and `stats` read a store (the default one unless `--db` names another; each
+says which it read) or ask a running proxy (`--proxy URL`: its `/_cg/` endpoints, whatever store
+it was started with).
 
 `replay` runs a captured body (a raw request body, a `{"provider", "body"}` fixture, or a
 mitmproxy flow file) through a preset offline, against a throwaway store, and shows what would
@@ -50,6 +54,7 @@ from cg.wire.dialects import DIALECTS, Dialect, route
 
 EXIT_USAGE = 2
 EXIT_NOT_FOUND = 1
+SESSIONS_FROM_PROXY_MAX = 10_000  # `sessions --proxy` reads pages until this many
 
 
 def _store(db: str | None) -> Any:
@@ -60,8 +65,49 @@ def _store(db: str | None) -> Any:
         return open_reader(db)  # the shared store several proxies use
     path = Path(db or StoreConfig().path).expanduser()
     if not path.is_file():
-        raise ValueError(f"no context-guru store at {path}")
+        hint = (
+            " (the default store; a proxy started with `--set cg_db=…` keeps its own there: "
+            "pass --db PATH, or ask the proxy with --proxy URL)"
+            if db is None
+            else ""
+        )
+        raise ValueError(f"no context-guru store at {path}{hint}")
     return open_reader(str(path))
+
+
+def _store_name(db: str | None) -> str:
+    """Where the store read lives, as it may be shown (a URL's password masked)."""
+    from cg.state import is_url
+
+    if db is not None and is_url(db):
+        from cg.state.pgconn import redact_url
+
+        return redact_url(db)
+    return str(Path(db or StoreConfig().path).expanduser())
+
+
+def _ask_proxy(args: argparse.Namespace, path: str) -> tuple[int, Any]:
+    """GET a running proxy's control endpoint `path` (with the control token, if any): its
+    status and JSON answer. The proxy's own store answers, whatever `--db` would say."""
+    import httpx
+
+    from cg.proxy.environ import CONTROL_TOKEN_ENV
+
+    token = args.token or os.environ.get(CONTROL_TOKEN_ENV, "")
+    headers = {"authorization": f"Bearer {token}"} if token else {}
+    resp = httpx.get(args.proxy.rstrip("/") + path, headers=headers, timeout=10, trust_env=False)
+    try:
+        doc = resp.json()
+    except ValueError:
+        doc = {"error": f"not a context-guru control answer ({resp.status_code})"}
+    return resp.status_code, doc
+
+
+def _refused(args: argparse.Namespace, status: int, doc: Any) -> int:
+    """Say what the proxy answered instead of 200, and the exit code for it."""
+    error = doc.get("error", "") if isinstance(doc, dict) else ""
+    print(f"context-guru: {args.proxy} answered {status}: {error}", file=sys.stderr)
+    return EXIT_NOT_FOUND
 
 
 def _out(obj: Any) -> None:
@@ -200,13 +246,20 @@ def expand(args: argparse.Namespace) -> int:
         print(f"not a context-guru id (KEY or KEY#N): {args.key[:64]!r}", file=sys.stderr)
         return EXIT_USAGE
     key, n = parsed
+    if args.proxy:
+        return _expand_from_proxy(args, key, n)
     store = _store(args.db)
     try:
         stash = store.get_stash(key)
     finally:
         store.close()
     if stash is None:
-        print(f"{args.key}: unknown, or no longer available (expired)", file=sys.stderr)
+        print(
+            f"{args.key}: not in the store at {_store_name(args.db)} (unknown there, or no "
+            "longer available: expired). A proxy started with another cg_db keeps its stashes "
+            "there: pass --db PATH, or ask the proxy with --proxy URL",
+            file=sys.stderr,
+        )
         return EXIT_NOT_FOUND
     if n is None:
         if args.json:
@@ -229,6 +282,30 @@ def expand(args: argparse.Namespace) -> int:
         return 0
     print(f"# {args.key}: message {n} of {len(sources)} from session {stash.session}")
     _print_message(key, n, message)
+    return 0
+
+
+def _expand_from_proxy(args: argparse.Namespace, key: str, n: int | None) -> int:
+    """`expand --proxy URL`: the proxy's `/_cg/expand`, printed as from a store."""
+    import urllib.parse
+
+    status, doc = _ask_proxy(args, "/_cg/expand?" + urllib.parse.urlencode({"id": args.key}))
+    if status != 200 or not isinstance(doc, dict):
+        return _refused(args, status, doc)
+    if args.json:
+        _out(doc)
+        return 0
+    session = doc.get("session")
+    if n is None:
+        messages = doc.get("messages") or []
+        print(f"# {key}: {len(messages)} messages from session {session} (via {args.proxy})")
+        for i, m in enumerate(messages, 1):
+            _print_message(key, i, m)
+        return 0
+    print(
+        f"# {args.key}: message {n} of {doc.get('count')} from session {session} (via {args.proxy})"
+    )
+    _print_message(key, n, doc.get("message"))
     return 0
 
 
@@ -321,6 +398,8 @@ def sessions(args: argparse.Namespace) -> int:
     """Every session the store holds anything of (offline: the whole store, not a page; also
     sessions with no answer booked yet, which `/_cg/sessions` does not list), most recently
     seen by any of its parts first."""
+    if args.proxy:
+        return _sessions_from_proxy(args)
     from cg.billing.listing import PAGE_MAX, entry
     from cg.state.tokens import TokenCounter
 
@@ -339,10 +418,42 @@ def sessions(args: argparse.Namespace) -> int:
     if args.json:
         _out([{**_asdict(infos[r["id"]]), **r} for r in rows])
         return 0
+    print(f"# {len(rows)} sessions in the store at {_store_name(args.db)}")
+    _print_sessions(rows, {k: (v.stashes, v.stash_bytes) for k, v in infos.items()})
+    return 0
+
+
+def _sessions_from_proxy(args: argparse.Namespace) -> int:
+    """`sessions --proxy URL`: every page of the proxy's `/_cg/sessions` (a remote caller's
+    own session only, as the endpoint answers it), printed as from a store."""
+    import urllib.parse
+
+    rows: list[dict[str, Any]] = []
+    cursor: str | None = None
+    while True:
+        query = urllib.parse.urlencode({"cursor": cursor} if cursor else {})
+        status, doc = _ask_proxy(args, "/_cg/sessions" + (f"?{query}" if query else ""))
+        if status != 200 or not isinstance(doc, dict):
+            return _refused(args, status, doc)
+        rows.extend(r for r in doc.get("sessions") or () if isinstance(r, dict))
+        cursor = doc.get("next") or None
+        if cursor is None or len(rows) >= SESSIONS_FROM_PROXY_MAX:
+            break
+    if args.json:
+        _out(rows)
+        return 0
+    more = " (the first pages)" if cursor else ""
+    print(f"# {len(rows)} sessions{more} from the proxy at {args.proxy}")
+    if isinstance(doc.get("error"), str):
+        print(f"# the proxy's store answered: {doc['error']}")
+    _print_sessions(rows, {})
+    return 0
+
+
+def _print_sessions(rows: list[dict[str, Any]], stashes: dict[str, tuple[int, int]]) -> None:
     if not rows:
         print("no sessions")
     for r in rows:
-        info = infos[r["id"]]
         seen = (
             time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(r["last_seen"]))
             if r["last_seen"]
@@ -355,14 +466,13 @@ def sessions(args: argparse.Namespace) -> int:
             if cp
             else "no checkpoint"
         )
-        print(
-            f"{r['id']}  last seen {seen}  {what}  {info.stashes} stashes "
-            f"({info.stash_bytes} bytes)"
-        )
-        if r["usage"]["agent"]["requests"] or r["usage"]["summarizer"]["requests"]:
-            print("\n".join(_usage_lines(r["usage"], "    ")))
-            print("\n".join(_savings_lines(r["savings"], "    ")))
-    return 0
+        held = stashes.get(r["id"])
+        kept = f"  {held[0]} stashes ({held[1]} bytes)" if held else ""
+        print(f"{r['id']}  last seen {seen}  {what}{kept}")
+        usage = r.get("usage") or {}
+        if usage.get("agent", {}).get("requests") or usage.get("summarizer", {}).get("requests"):
+            print("\n".join(_usage_lines(usage, "    ")))
+            print("\n".join(_savings_lines(r.get("savings"), "    ")))
 
 
 def _asdict(obj: Any) -> dict[str, Any]:
@@ -373,24 +483,10 @@ def _asdict(obj: Any) -> dict[str, Any]:
 
 def stats(args: argparse.Namespace) -> int:
     if args.proxy:
-        import httpx
-
-        from cg.proxy.environ import CONTROL_TOKEN_ENV
-
-        token = args.token or os.environ.get(CONTROL_TOKEN_ENV, "")
-        headers = {"authorization": f"Bearer {token}"} if token else {}
-        resp = httpx.get(
-            args.proxy.rstrip("/") + "/_cg/stats", headers=headers, timeout=10, trust_env=False
-        )
-        doc = resp.json()
-        code = 0 if resp.status_code == 200 else EXIT_NOT_FOUND
+        status, doc = _ask_proxy(args, "/_cg/stats")
+        code = 0 if status == 200 else EXIT_NOT_FOUND
         if code and not args.json:
-            print(
-                f"context-guru: {args.proxy} answered {resp.status_code}: "
-                f"{doc.get('error', '') if isinstance(doc, dict) else ''}",
-                file=sys.stderr,
-            )
-            return code
+            return _refused(args, status, doc)
     else:
         from cg.billing.savings import report
 
@@ -537,6 +633,18 @@ def evaluate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _where(p: argparse.ArgumentParser) -> None:
+    """`--db PATH|URL` (a store; the default one when neither is given) or `--proxy URL`."""
+    where = p.add_mutually_exclusive_group()
+    where.add_argument("--db", default=None, help=f"default: {StoreConfig().path}")
+    where.add_argument("--proxy", default=None, help="a running proxy, e.g. http://127.0.0.1:8080")
+    p.add_argument(
+        "--token",
+        default=None,
+        help="with --proxy: its cg_control_token (default: $CONTEXT_GURU_CONTROL_TOKEN)",
+    )
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="context-guru", description=__doc__.split("\n\n")[0])
     sub = p.add_subparsers(dest="command", required=True)
@@ -551,24 +659,18 @@ def parser() -> argparse.ArgumentParser:
 
     e = sub.add_parser("expand", help="print a stashed span (KEY) or one message of it (KEY#N)")
     e.add_argument("key", metavar="KEY[#N]")
-    e.add_argument("--db", default=None)
+    _where(e)
     e.add_argument("--json", action="store_true")
     e.set_defaults(func=expand)
 
     s = sub.add_parser("sessions", help="sessions: checkpoints, usage and savings")
-    s.add_argument("--db", default=None)
+    _where(s)
     s.add_argument("--config", default=None, help="a YAML config whose `prices` apply")
     s.add_argument("--json", action="store_true")
     s.set_defaults(func=sessions)
 
     t = sub.add_parser("stats", help="usage and savings in the store, or a running proxy's")
-    t.add_argument("--db", default=None)
-    t.add_argument("--proxy", default=None, help="e.g. http://127.0.0.1:8080")
-    t.add_argument(
-        "--token",
-        default=None,
-        help="the proxy's cg_control_token (default: $CONTEXT_GURU_CONTROL_TOKEN)",
-    )
+    _where(t)
     t.add_argument("--config", default=None, help="a YAML config whose `prices` apply")
     t.add_argument("--json", action="store_true")
     t.set_defaults(func=stats)

@@ -111,7 +111,8 @@ def test_expand_unknown_id_exits_1(db: Path, capsys) -> None:
     code, out, err = run(capsys, "expand", "f" * 24, "--db", str(db))
     assert code == 1
     assert out == ""
-    assert err == f"{'f' * 24}: unknown, or no longer available (expired)\n"
+    assert err.startswith(f"{'f' * 24}: not in the store at {db} (unknown there, or no longer")
+    assert "--db PATH, or ask the proxy with --proxy URL" in err
 
 
 def test_expand_expired_id_exits_1(tmp_path: Path, capsys) -> None:
@@ -126,7 +127,7 @@ def test_expand_expired_id_exits_1(tmp_path: Path, capsys) -> None:
         assert not st.has_stash(key)
     code, out, err = run(capsys, "expand", key, "--db", str(path))
     assert code == 1
-    assert "no longer available (expired)" in err
+    assert "no longer available: expired" in err
     assert out == ""
 
 
@@ -185,7 +186,7 @@ def test_expand_a_message_the_stash_lacks_exits_1(db: Path, capsys, n: str) -> N
 def test_expand_one_message_of_an_unknown_id_exits_1(db: Path, capsys) -> None:
     code, out, err = run(capsys, "expand", f"{'f' * 24}#1", "--db", str(db))
     assert (code, out) == (1, "")
-    assert err == f"{'f' * 24}#1: unknown, or no longer available (expired)\n"
+    assert err.startswith(f"{'f' * 24}#1: not in the store at {db} (unknown there")
 
 
 # -- sessions, stats -----------------------------------------------------------------------------
@@ -194,7 +195,8 @@ def test_expand_one_message_of_an_unknown_id_exits_1(db: Path, capsys) -> None:
 def test_sessions(db: Path, capsys) -> None:
     code, out, _ = run(capsys, "sessions", "--db", str(db))
     assert code == 0
-    lines = out.splitlines()
+    header, *lines = out.splitlines()
+    assert header == f"# 2 sessions in the store at {db}"  # the CLI names the store it read
     assert len(lines) == 2
     mine = next(x for x in lines if x.startswith(f"{SESSION} "))
     assert "checkpoint covers 3 messages" in mine
@@ -215,7 +217,10 @@ def test_sessions(db: Path, capsys) -> None:
 def test_sessions_of_an_empty_store(tmp_path: Path, capsys) -> None:
     SqliteStore(tmp_path / "empty.sqlite3").close()
     code, out, _ = run(capsys, "sessions", "--db", str(tmp_path / "empty.sqlite3"))
-    assert (code, out) == (0, "no sessions\n")
+    assert (code, out) == (
+        0,
+        f"# 0 sessions in the store at {tmp_path / 'empty.sqlite3'}\nno sessions\n",
+    )
 
 
 def test_stats(db: Path, capsys) -> None:
@@ -426,6 +431,22 @@ def test_a_mistyped_db_path_is_refused_not_created(tmp_path: Path, capsys) -> No
     code, _, err = run(capsys, "sessions", "--db", str(missing))
     assert code == 2 and "no context-guru store" in err
     assert not missing.parent.exists()
+
+
+def test_the_default_store_missing_says_where_else_to_look(capsys) -> None:
+    """No `--db`: the default store (under the test's HOME, absent) is named, with the two
+    ways to read the store a proxy was started with."""
+    code, _, err = run(capsys, "expand", "f" * 24)
+    assert code == 2
+    assert "no context-guru store at " in err and ".context-guru/cg.sqlite3" in err
+    assert "pass --db PATH, or ask the proxy with --proxy URL" in err
+
+
+def test_db_and_proxy_are_one_or_the_other(capsys) -> None:
+    with pytest.raises(SystemExit) as e:
+        main(["sessions", "--db", "x.sqlite3", "--proxy", "http://127.0.0.1:9"])
+    assert e.value.code == 2
+    assert "not allowed with argument" in capsys.readouterr().err
 
 
 def test_stats_of_a_running_proxy_prints_its_retention(capsys) -> None:

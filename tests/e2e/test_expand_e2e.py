@@ -692,6 +692,45 @@ def test_the_expand_endpoint(xproxy, provider):
         assert c.get("/_cg/expand").status_code == 400
 
 
+def test_the_cli_asks_a_running_proxy_for_its_store(
+    xproxy, provider, capsys, monkeypatch, tmp_path
+):
+    """`expand` and `sessions` with `--proxy`: the proxy's own store (its `cg_db`, not the
+    default) answers; without it the CLI names the default store it could not read."""
+    from cg.cli import main
+
+    monkeypatch.setenv("HOME", str(tmp_path))  # the default store: absent
+    with Agent(xproxy, provider, "anthropic") as agent:
+        t1 = agent.prime()
+        (key,) = stash_keys(xproxy, agent.session)
+    head, _ = SPAN["anthropic"]
+    _, sent, _ = message_sources(t1.request.content)
+
+    assert main(["expand", f"{key}#2"]) == 2
+    err = capsys.readouterr().err
+    assert f"no context-guru store at {tmp_path}/.context-guru/cg.sqlite3" in err
+    assert "--proxy URL" in err
+
+    assert main(["expand", f"{key}#2", "--proxy", xproxy.url, "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["source"] == sent[head + 1].decode()
+    assert main(["expand", key, "--proxy", xproxy.url]) == 0
+    out = capsys.readouterr().out
+    assert (
+        out.startswith(f"# {key}: ") and f"from session {agent.session} (via {xproxy.url})" in out
+    )
+    assert f"[{key}#1]" in out
+    assert main(["expand", "f" * 24, "--proxy", xproxy.url]) == 1
+    assert "answered 404" in capsys.readouterr().err
+
+    assert main(["sessions", "--proxy", xproxy.url]) == 0
+    out = capsys.readouterr().out
+    assert f"from the proxy at {xproxy.url}" in out.splitlines()[0]
+    assert any(line.startswith(f"{agent.session}  last seen ") for line in out.splitlines())
+    assert main(["sessions", "--proxy", xproxy.url, "--json"]) == 0
+    rows = {r["id"]: r for r in json.loads(capsys.readouterr().out)}
+    assert rows[agent.session]["checkpoint"] is not None
+
+
 async def test_the_expand_endpoint_refuses_a_non_loopback_client(tmp_path):
     """Simulated in process (the e2e proxy listens on 127.0.0.1 only): a peer address that is
     not loopback gets 403 before the id is even read."""
