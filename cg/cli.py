@@ -77,11 +77,9 @@ def _store(db: str | None) -> Any:
 
 def _store_name(db: str | None) -> str:
     """Where the store read lives, as it may be shown (a URL's password masked)."""
-    from cg.state import is_url
+    from cg.state import is_url, redact_url
 
     if db is not None and is_url(db):
-        from cg.state.pgconn import redact_url
-
         return redact_url(db)
     return str(Path(db or StoreConfig().path).expanduser())
 

@@ -39,6 +39,7 @@ from cg.state.records import (
     UsageRow,
     is_url,
     owner,
+    redact_url,
     stash_key,
     valid_key,
 )
@@ -66,6 +67,7 @@ __all__ = [
     "open_reader",
     "open_store",
     "owner",
+    "redact_url",
     "stash_key",
     "valid_key",
 ]

@@ -16,10 +16,10 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from typing import Any, TypeVar
-from urllib.parse import unquote, urlsplit, urlunsplit
+from urllib.parse import unquote, urlsplit
 
 from cg.state.interface import HEALTH_RETRY, retried
-from cg.state.records import EvictResult, SessionRecord, StoreError
+from cg.state.records import EvictResult, SessionRecord, StoreError, redact_url
 from cg.state.schema import PG_MIGRATIONS, PG_VERSION
 from cg.state.tenant import new_key
 
@@ -35,19 +35,6 @@ RECONNECT_PAUSE = 0.5
 _MIGRATION_LOCK = 0x63675F6D6967  # pg_advisory_xact_lock key of a schema migration ("cg_mig")
 TENANT_KEY = "tenant"  # its row in `cg_keys`
 _T = TypeVar("_T")
-
-
-def redact_url(url: str) -> str:
-    """The URL with its password (if any) replaced by `***`: what may be shown anywhere."""
-    try:
-        parts = urlsplit(url)
-    except ValueError:
-        return "postgresql://(unparseable URL)"
-    if parts.password is None:
-        return url
-    netloc = parts.netloc.rsplit("@", 1)
-    user = netloc[0].split(":", 1)[0]
-    return urlunsplit(parts._replace(netloc=f"{user}:***@{netloc[1]}"))
 
 
 def _driver() -> Any:

@@ -52,7 +52,6 @@ from typing import Any
 from cg.state.interface import Store
 from cg.state.pending import CacheState, cache_state_json
 from cg.state.pgconn import CACHE_MAX, CHANNEL, CONNECT_TIMEOUT, LEASE_SECONDS, Op, PgBase
-from cg.state.pgconn import redact_url as redact_url
 from cg.state.policy import (
     TOUCH_INTERVAL,
     facts_cap,
@@ -79,6 +78,7 @@ from cg.state.records import (
     owner,
     valid_key,
 )
+from cg.state.records import redact_url as redact_url
 from cg.state.sql import (
     CP_COLS,
     FACTS_BATCH,

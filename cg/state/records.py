@@ -10,6 +10,7 @@ import re
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 from cg.state.tenant import ANONYMOUS
 from cg.wire.jsonspan import JsonSpanError, walk_array
@@ -227,3 +228,16 @@ class StoreStats:
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
+
+
+def redact_url(url: str) -> str:
+    """The URL with its password (if any) replaced by `***`: what may be shown anywhere."""
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return "postgresql://(unparseable URL)"
+    if parts.password is None:
+        return url
+    netloc = parts.netloc.rsplit("@", 1)
+    user = netloc[0].split(":", 1)[0]
+    return urlunsplit(parts._replace(netloc=f"{user}:***@{netloc[1]}"))
