@@ -57,20 +57,26 @@ EXIT_NOT_FOUND = 1
 SESSIONS_FROM_PROXY_MAX = 10_000  # `sessions --proxy` reads pages until this many
 
 
+# Where else a store may be: said wherever the one read lacks what was asked for.
+ELSEWHERE = (
+    "a proxy started with `--set cg_db=…` keeps its own: pass --db PATH, or ask the proxy with "
+    "--proxy URL"
+)
+
+
+def _store_path(db: str | None) -> Path:
+    return Path(db or StoreConfig().path).expanduser()
+
+
 def _store(db: str | None) -> Any:
     """The store, opened to read: the CLI never evicts (the proxy's config sets the TTL)."""
     from cg.state import is_url, open_reader  # psycopg itself only loads for a URL
 
     if db is not None and is_url(db):
         return open_reader(db)  # the shared store several proxies use
-    path = Path(db or StoreConfig().path).expanduser()
+    path = _store_path(db)
     if not path.is_file():
-        hint = (
-            " (the default store; a proxy started with `--set cg_db=…` keeps its own there: "
-            "pass --db PATH, or ask the proxy with --proxy URL)"
-            if db is None
-            else ""
-        )
+        hint = f" (the default store; {ELSEWHERE})" if db is None else ""
         raise ValueError(f"no context-guru store at {path}{hint}")
     return open_reader(str(path))
 
@@ -79,9 +85,7 @@ def _store_name(db: str | None) -> str:
     """Where the store read lives, as it may be shown (a URL's password masked)."""
     from cg.state import is_url, redact_url
 
-    if db is not None and is_url(db):
-        return redact_url(db)
-    return str(Path(db or StoreConfig().path).expanduser())
+    return redact_url(db) if db is not None and is_url(db) else str(_store_path(db))
 
 
 def _ask_proxy(args: argparse.Namespace, path: str) -> tuple[int, Any]:
@@ -254,8 +258,7 @@ def expand(args: argparse.Namespace) -> int:
     if stash is None:
         print(
             f"{args.key}: not in the store at {_store_name(args.db)} (unknown there, or no "
-            "longer available: expired). A proxy started with another cg_db keeps its stashes "
-            "there: pass --db PATH, or ask the proxy with --proxy URL",
+            f"longer available: expired); {ELSEWHERE}",
             file=sys.stderr,
         )
         return EXIT_NOT_FOUND
@@ -263,9 +266,7 @@ def expand(args: argparse.Namespace) -> int:
         if args.json:
             _out({"id": stash.key, "session": stash.session, "messages": stash.messages()})
             return 0
-        print(f"# {stash.key}: {stash.count} messages from session {stash.session}")
-        for i, m in enumerate(stash.messages(), 1):
-            _print_message(key, i, m)
+        _print_expanded(args.key, key, n, stash.session, stash.messages(), stash.count, "")
         return 0
     sources = stash.sources()
     if not 1 <= n <= len(sources):
@@ -278,8 +279,7 @@ def expand(args: argparse.Namespace) -> int:
     if args.json:
         _out({"id": args.key, "session": stash.session, "n": n, "message": message})
         return 0
-    print(f"# {args.key}: message {n} of {len(sources)} from session {stash.session}")
-    _print_message(key, n, message)
+    _print_expanded(args.key, key, n, stash.session, [message], len(sources), "")
     return 0
 
 
@@ -293,18 +293,23 @@ def _expand_from_proxy(args: argparse.Namespace, key: str, n: int | None) -> int
     if args.json:
         _out(doc)
         return 0
-    session = doc.get("session")
-    if n is None:
-        messages = doc.get("messages") or []
-        print(f"# {key}: {len(messages)} messages from session {session} (via {args.proxy})")
-        for i, m in enumerate(messages, 1):
-            _print_message(key, i, m)
-        return 0
-    print(
-        f"# {args.key}: message {n} of {doc.get('count')} from session {session} (via {args.proxy})"
+    shown = doc.get("messages") or [] if n is None else [doc.get("message")]
+    _print_expanded(
+        args.key, key, n, doc.get("session"), shown, doc.get("count"), f" (via {args.proxy})"
     )
-    _print_message(key, n, doc.get("message"))
     return 0
+
+
+def _print_expanded(
+    ident: str, key: str, n: int | None, session: Any, shown: list[Any], total: Any, via: str
+) -> None:
+    """The span (`n` None: every message of it) or its message `n`, each under its own id."""
+    if n is None:
+        print(f"# {ident}: {total} messages from session {session}{via}")
+    else:
+        print(f"# {ident}: message {n} of {total} from session {session}{via}")
+    for i, m in enumerate(shown, n or 1):
+        _print_message(key, i, m)
 
 
 def _print_message(key: str, n: int, m: Any) -> None:
@@ -429,8 +434,8 @@ def _sessions_from_proxy(args: argparse.Namespace) -> int:
     rows: list[dict[str, Any]] = []
     cursor: str | None = None
     while True:
-        query = urllib.parse.urlencode({"cursor": cursor} if cursor else {})
-        status, doc = _ask_proxy(args, "/_cg/sessions" + (f"?{query}" if query else ""))
+        query = f"?{urllib.parse.urlencode({'cursor': cursor})}" if cursor else ""
+        status, doc = _ask_proxy(args, "/_cg/sessions" + query)
         if status != 200 or not isinstance(doc, dict):
             return _refused(args, status, doc)
         rows.extend(r for r in doc.get("sessions") or () if isinstance(r, dict))

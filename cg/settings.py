@@ -20,6 +20,18 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 PRESETS_DIR = Path(__file__).resolve().parent / "presets"
 
 
+def model_entry(model: str, names: Collection[str]) -> str | None:
+    """The entry of a model table (`names`: prices, windows) that `model` takes: its own name,
+    else the longest name it starts with (a dated snapshot takes its family's), else the same
+    for the name after a gateway's provider prefix (`openai/gpt-4o-mini`); None when none."""
+    if model in names:
+        return model
+    best = max((p for p in names if model.startswith(p)), key=len, default=None)
+    if best is None and "/" in model:
+        return model_entry(model.rsplit("/", 1)[1], names)
+    return best
+
+
 class StoreConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
     path: str = "~/.context-guru/cg.sqlite3"

@@ -1,11 +1,10 @@
 """List prices per model, in USD per million tokens (docs/behaviour.md#usage-cost-and-savings).
 
 The shipped table is `cg/presets/tables/prices.yaml` (dated, each figure with its source); a
-config's `prices:` map overrides it model by model. A model is matched by its exact name, else by
-the longest name in the table that it starts with (`claude-sonnet-4-5-20250929` takes
-`claude-sonnet-4-5`); a gateway's provider prefix (`openai/gpt-4o`, `aws/claude-sonnet-5`) is
-dropped when the whole name matches nothing. A model with no price is *unknown*: its cost is None, never zero, and
-every total it enters says so.
+config's `prices:` map overrides it model by model. A model takes its entry as
+`cg.settings.model_entry` finds it (its name, its family's by prefix, or either after a gateway's
+provider prefix). A model with no price is *unknown*: its cost is None, never zero, and every
+total it enters says so.
 
 Some models charge more for a long prompt (every token of a request whose input, cache reads and
 writes included, passes `long_prompt.threshold_tokens`); such a request is billed wholly at the
@@ -22,7 +21,7 @@ from typing import Any
 
 import yaml
 
-from cg.settings import PRESETS_DIR, Price, Rates, parse_prices
+from cg.settings import PRESETS_DIR, Price, Rates, model_entry, parse_prices
 from cg.wire.usage import Usage
 
 PRICES_FILE = PRESETS_DIR / "tables" / "prices.yaml"
@@ -57,10 +56,8 @@ class PriceTable:
             return self.prices[model]
         if model in self._matched:
             return self._matched[model]
-        best = max((p for p in self.prices if model.startswith(p)), key=len, default=None)
+        best = model_entry(model, self.prices)
         found = self.prices[best] if best is not None else None
-        if found is None and "/" in model:
-            found = self.lookup(model.rsplit("/", 1)[1])
         if len(self._matched) < MATCHED_MAX:
             self._matched[model] = found
         return found

@@ -17,7 +17,7 @@ from typing import Any, Protocol
 
 import yaml
 
-from cg.settings import PRESETS_DIR
+from cg.settings import PRESETS_DIR, model_entry
 from cg.summarize.config import TriggerConfig
 
 CACHE_TTL_DEFAULT = 300.0
@@ -43,8 +43,8 @@ def shipped_windows() -> WindowTable:
     )
 
 
-def _longest_prefix(model: str, table: Mapping[str, int]) -> int | None:
-    best = max((p for p in table if model.startswith(p)), key=len, default=None)
+def _entry(model: str, table: Mapping[str, int]) -> int | None:
+    best = model_entry(model, table)
     return table[best] if best is not None else None
 
 
@@ -56,12 +56,9 @@ def resolve_window(
         return None
     if model in user_windows:
         return user_windows[model]
-    if "context-1m" in beta_header and any(model.startswith(p) for p in table.context_1m):
+    if "context-1m" in beta_header and model_entry(model, table.context_1m) is not None:
         return ONE_MILLION
-    found = _longest_prefix(model, user_windows) or _longest_prefix(model, table.windows)
-    if found is None and "/" in model:  # a gateway's provider prefix: `openai/gpt-4o`
-        return resolve_window(model.rsplit("/", 1)[1], beta_header, user_windows, table)
-    return found
+    return _entry(model, user_windows) or _entry(model, table.windows)
 
 
 def cache_ttl(body_text: str) -> float:
