@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-VERSION = "2.1.197"
+VERSION = "2.1.328"
 PACKAGE = f"@anthropic-ai/claude-code@{VERSION}"
 CACHE = Path(__file__).resolve().parents[2] / ".cache" / "claude-code"
 # Both under pytest's per-test timeout (120 s), so ours is the failure that says what happened.

@@ -40,7 +40,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-VERSION = "0.169.0"
+VERSION = "0.171.0"
 PACKAGE = f"@openai/codex@{VERSION}"
 CACHE = Path(__file__).resolve().parents[2] / ".cache" / "codex"
 # Both under pytest's per-test timeout (120 s), so ours is the failure that says what happened.
