@@ -353,7 +353,7 @@ def test_replay_of_a_recorded_codex_request_with_the_codex_preset(tmp_path: Path
     `responses` dialect; Codex's own headers name the session; the summary is one item."""
     config = tmp_path / "low.yaml"
     config.write_text(LOW)
-    codex = Path("/work/shared/fixtures/codex-0.169.0/resumed_last.json")
+    codex = REPO / "tests" / "fixtures" / "codex-0.169.0" / "resumed_last.json"
     code, out, err = run(
         capsys,
         "replay",

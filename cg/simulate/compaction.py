@@ -1,5 +1,5 @@
 """The baseline `agent-compaction`: no proxy, the agent compacting its own transcript as Claude
-Code does (measured: ../shared/notes/claude-code-compaction.md).
+Code does (measured: docs/claude-code.md).
 
 - **When**: before sending a turn, when the previous answer's context (input + cache + output,
   as the provider reported it) is at or past the window less 33k tokens (20k output reserve +

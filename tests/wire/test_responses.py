@@ -17,7 +17,7 @@ from cg.wire.shape import check_wire_roles, separated, validate_shape
 from cg.wire.splice import Insert, Keep, Plan, plan_sources, plan_views, splice
 from tests.support.strategies import SETTINGS, Sample, r_message, responses_bodies, responses_items
 
-FIXTURES = Path("/work/shared/fixtures/codex-0.169.0")
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "codex-0.169.0"
 NAMES = [
     "first",
     "middle",
