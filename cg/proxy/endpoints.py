@@ -20,6 +20,7 @@ from cg.billing.listing import PAGE_DEFAULT, BadPage, page_key, page_limit
 from cg.expand.tool import parse_id
 from cg.proxy import control, dashboard, pages
 from cg.proxy.runtime import Runtime
+from cg.proxy.scope import stats_doc
 from cg.state import StoreError
 
 
@@ -60,10 +61,11 @@ class Control:
         # Copied here, on the loop, which counts (the chart's points: once the page is known).
         counters = self.rt.stats.to_json() if scope is None else None
         ledger, meter, count = self.rt.meter.ledger, self.rt.meter, self.rt.tokens.count_text
+        tally = self.rt.tally
 
         def read() -> tuple[dict[str, Any], dict[str, Any]]:
             doc = pages.sessions_doc(ledger, count, scope, limit, cursor)
-            return doc, ({**counters, **meter.report()} if counters is not None else {})
+            return doc, (stats_doc(counters, meter, tally) if counters is not None else {})
 
         def render(doc: dict[str, Any], totals: dict[str, Any], history: Any) -> http.Response:
             listed = [str(s.get("id")) for s in doc["sessions"]]
@@ -128,15 +130,15 @@ class Control:
     ) -> Awaitable[http.Response]:
         """`GET /_cg/stats`: the counters (copied here, on the loop, which counts) with the
         ledger's totals (summed in the store, off the loop)."""
-        counters, meter = self.rt.stats.to_json(), self.rt.meter
+        counters, meter, tally = self.rt.stats.to_json(), self.rt.meter, self.rt.tally
         return self.rt.off_loop.run(
-            lambda: control.json_response(200, {**counters, **meter.report()})
+            lambda: control.json_response(200, stats_doc(counters, meter, tally))
         )
 
     def stats_json(self) -> dict[str, Any]:
-        """The counters, with the ledger's `usage` and `savings`
-        (docs/behaviour.md#the-control-surface, docs/behaviour.md#usage-cost-and-savings)."""
-        return {**self.rt.stats.to_json(), **self.rt.meter.report()}
+        """The counters, with this process's `usage` and `savings` and the whole ledger's
+        under `ledger` (`cg.proxy.scope`; docs/control.md)."""
+        return stats_doc(self.rt.stats.to_json(), self.rt.meter, self.rt.tally)
 
     def sessions_json(
         self, session: str | None = None, limit: int = PAGE_DEFAULT, cursor: str | None = None

@@ -22,6 +22,7 @@ from mitmproxy import ctx, exceptions, http
 
 from cg.billing.ledger import Ledger
 from cg.billing.prices import price_table
+from cg.billing.tally import Tally
 from cg.components import COMPONENTS, Services, build_pipeline
 from cg.expand import tool as expand_mod
 from cg.pipeline.contract import Component
@@ -140,6 +141,7 @@ class Runtime:
 
     def __init__(self) -> None:
         self.stats = Stats()
+        self.tally = Tally()  # usage and savings booked since start (every ledger's, kept)
         self.cache = MessageCache()
         self.config = Config()
         self.pipelines: dict[str, list[Component]] = {}
@@ -308,7 +310,9 @@ class Runtime:
 
     def _ledger(self, configs: dict[str, Config], store: Store | None, warm: int) -> Ledger:
         config = configs[list(configs)[-1]] if configs else Config()
-        return Ledger(store or memory(), price_table(config.prices), self.facts, sent_bodies=warm)
+        ledger = Ledger(store or memory(), price_table(config.prices), self.facts, sent_bodies=warm)
+        ledger.tally = self.tally
+        return ledger
 
     def _carry_inflight(self, pipelines: dict[str, list[Component]]) -> None:
         """The sessions whose summary is in flight, kept by the pipelines that replace the
