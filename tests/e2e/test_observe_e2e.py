@@ -72,7 +72,9 @@ def test_the_start_up_block_names_preset_store_address_and_dashboard(sproxy: Pro
     head = wait_log(sproxy, r"context-guru \S+: preset summarize$")
     at = sproxy.log.index(head[0])
     block = sproxy.log[at : at + 5]
-    db = next(o for o in sproxy.proc.args if str(o).startswith("cg_db=")).partition("=")[2]
+    args = sproxy.proc.args
+    assert isinstance(args, list)
+    db = next(str(o) for o in args if str(o).startswith("cg_db=")).partition("=")[2]
     assert block[1] == f"  store      sqlite {db}"
     assert block[2] == f"  listening  127.0.0.1:{sproxy.port}, reverse to {provider.url}"
     url = f"http://127.0.0.1:{sproxy.port}/_cg/"
