@@ -79,3 +79,6 @@ _.messages_in
 _.input_violations
 _.session_skipped
 _.invalidated
+
+# logging.LogRecord.exc_text: the formatter caches a traceback there (cg.proxy.configerrors clears it).
+_.exc_text

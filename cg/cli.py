@@ -383,8 +383,10 @@ def _savings_lines(s: Any, indent: str = "  ") -> list[str]:
         f"{indent}billed                       {_usd(s['billed_usd'])}  (agent "
         f"{_usd(s['billed_agent_usd'])}, summarizer {_usd(s['billed_summarizer_usd'])})",
         f"{indent}without rewrite (ESTIMATE)   {_usd(s['without_rewrite_usd'])}",
-        f"{indent}saved (ESTIMATE)             {_usd(s['saved_usd'])}",
-    ]
+        f"{indent}saved (ESTIMATE)             {_usd(s['saved_usd'])}"
+        + (f"  ({_share(s['saved_share'])} of the cost without rewrite)"
+           if isinstance(s.get("saved_share"), int | float) else ""),
+    ]  # fmt: skip
     if s.get("estimate_skipped_turns"):
         out.append(
             f"{indent}rewritten turns without usage, not estimated: {s['estimate_skipped_turns']}"
@@ -509,15 +511,31 @@ def stats(args: argparse.Namespace) -> int:
             f"checkpoints, {doc['stashes']} stashes ({doc['file_bytes']:,} bytes on disk)"
         )
     else:
+        since = doc.get("started")
+        when = (
+            time.strftime(" (since %Y-%m-%d %H:%M:%S)", time.localtime(since))
+            if isinstance(since, int | float)
+            else ""
+        )
         print(
-            f"proxy {args.proxy}: {doc.get('requests', 0)} requests, "
+            f"proxy {args.proxy}, since it started{when}: {doc.get('requests', 0)} requests, "
             f"{doc.get('rewritten', 0)} rewritten, {doc.get('passed_through', 0)} passed "
             f"through, {doc.get('failed_open', 0)} failed open"
         )
-    print("usage (as the provider reported it):")
+    scope = " since it started" if "path" not in doc else ""
+    print(f"usage{scope} (as the provider reported it):")
     print("\n".join(_usage_lines(doc.get("usage"))))
-    print("savings:")
+    print(f"savings{scope}:")
     print("\n".join(_savings_lines(doc.get("savings"))))
+    ledger = doc.get("ledger")
+    if isinstance(ledger, dict):  # (a running proxy's: its store's whole ledger, all time)
+        if ledger.get("ledger_error"):
+            print(f"all time (its store's ledger): unreadable: {ledger['ledger_error']}")
+        else:
+            print("all time (its store's ledger), usage:")
+            print("\n".join(_usage_lines(ledger.get("usage"))))
+            print("all time, savings:")
+            print("\n".join(_savings_lines(ledger.get("savings"))))
     if "retention" in doc:  # (a running proxy's: the store does not keep it)
         print("retention (the facts of rewritten turns still visible in the request sent):")
         print("\n".join(_retention_lines(doc["retention"])))

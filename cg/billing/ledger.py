@@ -36,6 +36,7 @@ from typing import Any
 from cg.billing.cache import Prompt, PromptCache, prompt_of
 from cg.billing.prices import PriceTable
 from cg.billing.savings import report, rows_cost
+from cg.billing.tally import Tally
 from cg.frozen import frozen
 from cg.state import NO_TURNS, LedgerTurns, Store, UsageRow
 from cg.state.facts import FactsCache
@@ -120,6 +121,7 @@ class Ledger:
         # next turn is matched against): a rewritten session's next sent body repeats its
         # head, summary and tail, so it is indexed from the previous one's bytes.
         self._sent = MessageCache(max_lists=sent_bodies)  # the addon's `cg_warm_sessions`
+        self.tally = Tally()  # this process's bookings (the runtime gives its own, kept)
 
     # -- writing --------------------------------------------------------------------------
 
@@ -171,6 +173,7 @@ class Ledger:
         # Written when committed (the newest of a batch is all that is kept), not every answer.
         state = functools.partial(_dump, cache, turn.at) if cache is not None else None
         self.store.record_usage(session, rows, counters, state)
+        self.tally.add(rows, counters)
         self._remember(session, turn, rows)
         return session
 
@@ -204,6 +207,7 @@ class Ledger:
         model = model or UNKNOWN_MODEL
         tier = self._tier(model, usage)
         self.store.record_usage(session, [("summarizer", model, tier, usage)])
+        self.tally.add([("summarizer", model, tier, usage)])
         cost = self.prices.cost(model, usage, tier)
         due = self._summarizer_due.get(session, 0.0)
         self._summarizer_due[session] = None if cost is None or due is None else due + cost

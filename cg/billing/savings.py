@@ -5,6 +5,8 @@
     without_rewrite_usd   ESTIMATE: the `estimate` rows priced (what the agent's turns would
                           have been billed unrewritten; see docs/control.md "What it saved")
     saved_usd             ESTIMATE: without_rewrite_usd - billed agent - billed summarizer
+    saved_share           ESTIMATE: saved_usd / without_rewrite_usd, the share of the
+                          would-have-been cost not spent (None where that cost is 0 or unknown)
 
 A model with no price makes every figure it enters `None` (unknown, never zero), and
 `unpriced_models` names it. Token figures need no price and are always exact sums.
@@ -19,7 +21,7 @@ from cg.billing.prices import PriceTable
 from cg.state import LedgerTurns, Store, UsageRow
 from cg.wire.usage import Usage
 
-ESTIMATED = ("without_rewrite_usd", "saved_usd")
+ESTIMATED = ("without_rewrite_usd", "saved_usd", "saved_share")
 NOTE = (
     "billed_usd prices the provider's own usage; without_rewrite_usd and saved_usd are "
     "ESTIMATES (the original requests priced under a prompt-cache model, scaled to the "
@@ -79,11 +81,20 @@ def savings(rows: list[UsageRow], turns: LedgerTurns, prices: PriceTable) -> dic
         "billed_summarizer_usd": _round(summ),
         "without_rewrite_usd": _round(without),
         "saved_usd": _round(saved),
+        "saved_share": saved_share(saved, without),
         "estimated": list(ESTIMATED),
         "unpriced_models": sorted(unpriced),
         "prices_date": prices.date,
         "note": NOTE,
     }
+
+
+def saved_share(saved: float | None, without: float | None) -> float | None:
+    """The share of the would-have-been cost not spent (negative while summaries cost more
+    than they saved); None where there is nothing to divide by."""
+    if saved is None or not without:
+        return None
+    return round(saved / without, 4)
 
 
 def total_turns(turns: Iterable[LedgerTurns]) -> LedgerTurns:

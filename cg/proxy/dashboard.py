@@ -186,6 +186,8 @@ def render(
     """The page: totals (as `/_cg/stats`), one page of sessions (as `/_cg/sessions`, most
     recently booked first, with links to the next page and back), a chart per listed session
     with turns in this process's history."""
+    from cg.proxy import alltime  # (it builds on this module's cards)
+
     now = time.time() if now is None else now
     sv = stats.get("savings") or {}
     sm = stats.get("summaries") or {}
@@ -201,6 +203,7 @@ def render(
             card("summarizer cost", figure("billed_summarizer_usd", sv.get("billed_summarizer_usd"), usd(sv.get("billed_summarizer_usd")))),
             card("without the rewrite", figure("without_rewrite_usd", sv.get("without_rewrite_usd"), usd(sv.get("without_rewrite_usd")), True)),
             card("saved", figure("saved_usd", sv.get("saved_usd"), usd(sv.get("saved_usd")), True)),
+            card("saved share", figure("saved_share", sv.get("saved_share"), share(sv.get("saved_share")), True)),
         ]
     )  # fmt: skip
     if sessions:
@@ -231,7 +234,8 @@ def render(
         f'<p class="note">Refreshes every {REFRESH_S} s. Figures as <code>/_cg/stats</code> and '
         "<code>/_cg/sessions</code>; ESTIMATE marks what the turns would have cost unrewritten "
         f"(priced under a prompt-cache model). {esc(sv.get('note', ''))}</p>"
-        f"{problem}<div class=cards>{totals}</div>"
+        f'{problem}<h2 id="since-start">Since this proxy started</h2><div class=cards>{totals}</div>'
+        f"{alltime.section(stats.get('ledger'))}"
         "<h2>Facts retained</h2>"
         '<p class="note">Of each rewritten turn\'s facts (what the user typed, the files, the '
         "commands, the errors), the share still visible in the request sent; measured once the "

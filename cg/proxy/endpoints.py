@@ -1,4 +1,4 @@
-"""The control endpoints (`/_cg/`: the dashboard, health, stats, sessions, expand) and the
+"""The control endpoints (`/_cg/`: the dashboard, health, stats, sessions, expand, metrics) and the
 `cg.stats` / `cg.sessions` commands, answered from the runtime's counters, ledger and store.
 
 Who may ask, and the answer's framing, are `cg.proxy.control`'s; the pages that read the store
@@ -18,8 +18,9 @@ from cg import __version__
 from cg.billing.ledger import chart_of
 from cg.billing.listing import PAGE_DEFAULT, BadPage, page_key, page_limit
 from cg.expand.tool import parse_id
-from cg.proxy import control, dashboard, pages
+from cg.proxy import control, dashboard, metrics, pages
 from cg.proxy.runtime import Runtime
+from cg.proxy.scope import stats_doc
 from cg.state import StoreError
 
 
@@ -28,6 +29,7 @@ class Control:
 
     def __init__(self, rt: Runtime) -> None:
         self.rt = rt
+        self.metrics = metrics.Metrics(rt)  # (its own registry: no state shared across addons)
 
     def request(self, flow: http.HTTPFlow) -> Awaitable[None] | None:
         """A `/_cg/` request is answered here (the addons after this one leave it alone)."""
@@ -42,7 +44,17 @@ class Control:
             "stats": self._stats_endpoint,
             "sessions": self._sessions_endpoint,
             "expand": self._expand_endpoint,
+            "metrics": self._metrics_endpoint,
         }
+
+    def _metrics_endpoint(self, flow: http.HTTPFlow, caller: control.Caller) -> http.Response:
+        """`GET /_cg/metrics`: Prometheus' text format (`cg.proxy.metrics`): process-wide
+        figures, as `/_cg/stats`, from memory (a scrape never reads the ledger)."""
+        return http.Response.make(
+            200,
+            self.metrics.render(),
+            {"content-type": metrics.CONTENT_TYPE, "cache-control": "no-store"},
+        )
 
     def _dashboard_endpoint(
         self, flow: http.HTTPFlow, caller: control.Caller
@@ -60,10 +72,11 @@ class Control:
         # Copied here, on the loop, which counts (the chart's points: once the page is known).
         counters = self.rt.stats.to_json() if scope is None else None
         ledger, meter, count = self.rt.meter.ledger, self.rt.meter, self.rt.tokens.count_text
+        tally = self.rt.tally
 
         def read() -> tuple[dict[str, Any], dict[str, Any]]:
             doc = pages.sessions_doc(ledger, count, scope, limit, cursor)
-            return doc, ({**counters, **meter.report()} if counters is not None else {})
+            return doc, (stats_doc(counters, meter, tally) if counters is not None else {})
 
         def render(doc: dict[str, Any], totals: dict[str, Any], history: Any) -> http.Response:
             listed = [str(s.get("id")) for s in doc["sessions"]]
@@ -97,16 +110,19 @@ class Control:
         return board()
 
     def _health_endpoint(self, flow: http.HTTPFlow, caller: control.Caller) -> http.Response:
-        """`{"ok": true, …, "store": {"ok": …}}`: `ok` says the addon answers (it serves, as a
-        pass-through if need be); `store` whether the store is usable, and if not why (the
-        reason to a local caller only: it names the file)."""
+        """`{"ok": …, "serving": true, …, "store": {"ok": …}}`: `serving` says the process is
+        up and forwarding (as a pass-through if need be: what a launcher waits for); `ok`
+        whether it also does its work, which needs the store (false, with `error`, while the
+        store is unusable: every request passes through then); `store` why (the reason to a
+        local caller only: it names the file)."""
         store = self.rt.store_state()
+        doc: dict[str, Any] = {"ok": bool(store["ok"]), "serving": True}
+        if not store["ok"] and caller.local:
+            doc["error"] = f"{store.get('error')}: passing every request through unchanged"
         if not caller.local:
             store = {"ok": store["ok"]}
-        return control.json_response(
-            200,
-            {"ok": True, "version": __version__, "preset": ctx.options.cg_preset, "store": store},
-        )
+        doc.update(version=__version__, preset=ctx.options.cg_preset, store=store)
+        return control.json_response(200, doc)
 
     def _sessions_endpoint(
         self, flow: http.HTTPFlow, caller: control.Caller
@@ -128,15 +144,15 @@ class Control:
     ) -> Awaitable[http.Response]:
         """`GET /_cg/stats`: the counters (copied here, on the loop, which counts) with the
         ledger's totals (summed in the store, off the loop)."""
-        counters, meter = self.rt.stats.to_json(), self.rt.meter
+        counters, meter, tally = self.rt.stats.to_json(), self.rt.meter, self.rt.tally
         return self.rt.off_loop.run(
-            lambda: control.json_response(200, {**counters, **meter.report()})
+            lambda: control.json_response(200, stats_doc(counters, meter, tally))
         )
 
     def stats_json(self) -> dict[str, Any]:
-        """The counters, with the ledger's `usage` and `savings`
-        (docs/behaviour.md#the-control-surface, docs/behaviour.md#usage-cost-and-savings)."""
-        return {**self.rt.stats.to_json(), **self.rt.meter.report()}
+        """The counters, with this process's `usage` and `savings` and the whole ledger's
+        under `ledger` (`cg.proxy.scope`; docs/control.md)."""
+        return stats_doc(self.rt.stats.to_json(), self.rt.meter, self.rt.tally)
 
     def sessions_json(
         self, session: str | None = None, limit: int = PAGE_DEFAULT, cursor: str | None = None

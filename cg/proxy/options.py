@@ -136,6 +136,14 @@ def declare(loader: Any) -> None:
         "provider request).",
     )
     loader.add_option(
+        "cg_quiet",
+        bool,
+        False,
+        "Log neither the start-up block (preset, store, listening address, dashboard URL) "
+        "nor the line per turn (passed, commissioned, rewritten N→M tokens); a turn that "
+        "failed open and a store that cannot be opened are still logged.",
+    )
+    loader.add_option(
         "cg_shared",
         bool,
         False,

@@ -22,7 +22,7 @@ from mitmproxy import http
 from cg.billing.cache import prompt_of
 from cg.pipeline.contract import Component
 from cg.pipeline.rewrite import Record, Rewrite, rewrite_body
-from cg.proxy import control, offload
+from cg.proxy import control, offload, turnlog
 from cg.proxy import view as views
 from cg.proxy.agents import codex_compaction
 from cg.proxy.answers import to_relay
@@ -297,17 +297,14 @@ class Rewriter:
         flow.metadata[META] = record
         self.rt.meter.note(flow, record, index, self.rt.max_body, shape)
         self.rt.meter.arm()  # the session's clock, if the pipeline held one
-        views.mark(
-            flow,
-            views.view_record(
-                record,
-                commissioned=summary_flow is not None,
-                summary_flow=summary_flow,
-                client_bytes=len(raw) if raw is not None else None,
-            ),
+        shown = views.view_record(
+            record,
+            commissioned=summary_flow is not None,
+            summary_flow=summary_flow,
+            client_bytes=len(raw) if raw is not None else None,
         )
-        if record["outcome"] == "failed_open":
-            log.warning("context-guru failed open on %s: %s", req.path, record["reason"])
+        views.mark(flow, shown)
+        turnlog.turn(shown, self.rt.quiet)  # (a failed-open turn's line is a warning, always)
         return None
 
     def _passing(self, req: http.Request, down: str | None) -> tuple[str, str] | None:

@@ -18,15 +18,16 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from mitmproxy import ctx, exceptions, http
+from mitmproxy import ctx, http
 
 from cg.billing.ledger import Ledger
 from cg.billing.prices import price_table
+from cg.billing.tally import Tally
 from cg.components import COMPONENTS, Services, build_pipeline
 from cg.expand import tool as expand_mod
 from cg.pipeline.contract import Component
 from cg.pipeline.rewrite import ExpandPolicy
-from cg.proxy import control, malloc, offload, options, pages
+from cg.proxy import configerrors, control, malloc, offload, options, pages, startup
 from cg.proxy.agents import CLAUDE_CODE, CODEX, claude_code, codex
 from cg.proxy.environ import CONTROL_TOKEN_ENV, unknown_variables, unused_cheap_model
 from cg.proxy.flowstate import Flows, FlowState
@@ -140,6 +141,7 @@ class Runtime:
 
     def __init__(self) -> None:
         self.stats = Stats()
+        self.tally = Tally()  # usage and savings booked since start (every ledger's, kept)
         self.cache = MessageCache()
         self.config = Config()
         self.pipelines: dict[str, list[Component]] = {}
@@ -155,6 +157,7 @@ class Runtime:
         self.flows = Flows(self._ended)
         self.providers = ProviderHosts()  # which flows the addon does not route are providers'
         self.store_error: str | None = None  # why the configured store could not be opened
+        self.quiet = False  # cg_quiet: no start-up block, no line per turn
         self.started = False  # `running` was called: start-up is over
         self._store_retry_at = 0.0
         self.tokens = TokenCounter()
@@ -181,7 +184,10 @@ class Runtime:
     def load(self, loader: Any) -> None:
         # httpcore logs nothing above DEBUG, and mitmproxy enables DEBUG on the root logger
         # and filters in its handlers: the records of every relayed turn, made to be dropped.
-        logging.getLogger("httpcore").setLevel(logging.INFO)
+        # httpx logs each request at INFO (our summarizer's calls, the relay's): mitmdump would
+        # print them among its own lines. Both kept at WARNING.
+        for name in ("httpx", "httpcore"):
+            logging.getLogger(name).setLevel(logging.WARNING)
         options.declare(loader)
         if not control.capture_client_host():
             log.warning(
@@ -192,6 +198,15 @@ class Runtime:
             repeated = repeated_options(loader.master.options)
         except Exception:  # noqa: BLE001 - mitmproxy's internals moved: no check, no harm
             repeated = []
+        configerrors.install()
+        try:
+            unconvertible = configerrors.unconvertible(loader.master.options)
+        except Exception:  # noqa: BLE001 - mitmproxy's internals moved: no check, no harm
+            unconvertible = []
+        for name, value, why in unconvertible:
+            # mitmproxy would drop the whole script without a word (plain mitmdump): said here
+            # as an error, which stops mitmdump and mitmweb at start-up.
+            log.error("context-guru: --set %s=%s: %s", name, value, why)
         for name, values in repeated:
             # Right after this hook mitmproxy refuses the option and drops the whole script
             # without a word: the proxy would run as plain mitmdump. Logged as an error, it
@@ -255,7 +270,8 @@ class Runtime:
                     f"(got {opts.cg_expand_inject!r})"
                 )
         except ValueError as e:
-            raise exceptions.OptionsError(str(e)) from None  # type: ignore[no-untyped-call]
+            # One line naming the key at start-up, not a traceback (`cg.proxy.configerrors`).
+            raise configerrors.ConfigError(str(e)) from None  # type: ignore[no-untyped-call]
         if changed & PIPELINE_OPTIONS:
             _warn_unused_cheap_model(pipelines)
             self._carry_inflight(pipelines)
@@ -276,6 +292,7 @@ class Runtime:
         self.meter.max_messages = opts.cg_max_messages
         self.control = policy
         self.redact = opts.cg_redact_credentials
+        self.quiet = opts.cg_quiet
         self._configured = True
 
     def _build(
@@ -308,7 +325,9 @@ class Runtime:
 
     def _ledger(self, configs: dict[str, Config], store: Store | None, warm: int) -> Ledger:
         config = configs[list(configs)[-1]] if configs else Config()
-        return Ledger(store or memory(), price_table(config.prices), self.facts, sent_bodies=warm)
+        ledger = Ledger(store or memory(), price_table(config.prices), self.facts, sent_bodies=warm)
+        ledger.tally = self.tally
+        return ledger
 
     def _carry_inflight(self, pipelines: dict[str, list[Component]]) -> None:
         """The sessions whose summary is in flight, kept by the pipelines that replace the
@@ -460,6 +479,8 @@ class Runtime:
         # Revert needs a UI: mitmdump has none, and a flow it saves (`-w`) would hold the
         # client's body twice, and `flow.backup()` is a share of a large turn's hook.
         self.keep_backup = type(ctx.master).__name__ != "DumpMaster"
+        if not unknown and not getattr(ctx.options, "rfile", None):
+            startup.announce(self, ctx.master, ctx.options)
         modes = getattr(ctx.options, "mode", None) or []
         if any(str(m).startswith("upstream") for m in modes):
             return

@@ -173,7 +173,8 @@ def test_an_unchanged_turn_estimates_its_own_bill_and_the_summarizer_is_booked_a
     assert s["without_rewrite_usd"] == pytest.approx(agent_usd)  # unchanged: its own bill
     assert s["saved_usd"] == pytest.approx(-summ_usd)  # nothing rewritten: the summary cost
     assert (s["turns"], s["rewritten_turns"], s["tokens_not_sent"]) == (1, 0, 0)
-    assert s["estimated"] == ["without_rewrite_usd", "saved_usd"]
+    assert s["saved_share"] == pytest.approx(-summ_usd / agent_usd, abs=1e-4)
+    assert s["estimated"] == ["without_rewrite_usd", "saved_usd", "saved_share"]
     assert "ESTIMATES" in s["note"] and s["unpriced_models"] == []
 
 

@@ -2,7 +2,7 @@
 recorder's decision log.
 
 `Proxy.start(upstream, workdir)` has mitmdump listen on port 0, reads the port from mitmdump's startup line, then
-polls `/_cg/health` until the addon answers (with the `cg_control_token` its options or `env`
+polls `/_cg/health` until the addon answers (`serving`: a proxy whose store is broken serves too) (with the `cg_control_token` its options or `env`
 give, which `Proxy.client` then sends on every request). `Proxy.stop()` terminates the process by PID (kill
 after a deadline); `with Proxy.start(...) as p:` stops it on leaving and then checks its log for
 addon errors. `start_summarize` adds the proxy's own SQLite file and a summarize config
@@ -230,7 +230,8 @@ class Proxy:
                     break
                 try:
                     r = c.get("/_cg/health")
-                    if r.status_code == 200 and r.json().get("ok") is True:
+                    # `serving`: up and forwarding (`ok` is false while its store is unusable)
+                    if r.status_code == 200 and r.json().get("serving") is True:
                         return
                 except httpx.TransportError:
                     pass

@@ -51,8 +51,9 @@ HEADER = b"=== History Summary ==="
 def health(proxy: Proxy) -> dict[str, Any]:
     with proxy.client(timeout=5.0) as c:
         r = c.get("/_cg/health")
-    assert r.status_code == 200 and r.json()["ok"] is True  # the addon serves, whatever the store
     doc: dict[str, Any] = r.json()
+    assert r.status_code == 200 and doc["serving"] is True  # the addon serves, whatever the store
+    assert doc["ok"] is doc["store"]["ok"]  # ...and is ok only while the store is usable
     return doc
 
 

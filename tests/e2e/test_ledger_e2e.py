@@ -256,10 +256,12 @@ def test_the_ledger_survives_a_restart_and_the_cli_reads_it(provider, tmp_path: 
     with Proxy.start(
         provider.url, tmp_path / "two", preset="off", options=[f"cg_db={db}"]
     ) as second:
-        assert second.stats()["usage"] == before
+        again = second.stats()
+        assert again["ledger"]["usage"] == before  # the whole ledger, under `ledger`
+        assert again["usage"]["agent"] == ZERO  # since this process started: nothing yet
         assert sessions(second)[session]["usage"]["agent"] == neutral("anthropic", A_USAGE)
         assert cli(["stats", "--proxy", second.url, "--json"]) == 0
-        assert json.loads(capsys.readouterr().out)["usage"] == before
+        assert json.loads(capsys.readouterr().out)["ledger"]["usage"] == before
 
     assert cli(["sessions", "--db", str(db), "--json"]) == 0
     rows = {r["id"]: r for r in json.loads(capsys.readouterr().out)}

@@ -194,6 +194,7 @@ def test_the_dashboard_shows_the_stats(web: Web, page: Any, shots: Path) -> None
     retention = stats["retention"]
     flat.update({f"retention.{k}": retention[k] for k in ("turns", "mean", "min")})
     flat.update({f"retention.by_kind.{k}": v for k, v in retention["by_kind"].items()})
+    flat.update({f"ledger.{k}": v for k, v in stats["ledger"]["savings"].items()})  # all time
     assert retention["turns"] > 0  # vacuity: the session's rewritten turns were measured
     assert seen, "no figure on the page"
     for name, value in seen.items():
