@@ -42,9 +42,19 @@ CODEX_CATALOGUE = (
     "gpt-6.1-sol",
     "gpt-6.1-terra",
 )
-# Claude Code 2.1.197's model ids (its default on an API key: claude-opus-4-8), dated ones by
-# their family name (a prefix match prices a snapshot).
+# Claude Code 2.1.197's model ids (its default on an API key: claude-opus-4-8) and 2.1.328's
+# (its default: claude-opus-5-5), dated ones by their family name (a prefix match prices a
+# snapshot).
 CLAUDE_CODE_MODELS = (
+    "claude-opus-5-5",
+    "claude-opus-5",
+    "claude-sonnet-5-5",
+    "claude-haiku-5-5",
+    "claude-fable-5-1",
+    "claude-fable-5-2",
+    "claude-mythos-5-1",
+    "claude-mythos-5-2",
+    "claude-opus-4-5-20251101",
     "claude-opus-4-8",
     "claude-opus-4-7",
     "claude-opus-4-6",
