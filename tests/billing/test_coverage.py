@@ -29,9 +29,12 @@ from cg.summarize.triggers import resolve_window, shipped_windows
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 
-# Codex 0.169.0's catalogue (its default: gpt-6.1-sol) and 0.171.0's; internal slugs
-# (`codex-auto-review`, `gpt-daybreak-*`) are not API models and are left out.
+# Codex 0.169.0's catalogue (its default: gpt-6.1-sol) and 0.171.0's (`codex debug models`: its
+# first entry gpt-6.2-sol); internal slugs (`codex-auto-review`, `gpt-daybreak-blue-latest`,
+# `gpt-daybreak-red-latest`: hidden, no public price or model page) are left out.
 CODEX_CATALOGUE = (
+    "gpt-6.2-sol",
+    "gpt-6.2-astra",
     "gpt-5.5",
     "gpt-5.6-sol",
     "gpt-5.6-terra",
