@@ -67,36 +67,36 @@ def steps(n: int) -> list[Step]:
     ]
 
 
-def trial(binary: Path, work: Path, model: str, extra_config: dict[str, Any], extra: int) -> tuple[bool, int]:
+def trial(
+    binary: Path, work: Path, model: str, extra_config: dict[str, Any], extra: int
+) -> tuple[bool, int]:
     """(did opencode compact after the first step, the first answer's input + output tokens)."""
     shutil.rmtree(work, ignore_errors=True)
     script = PaddedScript("CG-measure", steps(2))
     script.extra = extra
-    usage: list[int] = []
 
     def respond(rec: Recorded) -> Reply | None:
         if is_side_request(rec):
             return None
-        reply = script(rec)
-        return reply
+        return script(rec)
 
     with FakeProvider() as fake:
         fake.responder = respond
-        provider = model.split("/", 1)[0]
+        url = fake.url + "/v1"
+        anthropic = model.startswith("anthropic/")
         run = run_opencode(
             binary,
             "CG-measure: go",
             work,
             model=model,
             extra=extra_config,
-            **{f"{provider}_url": fake.url + "/v1"},
+            anthropic_url=url if anthropic else None,
+            openai_url=None if anthropic else url,
         )
         requests = fake.requests
     assert run.returncode == 0 and script.refusals == [], run.describe()
-    first = next(p for p in run.parts("step_finish"))
-    tokens = first["tokens"]
-    usage.append(int(tokens["input"]) + int(tokens["output"]))
-    return any(is_compaction(r) for r in requests), usage[0]
+    tokens = run.parts("step_finish")[0]["tokens"]
+    return any(is_compaction(r) for r in requests), int(tokens["input"]) + int(tokens["output"])
 
 
 def main() -> None:
@@ -122,7 +122,9 @@ def main() -> None:
         while hi - lo > 1:
             mid = (lo + hi) // 2
             compacts, total = trial(binary, work, a.model, extra_config, mid)
-            print(f"first answer input + output {total:>9,}: {'compacts' if compacts else 'goes on'}")
+            print(
+                f"first answer input + output {total:>9,}: {'compacts' if compacts else 'goes on'}"
+            )
             lo, hi = (lo, mid) if compacts else (mid, hi)
         _, below = trial(binary, work, a.model, extra_config, lo)
         _, at = trial(binary, work, a.model, extra_config, hi)

@@ -176,7 +176,9 @@ def _merged(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
     out = dict(base)
     for key, value in over.items():
         old = out.get(key)
-        out[key] = _merged(old, value) if isinstance(old, dict) and isinstance(value, dict) else value
+        out[key] = (
+            _merged(old, value) if isinstance(old, dict) and isinstance(value, dict) else value
+        )
     return out
 
 

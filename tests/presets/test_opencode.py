@@ -38,7 +38,9 @@ def test_the_real_headers_are_opencodes() -> None:
     assert opencode({"user-agent": "OpenAI/Python 1.0", "x-session-id": "ses_1"}) is None
 
 
-@pytest.mark.parametrize(("window", "output"), [(200_000, 64_000), (50_000, 8_000), (1_000_000, 128_000)])
+@pytest.mark.parametrize(
+    ("window", "output"), [(200_000, 64_000), (50_000, 8_000), (1_000_000, 128_000)]
+)
 def test_the_ceiling_is_below_where_opencode_compacts(window: int, output: int) -> None:
     cfg = load_config("opencode", None, ["summarize"])
     s = parse_summarize(cfg.components["summarize"], env={})
@@ -53,7 +55,11 @@ def test_auto_loads_opencode() -> None:
 
 def _flow(headers: dict[str, str]) -> Any:
     body = json.dumps(
-        {"model": "claude-haiku-4-5", "max_tokens": 9, "messages": [{"role": "user", "content": "hi"}]}
+        {
+            "model": "claude-haiku-4-5",
+            "max_tokens": 9,
+            "messages": [{"role": "user", "content": "hi"}],
+        }
     ).encode()
     req = tutils.treq(method=b"POST", path=b"/v1/messages", host="api.anthropic.com", content=body)
     for k, v in headers.items():
