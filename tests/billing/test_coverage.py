@@ -9,6 +9,7 @@ preset then acts on token counts alone. The models are gathered from where they 
 - each pinned agent's defaults and catalogue, read from its binary and listed below with the
   version they were read from (`strings` of the binary: Codex's `"slug": "…"` entries, Claude
   Code's `"claude-…"` model ids still served);
+- the models the opencode tests run;
 - the OpenAI and Anthropic families people run through SDK apps (gpt-4o to gpt-5.6, o-series).
 
 A name that is not a provider's model (a fixture's `my-local-model`) is listed in `NOT_MODELS`
@@ -77,6 +78,9 @@ CLAUDE_CODE_MODELS = (
     "claude-3-opus-20240229",
     "claude-3-haiku-20240307",
 )
+# The models the opencode 1.18.33 tests run (tests/e2e/opencode.py: MODEL), named without its
+# `anthropic/` provider prefix, as it sends them.
+OPENCODE_MODELS = ("claude-haiku-4-5",)
 SDK_MODELS = (
     "gpt-4o",
     "gpt-4o-2024-08-06",
@@ -144,7 +148,16 @@ def test_the_sources_are_read() -> None:
 
 
 MODELS = sorted(
-    ({*_fixture_models(), *_preset_models(), *CODEX_CATALOGUE, *CLAUDE_CODE_MODELS, *SDK_MODELS})
+    (
+        {
+            *_fixture_models(),
+            *_preset_models(),
+            *CODEX_CATALOGUE,
+            *CLAUDE_CODE_MODELS,
+            *OPENCODE_MODELS,
+            *SDK_MODELS,
+        }
+    )
     - NOT_MODELS
 )
 
