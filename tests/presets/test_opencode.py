@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from cg.proxy.agents import opencode
+from cg.proxy.agents import codex, opencode
 from cg.settings import AUTO, load_config, load_presets
 from cg.summarize.config import parse_summarize
 from tests.support.transcripts import fixture_headers
@@ -34,6 +34,14 @@ def test_the_real_headers_are_opencodes() -> None:
     headers = fixture_headers(HEADERS)
     assert headers["user-agent"].startswith("opencode/1.18.33 ")  # vacuity guard: the capture
     assert opencode(headers) == "user-agent: opencode/"
+    # Its openai provider's Responses requests (seen live, 1.18.33): codex's rules do not take them.
+    responses = {
+        "user-agent": "opencode/1.18.33 (linux 6.18.44; x64) ai-sdk/provider-utils/4.0.40 runtime/bun/1.3.14",
+        "originator": "opencode",
+        "x-session-id": "ses_dc8609f0effeWFjKPq7J92GWpy",
+    }
+    assert opencode(responses) == "user-agent: opencode/"
+    assert codex(responses, "responses") is None
     assert opencode({"user-agent": "claude-cli/2.1.328 (external, sdk-cli)"}) is None
     assert opencode({"user-agent": "OpenAI/Python 1.0", "x-session-id": "ses_1"}) is None
 
