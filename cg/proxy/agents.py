@@ -8,7 +8,8 @@ every request it sends: `x-claude-code-session-id`, a `user-agent` of `claude-cl
 `x-app: cli`. Codex marks its own: `originator: codex_exec` (`codex_cli_rs`, `codex_vscode`, …
 by front end), a `user-agent` of `codex_exec/0.171.0 (…)`, `x-codex-turn-metadata`, and
 `session-id`. opencode sends a `user-agent` of `opencode/1.18.33 ai-sdk/provider-utils/…
-runtime/bun/…` on every provider's requests (its `x-session-id` is a generic name, not read).
+runtime/bun/…` on every provider's requests, and on Responses requests `originator: opencode`
+and Codex's `session-id` too: `auto` asks about opencode before Codex.
 Only headers are read, never a credential.
 
 Codex's own compaction request (`x-codex-turn-metadata` with `request_kind: "compaction"`) is

@@ -351,12 +351,13 @@ class Runtime:
             why = claude_code(headers)
             if why is not None and CLAUDE_CODE in self.pipelines:
                 return CLAUDE_CODE, self.pipelines[CLAUDE_CODE], f"auto: {why}"
-            why = codex(headers, dialect)
-            if why is not None and CODEX in self.pipelines:
-                return CODEX, self.pipelines[CODEX], f"auto: {why}"
+            # opencode before Codex: on Responses it sends Codex's generic `session-id` too.
             why = opencode(headers)
             if why is not None and OPENCODE in self.pipelines:
                 return OPENCODE, self.pipelines[OPENCODE], f"auto: {why}"
+            why = codex(headers, dialect)
+            if why is not None and CODEX in self.pipelines:
+                return CODEX, self.pipelines[CODEX], f"auto: {why}"
             return self.preset, self.components, "auto: neither Claude Code, Codex nor opencode"
         return self.preset, self.components, "cg_preset"
 

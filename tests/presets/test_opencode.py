@@ -27,6 +27,7 @@ with warnings.catch_warnings():
 from cg.proxy.addon import META, ContextGuru
 
 HEADERS = "opencode_1.18.33_turn.json"  # its .headers.json: a real turn, as the tap saw it
+RESPONSES_HEADERS = "opencode_1.18.33_responses_turn.json"  # a turn on its openai provider
 OPENCODE_RESERVE = 32_000  # opencode compacts at the window less min(output limit, this)
 
 
@@ -34,14 +35,11 @@ def test_the_real_headers_are_opencodes() -> None:
     headers = fixture_headers(HEADERS)
     assert headers["user-agent"].startswith("opencode/1.18.33 ")  # vacuity guard: the capture
     assert opencode(headers) == "user-agent: opencode/"
-    # Its openai provider's Responses requests (seen live, 1.18.33): codex's rules do not take them.
-    responses = {
-        "user-agent": "opencode/1.18.33 (linux 6.18.44; x64) ai-sdk/provider-utils/4.0.40 runtime/bun/1.3.14",
-        "originator": "opencode",
-        "x-session-id": "ses_dc8609f0effeWFjKPq7J92GWpy",
-    }
+    # Its openai provider's Responses requests carry Codex's generic `session-id` too.
+    responses = fixture_headers(RESPONSES_HEADERS)
+    assert responses["originator"] == "opencode" and responses["session-id"].startswith("ses_")
     assert opencode(responses) == "user-agent: opencode/"
-    assert codex(responses, "responses") is None
+    assert codex(responses, "responses") == "session-id"  # hence auto asks about opencode first
     assert opencode({"user-agent": "claude-cli/2.1.328 (external, sdk-cli)"}) is None
     assert opencode({"user-agent": "OpenAI/Python 1.0", "x-session-id": "ses_1"}) is None
 
@@ -61,15 +59,18 @@ def test_auto_loads_opencode() -> None:
     assert "opencode" in load_presets(AUTO, None, ["summarize"])
 
 
-def _flow(headers: dict[str, str]) -> Any:
-    body = json.dumps(
-        {
+def _flow(headers: dict[str, str], responses: bool = False) -> Any:
+    if responses:
+        doc: dict[str, Any] = {"model": "gpt-5.5", "input": [{"role": "user", "content": "hi"}]}
+        path, host = b"/v1/responses", "api.openai.com"
+    else:
+        doc = {
             "model": "claude-haiku-4-5",
             "max_tokens": 9,
             "messages": [{"role": "user", "content": "hi"}],
         }
-    ).encode()
-    req = tutils.treq(method=b"POST", path=b"/v1/messages", host="api.anthropic.com", content=body)
+        path, host = b"/v1/messages", "api.anthropic.com"
+    req = tutils.treq(method=b"POST", path=path, host=host, content=json.dumps(doc).encode())
     for k, v in headers.items():
         req.headers[k] = v
     f = tflow.tflow(req=req)
@@ -77,12 +78,13 @@ def _flow(headers: dict[str, str]) -> Any:
     return f
 
 
-async def test_auto_picks_opencode_from_its_real_headers(tmp_path: Path) -> None:
+@pytest.mark.parametrize("name", [HEADERS, RESPONSES_HEADERS])
+async def test_auto_picks_opencode_from_its_real_headers(tmp_path: Path, name: str) -> None:
     cg = ContextGuru()
     with taddons.context(cg) as tctx:
         tctx.configure(cg, cg_db=str(tmp_path / "cg.sqlite3"))
         assert tctx.options.cg_preset == AUTO
-        f = _flow(fixture_headers(HEADERS))
+        f = _flow(fixture_headers(name), responses=name == RESPONSES_HEADERS)
         cg.request(f)
         rec = f.metadata[META]
         assert (rec["preset"], rec["preset_reason"]) == ("opencode", "auto: user-agent: opencode/")
