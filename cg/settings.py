@@ -157,9 +157,10 @@ def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
 
 
 # `cg_preset: auto` (the default): Claude Code's requests get `claude-code`, Codex CLI's `codex`,
-# every other request the last one, `summarize` (docs/behaviour.md#summarize-presets).
+# opencode's `opencode`, every other request the last one, `summarize`
+# (docs/behaviour.md#summarize-presets).
 AUTO = "auto"
-AUTO_PRESETS = ("claude-code", "codex", "summarize")
+AUTO_PRESETS = ("claude-code", "codex", "opencode", "summarize")
 
 
 def preset_names() -> list[str]:

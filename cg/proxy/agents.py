@@ -1,13 +1,16 @@
 """Which agent sent a request, told from its own headers (docs/behaviour.md#summarize-presets:
 `cg_preset: auto`).
 
-Claude Code and Codex CLI compact their own transcripts near the window, so their traffic gets
-the `claude-code` and `codex` presets' thresholds out of the box; everything else gets
-`summarize`'s. Claude Code (and the Claude Agent SDK, which runs it) marks every request it
-sends: `x-claude-code-session-id`, a `user-agent` of `claude-cli/…`, and `x-app: cli`. Codex
-marks its own: `originator: codex_exec` (`codex_cli_rs`, `codex_vscode`, … by front end), a
-`user-agent` of `codex_exec/0.169.0 (…)`, `x-codex-turn-metadata`, and `session-id`. Only
-headers are read, never a credential.
+Claude Code, Codex CLI and opencode compact their own transcripts near the window, so their
+traffic gets the `claude-code`, `codex` and `opencode` presets' thresholds out of the box;
+everything else gets `summarize`'s. Claude Code (and the Claude Agent SDK, which runs it) marks
+every request it sends: `x-claude-code-session-id`, a `user-agent` of `claude-cli/…`, and
+`x-app: cli`. Codex marks its own: `originator: codex_exec` (`codex_cli_rs`, `codex_vscode`, …
+by front end), a `user-agent` of `codex_exec/0.171.0 (…)`, `x-codex-turn-metadata`, and
+`session-id`. opencode sends a `user-agent` of `opencode/1.18.33 ai-sdk/provider-utils/…
+runtime/bun/…` on every provider's requests, and on Responses requests `originator: opencode`
+and Codex's `session-id` too: `auto` asks about opencode before Codex.
+Only headers are read, never a credential.
 
 Codex's own compaction request (`x-codex-turn-metadata` with `request_kind: "compaction"`) is
 told apart too: it passes through untouched (`codex_compaction`).
@@ -23,6 +26,7 @@ from cg.wire.dialects import DIALECTS
 
 CLAUDE_CODE = "claude-code"
 CODEX = "codex"
+OPENCODE = "opencode"
 CODEX_METADATA = "x-codex-turn-metadata"
 
 
@@ -51,6 +55,13 @@ def codex(headers: Mapping[str, str], dialect: str | None = None) -> str | None:
         and (header(headers, "session-id") or "").strip()
     ):
         return "session-id"
+    return None
+
+
+def opencode(headers: Mapping[str, str]) -> str | None:
+    """Why this request is opencode's (the header that says so), or None."""
+    if (header(headers, "user-agent") or "").startswith("opencode/"):
+        return "user-agent: opencode/"
     return None
 
 

@@ -23,9 +23,9 @@ def declare(loader: Any) -> None:
         str,
         AUTO,
         "context-guru preset: auto (default: claude-code for requests carrying Claude "
-        "Code's own headers, codex for Codex CLI's, summarize for everything else), or a "
-        "name from cg/presets/ (summarize, claude-code, codex, mask, summarizer1509, off) applied to "
-        "all traffic.",
+        "Code's own headers, codex for Codex CLI's, opencode for opencode's, summarize for "
+        "everything else), or a name from cg/presets/ (summarize, claude-code, codex, opencode, "
+        "mask, summarizer1509, off) applied to all traffic.",
     )
     loader.add_option(
         "cg_config",

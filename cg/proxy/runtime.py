@@ -28,7 +28,7 @@ from cg.expand import tool as expand_mod
 from cg.pipeline.contract import Component
 from cg.pipeline.rewrite import ExpandPolicy
 from cg.proxy import configerrors, control, malloc, offload, options, pages, startup
-from cg.proxy.agents import CLAUDE_CODE, CODEX, claude_code, codex
+from cg.proxy.agents import CLAUDE_CODE, CODEX, OPENCODE, claude_code, codex, opencode
 from cg.proxy.environ import CONTROL_TOKEN_ENV, unknown_variables, unused_cheap_model
 from cg.proxy.flowstate import Flows, FlowState
 from cg.proxy.meter import Meter
@@ -364,15 +364,20 @@ class Runtime:
         self, headers: Any, dialect: str | None = None
     ) -> tuple[str, list[Component], str]:
         """(preset, its pipeline, why) for one request: under `auto`, Claude Code's own headers
-        pick `claude-code` and Codex's `codex`; a preset the user named applies to everything."""
+        pick `claude-code`, Codex's `codex` and opencode's `opencode`; a preset the user named
+        applies to everything."""
         if len(self.pipelines) > 1:
             why = claude_code(headers)
             if why is not None and CLAUDE_CODE in self.pipelines:
                 return CLAUDE_CODE, self.pipelines[CLAUDE_CODE], f"auto: {why}"
+            # opencode before Codex: on Responses it sends Codex's generic `session-id` too.
+            why = opencode(headers)
+            if why is not None and OPENCODE in self.pipelines:
+                return OPENCODE, self.pipelines[OPENCODE], f"auto: {why}"
             why = codex(headers, dialect)
             if why is not None and CODEX in self.pipelines:
                 return CODEX, self.pipelines[CODEX], f"auto: {why}"
-            return self.preset, self.components, "auto: neither Claude Code nor Codex"
+            return self.preset, self.components, "auto: neither Claude Code, Codex nor opencode"
         return self.preset, self.components, "cg_preset"
 
     def _open_store(self, config: Config, cg_db: str) -> Store:

@@ -9,6 +9,7 @@ preset then acts on token counts alone. The models are gathered from where they 
 - each pinned agent's defaults and catalogue, read from its binary and listed below with the
   version they were read from (`strings` of the binary: Codex's `"slug": "…"` entries, Claude
   Code's `"claude-…"` model ids still served);
+- the models the opencode tests run;
 - the OpenAI and Anthropic families people run through SDK apps (gpt-4o to gpt-5.6, o-series).
 
 A name that is not a provider's model (a fixture's `my-local-model`) is listed in `NOT_MODELS`
@@ -29,9 +30,12 @@ from cg.summarize.triggers import resolve_window, shipped_windows
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 
-# Codex 0.169.0's catalogue (its default: gpt-6.1-sol) and 0.171.0's; internal slugs
-# (`codex-auto-review`, `gpt-daybreak-*`) are not API models and are left out.
+# Codex 0.169.0's catalogue (its default: gpt-6.1-sol) and 0.171.0's (`codex debug models`: its
+# first entry gpt-6.2-sol); internal slugs (`codex-auto-review`, `gpt-daybreak-blue-latest`,
+# `gpt-daybreak-red-latest`: hidden, no public price or model page) are left out.
 CODEX_CATALOGUE = (
+    "gpt-6.2-sol",
+    "gpt-6.2-astra",
     "gpt-5.5",
     "gpt-5.6-sol",
     "gpt-5.6-terra",
@@ -42,9 +46,19 @@ CODEX_CATALOGUE = (
     "gpt-6.1-sol",
     "gpt-6.1-terra",
 )
-# Claude Code 2.1.197's model ids (its default on an API key: claude-opus-4-8), dated ones by
-# their family name (a prefix match prices a snapshot).
+# Claude Code 2.1.197's model ids (its default on an API key: claude-opus-4-8) and 2.1.328's
+# (its default: claude-opus-5-5), dated ones by their family name (a prefix match prices a
+# snapshot).
 CLAUDE_CODE_MODELS = (
+    "claude-opus-5-5",
+    "claude-opus-5",
+    "claude-sonnet-5-5",
+    "claude-haiku-5-5",
+    "claude-fable-5-1",
+    "claude-fable-5-2",
+    "claude-mythos-5-1",
+    "claude-mythos-5-2",
+    "claude-opus-4-5-20251101",
     "claude-opus-4-8",
     "claude-opus-4-7",
     "claude-opus-4-6",
@@ -64,6 +78,9 @@ CLAUDE_CODE_MODELS = (
     "claude-3-opus-20240229",
     "claude-3-haiku-20240307",
 )
+# The models the opencode 1.18.33 tests run (tests/e2e/opencode.py: MODEL), named without its
+# `anthropic/` provider prefix, as it sends them.
+OPENCODE_MODELS = ("claude-haiku-4-5",)
 SDK_MODELS = (
     "gpt-4o",
     "gpt-4o-2024-08-06",
@@ -131,7 +148,16 @@ def test_the_sources_are_read() -> None:
 
 
 MODELS = sorted(
-    ({*_fixture_models(), *_preset_models(), *CODEX_CATALOGUE, *CLAUDE_CODE_MODELS, *SDK_MODELS})
+    (
+        {
+            *_fixture_models(),
+            *_preset_models(),
+            *CODEX_CATALOGUE,
+            *CLAUDE_CODE_MODELS,
+            *OPENCODE_MODELS,
+            *SDK_MODELS,
+        }
+    )
     - NOT_MODELS
 )
 

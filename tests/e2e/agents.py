@@ -317,7 +317,8 @@ def side_requests(
     """Claude Code's requests that are not turns: not provider requests, so each reaches the
     provider byte-identical and undecided."""
     others = [x for x in tap if x.method != "POST"]
-    assert {(x.method, x.path) for x in others} == expected
+    seen = {(x.method, x.path) for x in others}
+    assert seen == expected, seen
     for x in others:
         (got,) = fake.wait_for(1, where=by_id(x.eid))
         assert (got.method, got.path, got.body) == (x.method, x.path, x.body)

@@ -1,6 +1,6 @@
 """Fixtures for end-to-end tests: one fake provider and one `off`-preset mitmdump per session,
-and the pinned Claude Code and Codex binaries (installed on first use, tests/e2e/claude_code.py
-and tests/e2e/codex.py).
+and the pinned Claude Code, Codex and opencode binaries (installed on first use,
+tests/e2e/claude_code.py, tests/e2e/codex.py and tests/e2e/opencode.py).
 
 Tests that need another preset or options start their own with `Proxy.start(...)` and stop it.
 """
@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from tests.e2e import codex as codex_cli
+from tests.e2e import opencode as opencode_cli
 from tests.e2e.claude_code import ClaudeCodeUnavailable, install
 from tests.e2e.harness import Proxy
 from tests.support.fakeprovider import FakeProvider
@@ -52,6 +53,15 @@ def codex() -> Path:
     try:
         return codex_cli.install()
     except codex_cli.CodexUnavailable as e:
+        pytest.fail(str(e), pytrace=False)
+
+
+@pytest.fixture(scope="session")
+def opencode() -> Path:
+    """The pinned opencode binary; a test run that cannot install it fails, saying why."""
+    try:
+        return opencode_cli.install()
+    except opencode_cli.OpencodeUnavailable as e:
         pytest.fail(str(e), pytrace=False)
 
 

@@ -116,7 +116,7 @@ def agent_turns(fake: FakeProvider) -> list[Recorded]:
 
 def start(fake: FakeProvider, workdir: Path, preset: str) -> Proxy:
     config = workdir / "windows.yaml"
-    config.write_text(yaml.safe_dump({"model_windows": {"claude-opus-4-8": WINDOW}}))
+    config.write_text(yaml.safe_dump({"model_windows": {"claude-opus-5-5": WINDOW}}))
     return start_proxy(fake.url, workdir, preset, options=[f"cg_config={config}"])
 
 

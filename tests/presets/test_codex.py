@@ -63,8 +63,10 @@ def test_the_preset_values() -> None:
     "model,window",
     [
         ("gpt-5.5", 272_000),
-        ("gpt-6.1-sol", 272_000),  # the API allows 1,050,000; Codex's catalogue says 272,000
+        ("gpt-6.1-sol", 500_000),  # the API allows 1,050,000; Codex 0.171.0's catalogue 500,000
         ("gpt-6.1-terra", 500_000),
+        ("gpt-6.2-sol", 500_000),
+        ("gpt-6.2-astra", 272_000),
         ("my-local-model", 272_000),  # Codex's fallback for a model it does not know
     ],
 )

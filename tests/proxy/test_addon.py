@@ -584,7 +584,7 @@ async def test_a_misspelt_environment_variable_is_refused_naming_the_one_meant(
     ("preset", "config", "warned"),
     [
         ("summarize", None, True),  # model.source: incoming (the default)
-        ("auto", None, True),  # claude-code, codex, summarize: all incoming
+        ("auto", None, True),  # claude-code, codex, opencode, summarize: all incoming
         ("summarize", {"model": {"source": "config", "provider": "anthropic"}}, False),
         ("off", None, False),  # nothing summarizes: no model of any kind is used
     ],

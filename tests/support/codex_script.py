@@ -24,7 +24,9 @@ bytes / 4 output tokens (plus `output_tokens`, to model a longer answer).
 Like the API, the script answers 400 `invalid_request_error` (in the API's words) to a request
 that has a call without its output, an output without its call, a reasoning item without the
 item it was issued with right after it, or a reasoning item whose `encrypted_content` is not the
-one the script issued for that id. Every refusal is kept in `refusals`.
+one the script issued for that id; a reasoning item sent without its id (as opencode's AI SDK
+sends it with `store: false`) must carry encrypted content the script issued. Every refusal is
+kept in `refusals`.
 
 Codex's own compaction request (header `x-codex-turn-metadata` with `request_kind:
 "compaction"`) is answered with a text summary naming how many steps are done, so the script
@@ -65,6 +67,11 @@ class Step:
     commands: tuple[str, ...]  # one exec_command call each; several are parallel calls
     summary: str  # the reasoning item's summary
     preamble: str | None = None  # an assistant message between the reasoning and the calls
+
+
+def exec_command(command: str) -> tuple[str, dict[str, Any]]:
+    """Codex's shell tool call for `command` (its name, its arguments)."""
+    return "exec_command", {"cmd": command}
 
 
 def session(
@@ -156,6 +163,9 @@ class CodexScript:
     # (`codex exec resume --last PROMPT`) goes on from there.
     pause_at: tuple[int, ...] = ()
     pause_text: str = "Paused; say when to go on."
+    # The function call a step's command is made as: Codex's `exec_command` unless another agent
+    # is driven (opencode's `bash {command, description}`).
+    call: Callable[[str], tuple[str, dict[str, Any]]] = exec_command
     answers: list[Answer] = field(default_factory=list)
     refusals: list[str] = field(default_factory=list)
     expansions: list[str] = field(default_factory=list)
@@ -229,6 +239,8 @@ class CodexScript:
                 continue
             issued = self._reasoning.get(str(x.get("id")))
             enc = x.get("encrypted_content")
+            if "id" not in x and any(enc == e for e, _ in self._reasoning.values()):
+                continue  # sent by its content alone (the AI SDK's way with store: false)
             if issued is None:
                 if enc is not None:  # not ours: the API could not decrypt it
                     out.append(f"The encrypted content {str(enc)[:4]}... could not be verified.")
@@ -303,7 +315,7 @@ class CodexScript:
         elif step < len(self.steps):
             s = self.steps[step]
             summary, preamble = s.summary, s.preamble
-            calls = [("exec_command", {"cmd": c}) for c in s.commands]
+            calls = [self.call(c) for c in s.commands]
         else:
             summary, calls = "**Reporting**\n\nEverything ran; time to report.", []
         items: list[Any] = []
