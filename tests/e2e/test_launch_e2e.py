@@ -1,0 +1,173 @@
+"""`context-guru claude|codex|opencode …`, the one command per agent (docs/agents.md#one-command-per-agent),
+with the real pinned CLIs against the fake provider: a session through a proxy the command
+started (and stopped: its PID gone, its port closed), the agent's exit status and arguments
+passed through, the closing line's figures as the store's ledger has them, and a proxy already
+serving on CG_PORT reused and left running.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from cg.billing.prices import price_table
+from cg.billing.savings import report
+from cg.state import open_reader
+from tests.e2e import claude_code as cc
+from tests.e2e.harness import Proxy
+from tests.e2e.launch_runs import (
+    LaunchRun,
+    free_port,
+    launch,
+    listening,
+    low_config,
+    pid_gone,
+    settled,
+)
+from tests.support.agent_script import AgentScript, session
+from tests.support.fakeprovider import FakeProvider
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+
+CLAUDE_ARGS = ["--dangerously-skip-permissions", "--output-format", "stream-json", "--verbose"]
+
+
+@pytest.fixture(scope="module")
+def fake() -> Iterator[FakeProvider]:
+    with FakeProvider() as p:
+        yield p
+
+
+def claude_env(binary: Path, workdir: Path, fake: FakeProvider) -> dict[str, str]:
+    home = workdir / "home"
+    return {
+        "CLAUDE_CONFIG_DIR": str(home / ".claude"),
+        "ANTHROPIC_API_KEY": cc.API_KEY,
+        **cc.OFFLINE,
+        "CG_AGENT_BIN": str(binary),
+        "CG_UPSTREAM": fake.url,
+        "CG_LOG": str(workdir / "proxy.log"),
+    }
+
+
+def events(run: LaunchRun) -> list[dict[str, object]]:
+    out = []
+    for line in run.stdout.splitlines():
+        if line.startswith("{"):
+            out.append(json.loads(line))
+    return out
+
+
+def final_result(run: LaunchRun) -> dict[str, object]:
+    (result,) = [e for e in events(run) if e.get("type") == "result"]
+    return result
+
+
+def ledger(home: Path) -> dict[str, object]:
+    """The savings of the default store under `home`, as `context-guru stats` reads them."""
+    store = open_reader(str(home / ".context-guru" / "cg.sqlite3"))
+    try:
+        return report(store, price_table())["savings"]  # type: ignore[no-any-return]
+    finally:
+        store.close()
+
+
+def money(text: str) -> float:
+    return float(text.replace("$", "").replace(",", ""))
+
+
+# -- Claude Code ---------------------------------------------------------------------------------
+
+
+def test_context_guru_claude_runs_a_session_through_a_proxy_it_starts_and_stops(
+    claude_code: Path, fake: FakeProvider, tmp_path: Path
+) -> None:
+    port = free_port()
+    tag = f"CG-{tmp_path.name}"
+    script = AgentScript(tag, session(8), before=lambda step: settled(port))
+    env = {
+        **claude_env(claude_code, tmp_path, fake),
+        "CG_PORT": str(port),
+        "CG_PROXY_ARGS": f"--set cg_config={low_config(tmp_path)}",
+    }
+    fake.responder = script
+    try:
+        run = launch("claude", ["-p", f"{tag}: run the scripted steps.", *CLAUDE_ARGS], tmp_path, env)
+    finally:
+        fake.responder = None
+
+    assert run.returncode == 0, run.describe()
+    result = final_result(run)
+    assert result["subtype"] == "success" and result["result"] == script.final_text
+    assert script.refusals == []
+    assert [a.step for a in script.answers if a.expand is None] == list(range(9))
+    # The closing line: this session's figures, as the default store's ledger has them.
+    closing = run.closing
+    assert closing["how"].startswith("started and stopped") and int(closing["port"]) == port
+    assert (int(closing["turns"]), int(closing["rewritten"]) > 0) == (9, True), closing
+    saved = ledger(tmp_path / "home")
+    assert saved["tokens_not_sent"] and int(closing["tokens"].replace(",", "")) == saved[
+        "tokens_not_sent"
+    ]
+    assert closing["retention"].endswith("%")
+    assert money(closing["saved"]) == pytest.approx(saved["saved_usd"], abs=1e-4)
+    assert money(closing["billed"]) == pytest.approx(saved["billed_usd"], abs=1e-4)
+    # The proxy it started is gone, and its output went to CG_LOG, not the agent's terminal.
+    assert pid_gone(int(closing["pid"])) and not listening(port)
+    assert Path(closing["log"]) == tmp_path / "proxy.log"
+    assert "listening at" in (tmp_path / "proxy.log").read_text()
+    assert "listening at" not in run.stdout + run.stderr
+
+
+def test_context_guru_claude_passes_a_failing_agents_arguments_and_exit_status_through(
+    claude_code: Path, fake: FakeProvider, tmp_path: Path
+) -> None:
+    bad = ["--no-such-option-for-claude"]
+    direct = subprocess.run(
+        [str(claude_code), *bad], capture_output=True, text=True, timeout=60,
+        env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), **cc.OFFLINE},
+    )  # fmt: skip
+    assert direct.returncode not in (0, 127), direct  # vacuity: claude itself refuses it
+
+    run = launch("claude", bad, tmp_path, claude_env(claude_code, tmp_path, fake))
+
+    assert run.returncode == direct.returncode, run.describe()
+    assert "no-such-option-for-claude" in run.stderr  # claude's own complaint, passed through
+    closing = run.closing  # said on a free port (no CG_PORT), with nothing to report
+    assert (closing["turns"], closing["rewritten"]) == ("0", "0")
+    assert pid_gone(int(closing["pid"])) and not listening(int(closing["port"]))
+
+
+def test_context_guru_claude_help_is_claudes_own(
+    claude_code: Path, fake: FakeProvider, tmp_path: Path
+) -> None:
+    run = launch("claude", ["--help"], tmp_path, claude_env(claude_code, tmp_path, fake))
+    assert run.returncode == 0, run.describe()
+    assert "Usage: claude" in run.stdout
+
+
+def test_context_guru_claude_reuses_a_proxy_serving_on_cg_port_and_leaves_it_running(
+    claude_code: Path, fake: FakeProvider, tmp_path: Path
+) -> None:
+    with Proxy.start(fake.url, tmp_path / "proxy", preset="claude-code") as proxy:
+        before = proxy.counts()
+        tag = f"CG-{tmp_path.name}"
+        script = AgentScript(tag, session(3))
+        env = {**claude_env(claude_code, tmp_path, fake), "CG_PORT": str(proxy.port)}
+        fake.responder = script
+        try:
+            run = launch("claude", ["-p", f"{tag}: go.", *CLAUDE_ARGS], tmp_path, env)
+        finally:
+            fake.responder = None
+
+        assert run.returncode == 0, run.describe()
+        assert final_result(run)["result"] == script.final_text
+        closing = run.closing
+        assert closing["how"] == "reused, left running" and int(closing["port"]) == proxy.port
+        assert proxy.proc.poll() is None and proxy.stats()["requests"] == before["requests"] + 4
+        assert closing["turns"] == "4"  # this run's turns only, not the proxy's before it
+        assert not (tmp_path / "proxy.log").exists()  # nothing started, nothing logged
