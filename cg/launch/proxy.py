@@ -100,11 +100,15 @@ def free_ports(n: int) -> list[int]:
 def command(
     routes: Sequence[Route], ports: Sequence[int], preset: str, extra: Sequence[str]
 ) -> list[str]:
-    """The mitmdump command: reverse mode per route on its port, the preset, then `extra`."""
+    """The mitmdump command: reverse mode per route on its port, the preset, then `extra`
+    (a later `--set` of the same option wins)."""
     args: list[str] = []
     for route, port in zip(routes, ports, strict=True):
         args += ["--mode", f"reverse:{route.upstream}@{port}"]
-    args += ["--listen-host", LOOPBACK, "--set", f"cg_preset={preset}", *extra]
+    # Lazy: the upstream is dialled for a request that goes there, not on every connection (so
+    # `/_cg/health` answers while the provider is unreachable).
+    args += ["--listen-host", LOOPBACK, "--set", "connection_strategy=lazy"]
+    args += ["--set", f"cg_preset={preset}", *extra]
     return proxy_command(args)
 
 

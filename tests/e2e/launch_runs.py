@@ -32,7 +32,7 @@ from tests.e2e.harness import REPO, hermetic, low, poll
 TIMEOUT = 90.0
 CLOSING = re.compile(
     r"^context-guru: (?P<rewritten>\d+) of (?P<turns>\d+) turns rewritten, "
-    r"(?P<tokens>[\d,]+|unknown) tokens not sent, retention (?P<retention>[\d.]+%|n/a[^,]*), "
+    r"(?P<tokens>-?[\d,]+|unknown) tokens not sent, retention (?P<retention>[\d.]+%|n/a[^,]*), "
     r"(?P<saved>-?\$[\d,.]+|unknown) saved \(estimate; (?P<billed>-?\$[\d,.]+|unknown) billed\) "
     r"— proxy 127\.0\.0\.1:(?P<port>\d+) (?P<how>started and stopped \(pid (?P<pid>\d+), "
     r"log (?P<log>[^)]+)\)|reused, left running)$",
@@ -123,7 +123,9 @@ def launch(
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)
         out, err = proc.communicate(timeout=30)
-        raise AssertionError(f"context-guru {agent} did not finish:\n{out[-3000:]}\n{err[-3000:]}")
+        raise AssertionError(
+            f"context-guru {agent} did not finish:\n{out[-3000:]}\n{err[-3000:]}"
+        ) from None
     return LaunchRun(proc.returncode, out, err)
 
 

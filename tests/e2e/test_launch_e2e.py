@@ -18,6 +18,8 @@ from cg.billing.prices import price_table
 from cg.billing.savings import report
 from cg.state import open_reader
 from tests.e2e import claude_code as cc
+from tests.e2e import codex as cx
+from tests.e2e.codex_sessions import codex_steps
 from tests.e2e.harness import Proxy
 from tests.e2e.launch_runs import (
     LaunchRun,
@@ -29,6 +31,7 @@ from tests.e2e.launch_runs import (
     settled,
 )
 from tests.support.agent_script import AgentScript, session
+from tests.support.codex_script import CodexScript
 from tests.support.fakeprovider import FakeProvider
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
@@ -96,7 +99,9 @@ def test_context_guru_claude_runs_a_session_through_a_proxy_it_starts_and_stops(
     }
     fake.responder = script
     try:
-        run = launch("claude", ["-p", f"{tag}: run the scripted steps.", *CLAUDE_ARGS], tmp_path, env)
+        run = launch(
+            "claude", ["-p", f"{tag}: run the scripted steps.", *CLAUDE_ARGS], tmp_path, env
+        )
     finally:
         fake.responder = None
 
@@ -110,9 +115,10 @@ def test_context_guru_claude_runs_a_session_through_a_proxy_it_starts_and_stops(
     assert closing["how"].startswith("started and stopped") and int(closing["port"]) == port
     assert (int(closing["turns"]), int(closing["rewritten"]) > 0) == (9, True), closing
     saved = ledger(tmp_path / "home")
-    assert saved["tokens_not_sent"] and int(closing["tokens"].replace(",", "")) == saved[
-        "tokens_not_sent"
-    ]
+    assert (
+        saved["tokens_not_sent"]
+        and int(closing["tokens"].replace(",", "")) == saved["tokens_not_sent"]
+    )
     assert closing["retention"].endswith("%")
     assert money(closing["saved"]) == pytest.approx(saved["saved_usd"], abs=1e-4)
     assert money(closing["billed"]) == pytest.approx(saved["billed_usd"], abs=1e-4)
@@ -171,3 +177,113 @@ def test_context_guru_claude_reuses_a_proxy_serving_on_cg_port_and_leaves_it_run
         assert proxy.proc.poll() is None and proxy.stats()["requests"] == before["requests"] + 4
         assert closing["turns"] == "4"  # this run's turns only, not the proxy's before it
         assert not (tmp_path / "proxy.log").exists()  # nothing started, nothing logged
+
+
+# -- Codex CLI -----------------------------------------------------------------------------------
+
+CODEX_MODEL = "gpt-5.5"  # in Codex's catalogue and priced, so the closing line has dollars
+CODEX_CONFIG = f"""model = "{CODEX_MODEL}"
+approval_policy = "never"
+sandbox_mode = "danger-full-access"
+check_for_update_on_startup = false
+
+[analytics]
+enabled = false
+
+[otel]
+exporter = "none"
+
+[features]
+plugins = false
+apps = false
+"""
+
+
+def codex_env(binary: Path, workdir: Path, fake: FakeProvider) -> dict[str, str]:
+    """A scratch CODEX_HOME with no model provider of its own (the launcher names one) and
+    Codex's API-key sign-in (`codex login --with-api-key` writes this auth.json)."""
+    codex_home = workdir / "codex-home"
+    codex_home.mkdir(parents=True, exist_ok=True)
+    (codex_home / "config.toml").write_text(CODEX_CONFIG)
+    auth = {"auth_mode": "apikey", "OPENAI_API_KEY": cx.API_KEY}
+    (codex_home / "auth.json").write_text(json.dumps(auth))
+    return {
+        "CODEX_HOME": str(codex_home),
+        "CG_AGENT_BIN": str(binary),
+        "CG_UPSTREAM": fake.url,
+        "CG_LOG": str(workdir / "proxy.log"),
+    }
+
+
+def codex_args(prompt: str) -> list[str]:
+    return ["exec", "--strict-config", "--json", "--skip-git-repo-check", prompt]
+
+
+def codex_final(run: LaunchRun) -> str:
+    messages = [
+        e["item"]
+        for e in events(run)
+        if e.get("type") == "item.completed" and e["item"].get("type") == "agent_message"  # type: ignore[index, union-attr]
+    ]
+    assert messages, run.describe()
+    return str(messages[-1]["text"])  # type: ignore[index]
+
+
+def test_context_guru_codex_exec_runs_a_session_through_a_proxy_it_starts_and_stops(
+    codex: Path, fake: FakeProvider, tmp_path: Path
+) -> None:
+    port = free_port()
+    script = CodexScript(f"CG-{tmp_path.name}", codex_steps(8), before=lambda step: settled(port))
+    env = {
+        **codex_env(codex, tmp_path, fake),
+        "CG_PORT": str(port),
+        "CG_PROXY_ARGS": f"--set cg_config={low_config(tmp_path)}",
+    }
+    fake.responder = script
+    try:
+        run = launch("codex", codex_args(f"{script.tag}: run the scripted steps."), tmp_path, env)
+    finally:
+        fake.responder = None
+
+    assert run.returncode == 0, run.describe()
+    assert codex_final(run) == script.final_text
+    assert script.refusals == []
+    # Every turn went through the proxy over HTTP (no WebSocket), as an API key's requests.
+    turns = [r for r in fake.requests if r.path == "/v1/responses" and not r.is_summarizer]
+    assert turns and {r.method for r in turns} == {"POST"}
+    assert {r.header("authorization") for r in turns} == {f"Bearer {cx.API_KEY}"}
+    closing = run.closing
+    assert closing["how"].startswith("started and stopped") and int(closing["port"]) == port
+    assert int(closing["turns"]) == len(turns) == 9 and int(closing["rewritten"]) > 0, closing
+    saved = ledger(tmp_path / "home")
+    assert (
+        saved["tokens_not_sent"]
+        and int(closing["tokens"].replace(",", "")) == saved["tokens_not_sent"]
+    )
+    assert money(closing["saved"]) == pytest.approx(saved["saved_usd"], abs=1e-4)
+    assert pid_gone(int(closing["pid"])) and not listening(port)
+
+
+def test_context_guru_codex_reuses_a_proxy_and_passes_a_failing_exit_status_through(
+    codex: Path, fake: FakeProvider, tmp_path: Path
+) -> None:
+    with Proxy.start(fake.url, tmp_path / "proxy", preset="codex") as proxy:
+        before = proxy.counts()
+        script = CodexScript(f"CG-{tmp_path.name}", codex_steps(2))
+        env = {**codex_env(codex, tmp_path, fake), "CG_PORT": str(proxy.port)}
+        fake.responder = script
+        try:
+            run = launch("codex", codex_args(f"{script.tag}: go."), tmp_path, env)
+        finally:
+            fake.responder = None
+        assert run.returncode == 0, run.describe()
+        assert codex_final(run) == script.final_text
+        closing = run.closing
+        assert closing["how"] == "reused, left running"
+        assert proxy.proc.poll() is None and proxy.stats()["requests"] == before["requests"] + 3
+        assert closing["turns"] == "3"
+
+        failed = launch("codex", ["exec", "--no-such-flag"], tmp_path, env)
+        assert failed.returncode == 2, failed.describe()  # clap's usage error, Codex's own
+        assert "--no-such-flag" in failed.stderr
+        assert failed.closing["turns"] == "0" and proxy.proc.poll() is None
