@@ -55,7 +55,8 @@ from pathlib import Path
 from typing import Any
 
 from cg.launch.agents import AGENTS
-from cg.launch.mitm import addon_path, proxy_command
+from cg.launch.mitm import addon_path as addon_path  # (public here too: `context-guru proxy`)
+from cg.launch.mitm import proxy_command as proxy_command
 from cg.settings import StoreConfig
 from cg.wire.dialects import DIALECTS, Dialect, route
 

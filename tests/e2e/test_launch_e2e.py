@@ -11,6 +11,7 @@ import json
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -57,7 +58,7 @@ def claude_env(binary: Path, workdir: Path, fake: FakeProvider) -> dict[str, str
     }
 
 
-def events(run: LaunchRun) -> list[dict[str, object]]:
+def events(run: LaunchRun) -> list[dict[str, Any]]:
     out = []
     for line in run.stdout.splitlines():
         if line.startswith("{"):
@@ -65,12 +66,12 @@ def events(run: LaunchRun) -> list[dict[str, object]]:
     return out
 
 
-def final_result(run: LaunchRun) -> dict[str, object]:
+def final_result(run: LaunchRun) -> dict[str, Any]:
     (result,) = [e for e in events(run) if e.get("type") == "result"]
     return result
 
 
-def ledger(home: Path) -> dict[str, object]:
+def ledger(home: Path) -> dict[str, Any]:
     """The savings of the default store under `home`, as `context-guru stats` reads them."""
     store = open_reader(str(home / ".context-guru" / "cg.sqlite3"))
     try:
@@ -223,10 +224,10 @@ def codex_final(run: LaunchRun) -> str:
     messages = [
         e["item"]
         for e in events(run)
-        if e.get("type") == "item.completed" and e["item"].get("type") == "agent_message"  # type: ignore[index, union-attr]
+        if e.get("type") == "item.completed" and e["item"].get("type") == "agent_message"
     ]
     assert messages, run.describe()
-    return str(messages[-1]["text"])  # type: ignore[index]
+    return str(messages[-1]["text"])
 
 
 def test_context_guru_codex_exec_runs_a_session_through_a_proxy_it_starts_and_stops(
