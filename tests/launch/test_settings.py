@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from cg.launch.agents import AGENTS, Route
-from cg.launch.settings import read, state_dir, with_upstreams
+from cg.launch.settings import NAMES, read, state_dir, with_upstreams
 
 
 def test_defaults_are_a_free_port_the_agents_preset_and_a_log_beside_the_default_store(
@@ -74,3 +74,13 @@ def test_cg_upstream_one_url_for_every_provider_or_pairs_by_name() -> None:
 def test_cg_upstream_refuses_what_reverse_mode_cannot_take(given: str) -> None:
     with pytest.raises(ValueError, match="CG_UPSTREAM"):
         with_upstreams(AGENTS["opencode"].routes({}), given)
+
+
+def test_every_setting_is_documented_where_a_user_looks() -> None:
+    import cg.launch.settings as module
+
+    docs = (Path(__file__).resolve().parents[2] / "docs" / "agents.md").read_text()
+    assert len(NAMES) == 6
+    for name in NAMES:
+        assert f"| `{name}` |" in docs, name  # a row of the settings table
+        assert name in (module.__doc__ or ""), name
