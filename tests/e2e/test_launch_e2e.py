@@ -20,6 +20,7 @@ from cg.billing.savings import report
 from cg.state import open_reader
 from tests.e2e import claude_code as cc
 from tests.e2e import codex as cx
+from tests.e2e import opencode as oc
 from tests.e2e.codex_sessions import codex_steps
 from tests.e2e.harness import Proxy
 from tests.e2e.launch_runs import (
@@ -33,7 +34,7 @@ from tests.e2e.launch_runs import (
 )
 from tests.support.agent_script import AgentScript, session
 from tests.support.codex_script import CodexScript
-from tests.support.fakeprovider import FakeProvider
+from tests.support.fakeprovider import DEFAULT_TEXT, FakeProvider
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -288,3 +289,49 @@ def test_context_guru_codex_reuses_a_proxy_and_passes_a_failing_exit_status_thro
         assert failed.returncode == 2, failed.describe()  # clap's usage error, Codex's own
         assert "--no-such-flag" in failed.stderr
         assert failed.closing["turns"] == "0" and proxy.proc.poll() is None
+
+
+# -- opencode ------------------------------------------------------------------------------------
+
+
+OPENCODE_OFFLINE = {
+    f"OPENCODE_DISABLE_{x}": "1"
+    for x in ("AUTOUPDATE", "MODELS_FETCH", "LSP_DOWNLOAD", "DEFAULT_PLUGINS", "SHARE")
+}
+
+
+@pytest.fixture(scope="module")
+def opencode_bin() -> Path:
+    try:
+        return oc.install()
+    except oc.OpencodeUnavailable as e:
+        pytest.fail(str(e), pytrace=False)
+
+
+@pytest.mark.parametrize(
+    ("model", "path"),
+    [("anthropic/claude-sonnet-4-5", "/v1/messages"), ("openai/gpt-5.5", "/v1/responses")],
+)
+def test_context_guru_opencode_run_goes_through_a_proxy_it_starts_and_stops(
+    opencode_bin: Path, fake: FakeProvider, tmp_path: Path, model: str, path: str
+) -> None:
+    mine = {"autoupdate": False, "share": "disabled"}  # the user's own inline config, kept
+    env = {
+        "ANTHROPIC_API_KEY": "sk-test",
+        "OPENAI_API_KEY": "sk-test",
+        "OPENCODE_CONFIG_CONTENT": json.dumps(mine),
+        **OPENCODE_OFFLINE,
+        "CG_AGENT_BIN": str(opencode_bin),
+        "CG_UPSTREAM": fake.url,
+        "CG_LOG": str(tmp_path / "proxy.log"),
+    }
+    seen = len(fake.requests)
+    run = launch("opencode", ["run", "-m", model, "Say hello."], tmp_path, env)
+
+    assert run.returncode == 0, run.describe()
+    assert DEFAULT_TEXT in run.stdout
+    turns = [r for r in fake.requests[seen:] if r.method == "POST" and r.path == path]
+    assert turns, [r.path for r in fake.requests[seen:]]  # reached the provider, by its path
+    closing = run.closing
+    assert int(closing["turns"]) == len(turns), closing  # every one of them through the proxy
+    assert pid_gone(int(closing["pid"])) and not listening(int(closing["port"]))
