@@ -6,15 +6,17 @@ older than that key, `ok: true`) means reuse it; anything else is an error namin
 
 A started proxy is mitmdump with the packaged addon in reverse mode, one listener per provider on
 127.0.0.1, in its own session (a Ctrl-C at the terminal is the agent's, not the proxy's), its
-output to the log file. It is ready once every listener answers `/_cg/health`; it is stopped by
+output to the log file, told by the kernel to stop if the launcher dies first (Linux). It is ready once every listener answers `/_cg/health`; it is stopped by
 PID (terminate, then kill).
 """
 
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Sequence
@@ -31,6 +33,7 @@ START_TIMEOUT = 60.0  # seconds for a started proxy to answer on every listener
 STOP_TIMEOUT = 10.0
 POLL = 0.05
 LOG_TAIL = 12  # lines of its log quoted when a started proxy does not come up
+PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 
 
 class NotAProxy(RuntimeError):
@@ -97,6 +100,15 @@ def free_ports(n: int) -> list[int]:
             s.close()
 
 
+def die_with_parent() -> None:
+    """Run in the started proxy before it execs (Linux): the kernel sends it SIGTERM if the
+    launcher dies without stopping it (`kill -9`), so no orphan keeps holding the store."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
 def command(
     routes: Sequence[Route], ports: Sequence[int], preset: str, extra: Sequence[str]
 ) -> list[str]:
@@ -141,6 +153,7 @@ class Started:
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
+                preexec_fn=die_with_parent,
                 env={**os.environ, "PYTHONUNBUFFERED": "1"},
             )
         started = cls(proc, ports, log)

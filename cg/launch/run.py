@@ -22,6 +22,7 @@ EXIT_USAGE = 2
 EXIT_PROXY = 1  # no proxy to run through: the agent was not started
 EXIT_NOT_EXECUTABLE = 126
 EXIT_NOT_FOUND = 127  # as a shell says of a command it cannot find
+EXIT_INTERRUPTED = 130  # Ctrl-C while no agent ran (128 + SIGINT)
 
 
 def say(message: str) -> None:
@@ -83,18 +84,21 @@ def launch(name: str, args: Sequence[str], environ: Mapping[str, str] | None = N
         return EXIT_PROXY
 
     started: proxy.Started | None = None
-    if not all(serving):
-        try:
-            started = proxy.Started.start(
-                routes, ports, preset_for(agent, conf.preset), conf.proxy_args, conf.log
-            )
-        except (RuntimeError, OSError) as e:
-            say(f"{prog}: could not start the proxy: {e}")
-            if conf.port is None:
-                say(f"{prog}: to go through a proxy already running, set CG_PORT to its port")
-            return EXIT_PROXY
     try:
+        if not all(serving):
+            try:
+                started = proxy.Started.start(
+                    routes, ports, preset_for(agent, conf.preset), conf.proxy_args, conf.log
+                )
+            except (RuntimeError, OSError) as e:
+                say(f"{prog}: could not start the proxy: {e}")
+                if conf.port is None:
+                    say(f"{prog}: to go through a proxy already running, set CG_PORT to its port")
+                return EXIT_PROXY
         return _session(prog, agent, binary, args, env, routes, ports, started)
+    except KeyboardInterrupt:  # (while the agent runs, Ctrl-C is the agent's: child.run)
+        say(f"{prog}: interrupted")
+        return EXIT_INTERRUPTED
     finally:
         if started is not None:
             started.stop()

@@ -3,11 +3,16 @@ one runs."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import signal
+import subprocess
 import sys
 import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -110,3 +115,40 @@ def test_the_started_command_is_the_packaged_addon_in_reverse_mode_per_route() -
     assert rest[rest.index("--listen-host") + 1] == "127.0.0.1"
     assert "connection_strategy=lazy" in rest and "cg_preset=opencode" in rest
     assert rest[-2:] == ["--set", "cg_db=/tmp/x"]  # the user's extras last: theirs win
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
+def test_a_started_process_goes_when_the_launcher_is_killed(tmp_path: Path) -> None:
+    """What `kill -9` of the launcher leaves: nothing, the proxy (here a `sleep`, started the
+    same way) is sent SIGTERM by the kernel."""
+    parent = subprocess.Popen(
+        [sys.executable, "-c",
+         "import subprocess, sys; from cg.launch.proxy import die_with_parent\n"
+         "p = subprocess.Popen(['sleep', '600'], preexec_fn=die_with_parent, start_new_session=True)\n"
+         "print(p.pid, flush=True); p.wait()"],
+        stdout=subprocess.PIPE, text=True, cwd=Path(__file__).resolve().parents[2],
+    )  # fmt: skip
+    assert parent.stdout is not None
+    pid = int(parent.stdout.readline())
+    try:
+        assert Path(f"/proc/{pid}").exists()  # vacuity: it was running
+        parent.kill()
+        parent.wait(10)
+        pause = threading.Event()
+        for _ in range(1000):
+            if gone(pid):
+                break
+            pause.wait(0.01)
+        assert gone(pid)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+        parent.stdout.close()
+
+
+def gone(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return True
+    return state in ("Z", "X")

@@ -6,6 +6,8 @@ one-line error and exit 127, and the closing line from the stats before and afte
 from __future__ import annotations
 
 import json
+import os
+import pty
 import sys
 import threading
 from collections.abc import Iterator
@@ -176,3 +178,54 @@ def test_the_cli_hands_every_argument_after_the_agents_name_to_the_launcher(
     monkeypatch.setenv("PATH", str(tmp_path))  # no opencode there
     assert main(["opencode", "--help"]) == 127  # not argparse's help: the agent's argument
     assert "npm install -g opencode-ai" in capsys.readouterr().err
+
+
+def test_ctrl_c_at_the_terminal_is_the_agents_and_the_launcher_carries_on(
+    standin: StandIn, tmp_path: Path
+) -> None:
+    """In a pseudo-terminal, as a user runs it: Ctrl-C reaches the agent (which exits 42 on it),
+    not the launcher, which returns the agent's status and says its closing line."""
+    ready = tmp_path / "ready"
+    agent = tmp_path / "agent"
+    agent.write_text(
+        f"#!{sys.executable}\n"
+        "import pathlib, signal, sys\n"
+        "signal.signal(signal.SIGINT, lambda *a: (print('agent: SIGINT', flush=True), sys.exit(42)))\n"
+        f"pathlib.Path({str(ready)!r}).write_text('up')\n"
+        "signal.pause()\n"
+    )
+    agent.chmod(0o755)
+    env = {
+        "PATH": "/usr/bin:/bin",
+        "HOME": str(tmp_path),
+        "PYTHONPATH": str(Path(__file__).resolve().parents[2]),
+        "CG_PORT": str(standin.port),
+        "CG_AGENT_BIN": str(agent),
+    }
+    pid, fd = pty.fork()
+    if pid == 0:  # the launcher, its terminal the pty
+        os.execve(sys.executable, [sys.executable, "-m", "cg", "claude"], env)
+    out = b""
+    try:
+        pause = threading.Event()
+        for _ in range(2000):
+            if ready.exists():
+                break
+            pause.wait(0.01)
+        assert ready.exists(), "the agent never started"
+        os.write(fd, b"\x03")  # Ctrl-C, as typed
+        while True:
+            try:
+                chunk = os.read(fd, 4096)
+            except OSError:  # EIO: the launcher closed its end
+                break
+            if not chunk:
+                break
+            out += chunk
+    finally:
+        _, status = os.waitpid(pid, 0)
+        os.close(fd)
+    text = out.decode(errors="replace")
+    assert os.waitstatus_to_exitcode(status) == 42, text
+    assert "agent: SIGINT" in text and "Traceback" not in text
+    assert "turns rewritten" in text and "reused, left running" in text
