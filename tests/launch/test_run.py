@@ -229,3 +229,30 @@ def test_ctrl_c_at_the_terminal_is_the_agents_and_the_launcher_carries_on(
     assert os.waitstatus_to_exitcode(status) == 42, text
     assert "agent: SIGINT" in text and "Traceback" not in text
     assert "turns rewritten" in text and "reused, left running" in text
+
+
+def test_a_started_proxy_takes_the_agents_preset_where_the_package_has_it() -> None:
+    from cg.launch.agents import AGENTS
+    from cg.launch.run import preset_for
+    from cg.settings import preset_names
+
+    assert preset_for(AGENTS["claude"], None) == "claude-code"
+    assert preset_for(AGENTS["codex"], None) == "codex"
+    assert preset_for(AGENTS["opencode"], None) == (
+        "opencode" if "opencode" in preset_names() else "auto"
+    )
+    assert preset_for(AGENTS["claude"], "off") == "off"  # CG_PRESET
+
+
+def test_an_agent_binary_is_a_path_or_a_name_on_path(tmp_path: Path) -> None:
+    from cg.launch.agents import AGENTS
+    from cg.launch.run import find_binary
+
+    binary, _ = agent_script(tmp_path, 0)
+    plain = tmp_path / "plain"
+    plain.write_text("not executable")
+    claude = AGENTS["claude"]
+    assert find_binary(claude, str(binary), {}) == str(binary)
+    assert find_binary(claude, str(plain), {}) is None
+    assert find_binary(claude, "agent", {"PATH": str(tmp_path)}) == str(binary)
+    assert find_binary(claude, None, {"PATH": str(tmp_path)}) is None  # no `claude` there
