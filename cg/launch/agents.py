@@ -35,6 +35,7 @@ class Route:
     provider: str
     upstream: str
     path: str = ""
+    plan: bool = False  # a subscription's route: billed by the plan, not by the token (§14)
 
 
 @frozen
@@ -71,7 +72,7 @@ def _claude_point(bases: Mapping[str, str], env: Mapping[str, str]) -> Pointing:
 
 CODEX_PROVIDER = "context-guru"
 OPENAI_ROUTE = Route("openai", "https://api.openai.com", "/v1")
-CHATGPT_ROUTE = Route("chatgpt", "https://chatgpt.com", "/backend-api/codex")
+CHATGPT_ROUTE = Route("chatgpt", "https://chatgpt.com", "/backend-api/codex", plan=True)
 
 
 def codex_home(env: Mapping[str, str]) -> Path:

@@ -4,7 +4,8 @@ Read from the proxy's `/_cg/stats` before the agent starts and after it exits, a
 the counters are the process's since it started and the savings the whole store's ledger, so a
 reused proxy's other traffic before this run, and a started proxy's store's earlier sessions,
 are left out. Retention is the mean over this run's rewritten turns (from the counts and means
-before and after). The dollars are the ledger's estimate (docs/control.md#what-it-saved).
+before and after). The dollars are the ledger's estimate (docs/control.md#what-it-saved); for
+a subscription's session (Codex signed in with ChatGPT) they are labelled plan-equivalent.
 """
 
 from __future__ import annotations
@@ -48,9 +49,10 @@ def _usd(x: float | None) -> str:
     return f"{'-' if x < 0 else ''}${abs(x):,.4f}"
 
 
-def line(before: Any, after: Any, where: str) -> str:
+def line(before: Any, after: Any, where: str, plan: bool = False) -> str:
     """`context-guru: N of M turns rewritten, T tokens not sent, retention R, $S saved
-    (estimate; $B billed) — WHERE`."""
+    (estimate; $B billed) — WHERE`; `plan`: the session is a subscription's, so the dollars
+    are what the tokens would cost at API list prices (docs/behaviour.md)."""
     requests = int(_delta(before, after, "requests") or 0)
     rewritten = int(_delta(before, after, "rewritten") or 0)
     not_sent = _delta(before, after, "savings", "tokens_not_sent")
@@ -67,5 +69,6 @@ def line(before: Any, after: Any, where: str) -> str:
     billed = _usd(_delta(before, after, "savings", "billed_usd"))
     return (
         f"context-guru: {rewritten} of {requests} turns rewritten, {tokens} tokens not sent, "
-        f"{kept_facts}, {saved} saved (estimate; {billed} billed) — {where}"
+        f"{kept_facts}, {saved} saved (estimate; {billed} billed)"
+        f"{' at API list prices, plan-equivalent' if plan else ''} — {where}"
     )

@@ -136,5 +136,5 @@ def _session(
     if before is None or after is None:
         say(f"context-guru: the proxy's /_cg/stats could not be read — {where}")
     else:
-        say(closing.line(before, after, where))
+        say(closing.line(before, after, where, plan=any(r.plan for r in routes)))
     return code

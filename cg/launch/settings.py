@@ -73,7 +73,7 @@ def with_upstreams(routes: tuple[Route, ...], given: str) -> tuple[Route, ...]:
         return routes
     if "=" not in given.split(",")[0]:
         url = _url(given)
-        return tuple(Route(r.provider, url, r.path) for r in routes)
+        return tuple(Route(r.provider, url, r.path, r.plan) for r in routes)
     pairs: dict[str, str] = {}
     for part in given.split(","):
         name, eq, url = part.strip().partition("=")
@@ -84,7 +84,9 @@ def with_upstreams(routes: tuple[Route, ...], given: str) -> tuple[Route, ...]:
     if unknown:
         known = ", ".join(r.provider for r in routes)
         raise ValueError(f"CG_UPSTREAM: this agent talks to {known}, not {', '.join(unknown)}")
-    return tuple(Route(r.provider, pairs.get(r.provider, r.upstream), r.path) for r in routes)
+    return tuple(
+        Route(r.provider, pairs.get(r.provider, r.upstream), r.path, r.plan) for r in routes
+    )
 
 
 def _url(url: str) -> str:

@@ -61,6 +61,7 @@ def test_codex_goes_to_the_chatgpt_backend_only_when_signed_in_with_chatgpt(tmp_
         CHATGPT_ROUTE.upstream == "https://chatgpt.com"
         and CHATGPT_ROUTE.path == "/backend-api/codex"
     )
+    assert CHATGPT_ROUTE.plan and not OPENAI_ROUTE.plan  # a subscription, billed by the plan
     assert not signed_in_with_chatgpt({**env, "CODEX_API_KEY": "sk-x"})  # exec prefers the key
     auth.write_text(json.dumps({"auth_mode": "apikey", "OPENAI_API_KEY": "sk-x"}))
     assert not signed_in_with_chatgpt(env)

@@ -60,3 +60,9 @@ def test_an_older_proxy_without_savings_counts_the_spliced_tokens() -> None:
 @pytest.mark.parametrize("doc", [{}, {"requests": "x", "savings": None}])
 def test_a_malformed_answer_gives_a_line_not_an_error(doc: dict[str, Any]) -> None:
     assert line(doc, doc, "here").startswith("context-guru: 0 of 0 turns rewritten")
+
+
+def test_a_subscriptions_dollars_are_labelled_plan_equivalent() -> None:
+    before, after = stats(0, 0, 0, 0.0, 0.0, 0, None), stats(2, 1, 10, 0.2, 0.3, 1, 1.0)
+    assert "at API list prices, plan-equivalent — here" in line(before, after, "here", plan=True)
+    assert "plan-equivalent" not in line(before, after, "here")
