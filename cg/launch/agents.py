@@ -60,8 +60,26 @@ class Agent:
 # -- Claude Code ---------------------------------------------------------------------------------
 
 
+def claude_on_subscription(env: Mapping[str, str]) -> bool:
+    """Whether Claude Code signs in with a Pro/Max subscription (OAuth): no API key or token in
+    the environment, and CLAUDE_CODE_OAUTH_TOKEN, or the OAuth credentials `claude login` keeps
+    (`CLAUDE_CONFIG_DIR` or ~/.claude, `.credentials.json`). A key helper or the keychain (macOS)
+    read as an API key: only the closing line's label depends on it."""
+    if env.get("ANTHROPIC_API_KEY") or env.get("ANTHROPIC_AUTH_TOKEN"):
+        return False
+    if env.get("CLAUDE_CODE_OAUTH_TOKEN"):
+        return True
+    home = env.get("HOME")
+    config = env.get("CLAUDE_CONFIG_DIR") or str((Path(home) if home else Path.home()) / ".claude")
+    try:
+        doc = json.loads((Path(config).expanduser() / ".credentials.json").read_text("utf-8"))
+    except (OSError, ValueError):
+        return False
+    return isinstance(doc, dict) and bool(doc.get("claudeAiOauth"))
+
+
 def _claude_routes(env: Mapping[str, str]) -> tuple[Route, ...]:
-    return (Route("anthropic", "https://api.anthropic.com"),)
+    return (Route("anthropic", "https://api.anthropic.com", plan=claude_on_subscription(env)),)
 
 
 def _claude_point(bases: Mapping[str, str], env: Mapping[str, str]) -> Pointing:

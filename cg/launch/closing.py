@@ -5,7 +5,8 @@ the counters are the process's since it started and the savings the whole store'
 reused proxy's other traffic before this run, and a started proxy's store's earlier sessions,
 are left out. Retention is the mean over this run's rewritten turns (from the counts and means
 before and after). The dollars are the ledger's estimate (docs/control.md#what-it-saved); for
-a subscription's session (Codex signed in with ChatGPT) they are labelled plan-equivalent.
+a subscription's session (Codex signed in with ChatGPT, Claude Code on OAuth) they are labelled
+plan-equivalent.
 """
 
 from __future__ import annotations

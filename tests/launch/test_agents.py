@@ -14,6 +14,7 @@ from cg.launch.agents import (
     CHATGPT_ROUTE,
     CODEX_PROVIDER,
     OPENAI_ROUTE,
+    claude_on_subscription,
     codex_overrides,
     no_proxy,
     opencode_config,
@@ -116,3 +117,17 @@ def test_every_agent_names_the_npm_package_that_installs_it() -> None:
         "codex": "@openai/codex",
         "opencode": "opencode-ai",
     }
+
+
+def test_claude_on_a_subscription_is_told_by_its_oauth_credentials(tmp_path: Path) -> None:
+    env = {"HOME": str(tmp_path)}
+    assert not claude_on_subscription(env)
+    assert claude_on_subscription({"CLAUDE_CODE_OAUTH_TOKEN": "sk-ant-oat01-x"})
+    (tmp_path / ".claude").mkdir()
+    (tmp_path / ".claude" / ".credentials.json").write_text(
+        json.dumps({"claudeAiOauth": {"accessToken": "sk-ant-oat01-x"}})
+    )
+    assert claude_on_subscription(env)
+    assert AGENTS["claude"].routes(env)[0].plan
+    assert not claude_on_subscription({**env, "ANTHROPIC_API_KEY": "sk-ant-api03-x"})
+    assert not AGENTS["claude"].routes({**env, "ANTHROPIC_API_KEY": "sk"})[0].plan
