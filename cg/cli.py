@@ -10,10 +10,16 @@
                      [--model NAME] [--base-url URL] [--summary-model NAME] [--json]
     context-guru proxy [--web] [MITMDUMP ARGS…]
     context-guru addon-path
+    context-guru claude|codex|opencode [AGENT ARGS…]
 
 `proxy` runs mitmdump (mitmweb with `--web`) with the addon that ships in the package, every
 other argument passed to it as given; `addon-path` prints that addon's path, for
 `mitmdump -s "$(context-guru addon-path)"`.
+
+`claude`, `codex` and `opencode` run that agent through the proxy in one command
+(`cg.launch`): a proxy serving on `$CG_PORT` is reused, else one is started in reverse mode to the
+agent's provider and stopped when the agent exits; every argument is the agent's, its exit status
+ours, and one line on stderr says what the session saved. Its settings are `CG_*` variables.
 
 `expand`, `sessions` and `stats` read a store (the default one unless `--db` names another; each
 says which it read) or ask a running proxy (`--proxy URL`: its `/_cg/` endpoints, whatever store
@@ -39,7 +45,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import importlib.util
 import json
 import os
 import sys
@@ -49,6 +54,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from cg.launch.agents import AGENTS
+from cg.launch.mitm import addon_path as addon_path  # (public here too: `context-guru proxy`)
+from cg.launch.mitm import proxy_command as proxy_command
 from cg.settings import StoreConfig
 from cg.wire.dialects import DIALECTS, Dialect, route
 
@@ -744,6 +752,13 @@ def parser() -> argparse.ArgumentParser:
     sub.add_parser(
         "addon-path", help="print the packaged addon's path, for mitmdump -s"
     ).set_defaults(func=lambda a: (print(addon_path()), 0)[1])
+    for name in AGENTS:  # (run by `main` too: every argument goes to the agent)
+        sub.add_parser(
+            name,
+            help=f"run {name} through the proxy (reused on $CG_PORT, else started in reverse "
+            "mode and stopped at the end); every other argument is the agent's",
+            add_help=False,
+        ).set_defaults(func=lambda a: 2)
 
     v = sub.add_parser(
         "eval",
@@ -788,29 +803,6 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
-# mitmproxy's own entry points, run in this interpreter: an installed wheel may have no
-# `mitmdump` script on PATH beside it (its dependencies in another environment).
-_MITM = "import sys; from mitmproxy.tools.main import {0}; sys.argv[0] = {0!r}; sys.exit({0}())"
-
-
-def addon_path() -> str:
-    """The addon entry that ships in the package (found without importing it: importing it
-    makes the addons)."""
-    spec = importlib.util.find_spec("cg.proxy.entry")
-    if spec is None or spec.origin is None:
-        raise OSError("the package has no cg/proxy/entry.py: a broken install")
-    return spec.origin
-
-
-def proxy_command(args: Sequence[str]) -> list[str]:
-    """The command `context-guru proxy ARGS` runs: mitmdump (mitmweb for `--web`) with the
-    packaged addon, then ARGS."""
-    rest = list(args)
-    tool = "mitmweb" if "--web" in rest else "mitmdump"
-    rest = [a for a in rest if a != "--web"]
-    return [sys.executable, "-c", _MITM.format(tool), "-s", addon_path(), *rest]
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     given = list(sys.argv[1:] if argv is None else argv)
     if given[:1] == ["addon-path"] and len(given) == 1:
@@ -819,6 +811,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if given[:1] == ["proxy"]:
         cmd = proxy_command(given[1:])
         os.execv(cmd[0], cmd)  # the terminal, signals and exit status are mitmproxy's
+    if given[:1] and given[0] in AGENTS:  # every argument after the name is the agent's
+        from cg.launch.run import launch
+
+        return launch(given[0], given[1:])
     args = parser().parse_args(argv)
     try:
         code: int = args.func(args)

@@ -26,6 +26,7 @@ LAYERS = [
     "proxy",
     "simulate",
     "eval",
+    "launch",
     "cli",
     "__main__",
 ]

@@ -1,6 +1,7 @@
 """The package as a user installs it: a wheel built from the repository, installed in a fresh
 venv, run from a directory with no checkout in it, carries its presets, its tables and its
-addon entry (`context-guru addon-path`, `context-guru proxy`), and summarizes a session.
+addon entry (`context-guru addon-path`, `context-guru proxy`), summarizes a session, and runs
+an agent through the proxy it starts (`context-guru claude`).
 
 The fresh venv gets the wheel alone (`--no-deps`); its dependencies are the test
 environment's, reached through one `.pth` line (the registry is not asked for them again). The
@@ -112,3 +113,34 @@ def test_context_guru_proxy_from_the_wheel_summarizes_a_session(venv: Path, tmp_
         assert second["outcome"] == "rewritten", second  # the summary spliced in
         summarize = next(c for c in second["components"] if c["component"] == "summarize")
         assert summarize["reused"] is True
+
+
+def test_context_guru_claude_from_the_wheel_runs_an_agent_through_the_packaged_addon(
+    venv: Path, tmp_path: Path
+) -> None:
+    """`context-guru claude` as installed: the proxy it starts is the wheel's (no checkout in
+    the way), the agent (a stand-in that sends one turn) reaches the provider through it, and
+    its exit status and the closing line come back."""
+    agent = tmp_path / "agent"
+    agent.write_text(
+        f"#!{venv / 'bin' / 'python'}\n"
+        "import os, sys, httpx\n"
+        "r = httpx.post(os.environ['ANTHROPIC_BASE_URL'] + '/v1/messages', trust_env=False,\n"
+        "    json={'model': 'claude-test', 'max_tokens': 8, 'messages': [{'role': 'user', 'content': 'hi'}]},\n"
+        "    headers={'x-api-key': 'sk-ant-wheel-test', 'anthropic-version': '2023-06-01'})\n"
+        "sys.exit(3 if r.status_code == 200 else 1)\n"
+    )
+    agent.chmod(0o755)
+    with FakeProvider() as provider:
+        done = subprocess.run(
+            [str(venv / "bin" / "context-guru"), "claude", "-p", "hi"],
+            cwd=tmp_path, capture_output=True, text=True, timeout=120,
+            env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "CG_AGENT_BIN": str(agent),
+                 "CG_UPSTREAM": provider.url},
+        )  # fmt: skip
+        got = [r for r in provider.requests if r.path == "/v1/messages"]
+    assert done.returncode == 3, done.stdout[-2000:] + done.stderr[-3000:]
+    assert len(got) == 1
+    assert "context-guru: 0 of 1 turns rewritten" in done.stderr
+    assert "started and stopped" in done.stderr
+    assert (tmp_path / ".context-guru" / "claude-proxy.log").is_file()
