@@ -48,6 +48,17 @@ from cg.wire.upstream import Exchange, exchange_of, sni_extensions, ssl_context
 from cg.wire.usage import Usage, UsageError, from_provider
 
 HEADER = "x-context-guru"
+# What Codex 0.171.0 signed in with ChatGPT sends besides its bearer, that a call of ours on its
+# behalf keeps: the account, the originator and version, the session and thread, the beta.
+CHATGPT_HEADERS = (
+    "chatgpt-account-id",
+    "originator",
+    "version",
+    "openai-beta",
+    "session_id",
+    "session-id",
+    "thread-id",
+)
 TIMEOUT_ENV = "CONTEXT_GURU_SUMMARIZE_TIMEOUT"
 DEFAULT_TIMEOUT = 90.0
 RETRY_STATUS = frozenset({408, 409, 429, 500, 502, 503, 504, 529})
@@ -68,6 +79,9 @@ INCOMING_HEADERS = (
     "anthropic-beta",
     "openai-organization",
     "openai-project",
+    # Codex signed in with ChatGPT (`…/backend-api/codex/responses`): the account the bearer
+    # acts for, and who is calling (the backend reads both); only that traffic carries them.
+    *CHATGPT_HEADERS,
 )
 UsageSink = Callable[[str, str, Usage], None]
 # Every request the summarizer sends, with its answer: (the job, which request — `shared` or
@@ -209,8 +223,19 @@ class SummarizerClient:
     async def __call__(self, prompt: str, job: Commission) -> str | None:
         """The standalone prompt, as one non-streaming user message."""
         ep = resolve_endpoint(self.cfg, job, self.env, self.shared_proxy)
-        body = json.dumps(request_body(ep, prompt, self.level)).encode()
+        d = DIALECTS[ep.dialect]
+        payload = request_body(ep, prompt, self.level)
+        if d.streams_only(ep.url):  # ChatGPT's Codex backend: streamed or refused
+            payload = d.streamed(payload)
+        body = json.dumps(payload).encode()
         resp = await self._post(ep.url, body, ep.headers, ep.sni, job, "standalone")
+        if resp.headers.get("content-type", "").startswith("text/event-stream"):
+            try:
+                reply = parse_sse(ep.dialect, resp.content)
+            except ResponseParseError as e:
+                raise SummarizerError(f"unreadable answer: {type(e).__name__}") from None
+            self._usage(job, ep.model, ep.dialect, reply.message.get("usage"))
+            return reply_text(reply)
         try:
             doc = resp.json()
         except ValueError:

@@ -1,4 +1,6 @@
 """The OpenAI Responses API: `POST …/v1/responses`; the transcript is the `input` array of items.
+Codex signed in with ChatGPT speaks it to `POST …/backend-api/codex/responses` (ChatGPT's Codex
+backend), which answers only streamed, unstored requests that carry `instructions`.
 
 Requests: a read-only view of each input item. The system prompt is the top-level `instructions`
 or the leading developer/system items (Codex sends no `instructions`: its first item is a
@@ -57,6 +59,10 @@ from cg.wire.reply import (
     sse_events,
 )
 
+CHATGPT_SUFFIX = "/backend-api/codex/responses"
+# ChatGPT's Codex backend refuses a request without `instructions`: the standalone summarizer
+# request carries this one there.
+STANDALONE_INSTRUCTIONS = "You write faithful summaries of agent transcripts, as asked."
 MESSAGE_ROLES = frozenset({"user", "assistant", "system", "developer"})
 # Client-side calls, each answered by an output item carrying its call id, and how the
 # provider names them in its refusals ("No tool output found for function call call_…").
@@ -235,6 +241,7 @@ def _item_added(obj: Any, kind: str, name: str | None = None) -> tuple[int, int 
 class Responses(Dialect):
     name: ClassVar[str] = "responses"
     path_suffix: ClassVar[str] = "/v1/responses"
+    extra_suffixes: ClassVar[tuple[str, ...]] = (CHATGPT_SUFFIX,)
     wire_roles: ClassVar[frozenset[str]] = MESSAGE_ROLES
     array_key: ClassVar[str] = "input"
     pairing: ClassVar[Pairing] = "id"
@@ -258,6 +265,15 @@ class Responses(Dialect):
     def summary_request(self, model: str, prompt: str, max_tokens: int) -> dict[str, Any]:
         # One user turn; nothing of it is kept at the provider.
         return {"model": model, "input": prompt, "store": False}
+
+    def streams_only(self, url: str) -> bool:
+        """ChatGPT's Codex backend (Codex signed in with ChatGPT) answers only `stream: true`."""
+        return url.split("?", 1)[0].rstrip("/").endswith(CHATGPT_SUFFIX)
+
+    def streamed(self, body: dict[str, Any]) -> dict[str, Any]:
+        """The standalone request as that backend takes it: streamed, unstored, with
+        `instructions` (it refuses a request without them)."""
+        return {"instructions": STANDALONE_INSTRUCTIONS, **body, "stream": True, "store": False}
 
     def answer_text(self, doc: JsonObject) -> str:
         output = doc.get("output")
