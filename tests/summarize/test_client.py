@@ -1050,10 +1050,10 @@ def test_origin_keeps_the_chatgpt_account_and_session_headers():
     assert set(origin.headers) <= set(INCOMING_HEADERS)
 
 
-async def test_the_standalone_request_on_the_chatgpt_route_streams_unstored_with_instructions():
-    """ChatGPT's Codex backend refuses `stream: false`, a stored response and a request without
-    `instructions`: the standalone summarizer request there is streamed, read as a stream, and
-    sent with the agent's bearer and account."""
+async def test_the_standalone_request_on_the_chatgpt_route_streams_unstored():
+    """ChatGPT's Codex backend refuses `stream: false`, a stored response and
+    `max_output_tokens`: the standalone summarizer request there is streamed (in the shape
+    Codex sends), read as a stream, and sent with the agent's bearer and account."""
     sse = responses_stream("<summary>chatgpt</summary>")
     wire = Wire(
         lambda r: httpx.Response(200, content=sse, headers={"content-type": "text/event-stream"})
@@ -1071,8 +1071,9 @@ async def test_the_standalone_request_on_the_chatgpt_route_streams_unstored_with
     assert "cookie" not in req.headers and "x-codex-turn-metadata" not in req.headers
     body = wire.body()
     assert body["stream"] is True and body["store"] is False
-    assert isinstance(body["instructions"], str) and body["instructions"]
-    assert body["input"] == PROMPT and "max_output_tokens" not in body
+    part = {"type": "input_text", "text": PROMPT}
+    assert body["input"] == [{"type": "message", "role": "user", "content": [part]}]
+    assert "max_output_tokens" not in body
     assert [u.output_tokens for u in seen] == [3]
 
 
@@ -1082,4 +1083,4 @@ async def test_the_standalone_request_on_the_api_route_stays_unstreamed():
     wire = Wire(lambda r: httpx.Response(200, json=doc))
     origin = Origin.of("https://api.example.test/v1/responses", chatgpt_headers())
     assert await wire.client(incoming())(PROMPT, job("responses", "m", origin=origin)) == "x"
-    assert "stream" not in wire.body() and "instructions" not in wire.body()
+    assert "stream" not in wire.body() and wire.body()["input"] == PROMPT

@@ -1,6 +1,6 @@
 """The OpenAI Responses API: `POST …/v1/responses`; the transcript is the `input` array of items.
 Codex signed in with ChatGPT speaks it to `POST …/backend-api/codex/responses` (ChatGPT's Codex
-backend), which answers only streamed, unstored requests that carry `instructions`.
+backend), which answers only streamed, unstored requests.
 
 Requests: a read-only view of each input item. The system prompt is the top-level `instructions`
 or the leading developer/system items (Codex sends no `instructions`: its first item is a
@@ -60,9 +60,6 @@ from cg.wire.reply import (
 )
 
 CHATGPT_SUFFIX = "/backend-api/codex/responses"
-# ChatGPT's Codex backend refuses a request without `instructions`: the standalone summarizer
-# request carries this one there.
-STANDALONE_INSTRUCTIONS = "You write faithful summaries of agent transcripts, as asked."
 MESSAGE_ROLES = frozenset({"user", "assistant", "system", "developer"})
 # Client-side calls, each answered by an output item carrying its call id, and how the
 # provider names them in its refusals ("No tool output found for function call call_…").
@@ -271,9 +268,13 @@ class Responses(Dialect):
         return url.split("?", 1)[0].rstrip("/").endswith(CHATGPT_SUFFIX)
 
     def streamed(self, body: dict[str, Any]) -> dict[str, Any]:
-        """The standalone request as that backend takes it: streamed, unstored, with
-        `instructions` (it refuses a request without them)."""
-        return {"instructions": STANDALONE_INSTRUCTIONS, **body, "stream": True, "store": False}
+        """The standalone request as that backend takes it, in the shape Codex itself sends
+        there: the prompt as one user message item, streamed, unstored."""
+        prompt = body.get("input")
+        if isinstance(prompt, str):
+            part = {"type": "input_text", "text": prompt}
+            body = {**body, "input": [{"type": "message", "role": "user", "content": [part]}]}
+        return {**body, "stream": True, "store": False}
 
     def answer_text(self, doc: JsonObject) -> str:
         output = doc.get("output")
