@@ -211,3 +211,30 @@ def plan_report(store: Store, session: str | None = None) -> dict[str, dict[str,
                     acc["not_spent_percent"] + w["not_spent_percent"], 4
                 )
     return out
+
+
+def plan_lines(plans: Any, indent: str = "  ") -> list[str]:
+    """`plans` as the CLI prints them: each plan's sessions, what its dollars mean, its savings
+    in tokens and the share of its rate limits not spent (labelled an estimate, with how)."""
+    if not isinstance(plans, dict) or not plans:
+        return []
+    out = [
+        "on a subscription (billed by the plan, not by the token: the dollars above are "
+        f"{DOLLARS}s for these sessions):"
+    ]
+    for name, p in sorted(plans.items()):
+        out.append(
+            f"{indent}{name}: {p['sessions']} sessions, {p['rewritten_turns']} rewritten of "
+            f"{p['turns']} turns, tokens not sent (our count) {p['tokens_not_sent']:,}"
+        )
+        limits = p.get("rate_limits") or {}
+        for window, w in sorted((limits.get("windows") or {}).items()):
+            spared = w.get("not_spent_percent")
+            shown = "unknown" if spared is None else f"{spared:.2f} points"
+            out.append(
+                f"{indent}  {window} window: {w['used_percent']:.2f} points used; "
+                f"not spent (ESTIMATE) {shown}"
+            )
+        if limits.get("windows"):
+            out.append(f"{indent}  ({limits.get('how', HOW)})")
+    return out
