@@ -238,3 +238,17 @@ def plan_lines(plans: Any, indent: str = "  ") -> list[str]:
         if limits.get("windows"):
             out.append(f"{indent}  ({limits.get('how', HOW)})")
     return out
+
+
+def labelled(store: Store, entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Session list entries (`cg.billing.listing`) with `plan` (None: billed by the token)
+    and, for a plan's sessions, what their dollars mean and their rate-limit figures. One read
+    of the labelled sessions per page."""
+    plans = store.plans() if entries else {}
+    for e in entries:
+        found = plans.get(e["id"])
+        e["plan"] = found[0] if found else None
+        if found:
+            e["dollars"] = DOLLARS
+            e["rate_limits"] = session_limits(found[1], store.usage_rows(e["id"]))
+    return entries

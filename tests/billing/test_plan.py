@@ -153,3 +153,20 @@ def test_a_v3_postgresql_store_is_migrated_with_its_ledger_rows(pg_url: str):
     with psycopg.connect(pg_url, autocommit=True) as conn:
         schema = conn.execute("SELECT v FROM cg_meta WHERE k = 'schema'").fetchone()
     assert schema == (PG_VERSION,) == (4,)
+
+
+def test_the_session_list_names_each_sessions_plan(tmp_path):
+    from cg.billing.listing import sessions_named, sessions_page
+    from cg.billing.prices import price_table
+
+    prices = price_table({})
+    with SqliteStore(tmp_path / "cg.sqlite3") as store:
+        _book(store, PlanBook(store), "codex-1", {"authorization": "Bearer eyJ.a.b"}, 2)
+        store.record_usage("api-1", [("agent", "m", "base", Usage(input_tokens=5))],
+                           LedgerTurns(turns=1))  # fmt: skip
+        page = {e["id"]: e for e in sessions_page(store, prices, len)["sessions"]}
+        (named,) = sessions_named(store, prices, len, ["codex-1"])
+    assert page["api-1"]["plan"] is None and "dollars" not in page["api-1"]
+    assert page["codex-1"]["plan"] == named["plan"] == CHATGPT
+    assert page["codex-1"]["dollars"] == DOLLARS
+    assert page["codex-1"]["rate_limits"]["primary"]["used_percent"] == 5.0
