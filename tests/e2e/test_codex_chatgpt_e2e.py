@@ -18,6 +18,7 @@ from tests.e2e.agents import start_proxy
 from tests.e2e.codex_sessions import (
     CHATGPT_RESPONSES,
     NEEDS_CODEX_PRESET,
+    assert_codex_expanded_once,
     assert_codex_summarized,
     codex_steps,
     drive_codex,
@@ -52,7 +53,9 @@ def test_codex_signed_in_with_chatgpt_is_rewritten_and_summarized_on_its_own_rou
     summarize = {**LOW, "model": {"share_cache": "always" if form == "shared" else "never"}}
     options = [f"save_stream_file={flows}", "termlog_verbosity=debug"]
     proxy = proxies(start_proxy(fake.url, tmp_path / "proxy", "codex", summarize, options=options))
-    script = CodexScript(f"CG-{tmp_path.name}", codex_steps(10))
+    # The model calls context_guru_expand once: the addon's continuation round goes to the
+    # backend signed in as Codex (the fake refuses it otherwise).
+    script = CodexScript(f"CG-{tmp_path.name}", codex_steps(10), expand=True)
     before = len(fake.requests)
     try:
         s = drive_codex(
@@ -63,6 +66,7 @@ def test_codex_signed_in_with_chatgpt_is_rewritten_and_summarized_on_its_own_rou
 
     assert s.run.final_message == script.final_text
     rewritten = assert_codex_summarized(s.turns, proxy)
+    assert_codex_expanded_once(s, proxy)
     # Every turn went to the ChatGPT route, signed in: the bearer and the account (the fake
     # refuses a request without them, so a turn that reached the script carried them).
     for sent in s.sent:
