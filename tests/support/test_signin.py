@@ -6,6 +6,7 @@ from __future__ import annotations
 import base64
 import json
 import tomllib
+from typing import Any
 
 import httpx
 
@@ -14,7 +15,7 @@ from tests.support.fakeprovider import FakeProvider
 from tests.support.signin import CHATGPT_PATH, OAUTH_BETA, ChatGPTAccount, ClaudeOAuth
 
 
-def _claims(jwt: str) -> dict[str, object]:
+def _claims(jwt: str) -> dict[str, Any]:
     payload = jwt.split(".")[1]
     return json.loads(base64.urlsafe_b64decode(payload + "=" * (-len(payload) % 4)))
 
