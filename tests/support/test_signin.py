@@ -17,7 +17,10 @@ from tests.support.signin import CHATGPT_PATH, OAUTH_BETA, ChatGPTAccount, Claud
 
 def _claims(jwt: str) -> dict[str, Any]:
     payload = jwt.split(".")[1]
-    return json.loads(base64.urlsafe_b64decode(payload + "=" * (-len(payload) % 4)))
+    claims: dict[str, Any] = json.loads(
+        base64.urlsafe_b64decode(payload + "=" * (-len(payload) % 4))
+    )
+    return claims
 
 
 def test_the_auth_json_is_a_chatgpt_sign_in_that_never_expires():
