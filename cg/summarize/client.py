@@ -48,17 +48,6 @@ from cg.wire.upstream import Exchange, exchange_of, sni_extensions, ssl_context
 from cg.wire.usage import Usage, UsageError, from_provider
 
 HEADER = "x-context-guru"
-# What Codex 0.171.0 signed in with ChatGPT sends besides its bearer, that a call of ours on its
-# behalf keeps: the account, the originator and version, the session and thread, the beta.
-CHATGPT_HEADERS = (
-    "chatgpt-account-id",
-    "originator",
-    "version",
-    "openai-beta",
-    "session_id",
-    "session-id",
-    "thread-id",
-)
 TIMEOUT_ENV = "CONTEXT_GURU_SUMMARIZE_TIMEOUT"
 DEFAULT_TIMEOUT = 90.0
 RETRY_STATUS = frozenset({408, 409, 429, 500, 502, 503, 504, 529})
@@ -79,9 +68,6 @@ INCOMING_HEADERS = (
     "anthropic-beta",
     "openai-organization",
     "openai-project",
-    # Codex signed in with ChatGPT (`…/backend-api/codex/responses`): the account the bearer
-    # acts for, and who is calling (the backend reads both); only that traffic carries them.
-    *CHATGPT_HEADERS,
 )
 UsageSink = Callable[[str, str, Usage], None]
 # Every request the summarizer sends, with its answer: (the job, which request — `shared` or
@@ -102,7 +88,10 @@ class Origin:
 
     @classmethod
     def of(cls, url: str, headers: Mapping[str, str], sni: str | None = None) -> Origin:
-        kept = {k: headers[k] for k in INCOMING_HEADERS if k in headers}
+        """The reused headers: `INCOMING_HEADERS`, and those a sign-in's own route needs
+        (`Dialect.route_headers`: ChatGPT's account, originator, session and thread)."""
+        names = INCOMING_HEADERS + tuple(h for d in DIALECTS.values() for h in d.route_headers(url))
+        kept = {k: headers[k] for k in names if k in headers}
         if sni:
             kept["host"] = headers.get("host") or sni
         return cls(url, kept, sni)

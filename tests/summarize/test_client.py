@@ -40,6 +40,7 @@ from cg.summarize.component import (
     SummarizerTimeout,
 )
 from cg.summarize.config import ModelConfig
+from cg.wire.dialects import DIALECTS
 from cg.wire.usage import Usage
 
 KEY = "sk-ant-SECRET-0123456789"
@@ -992,6 +993,7 @@ async def test_a_retry_after_past_the_deadline_gives_up_at_once():
 # -- Codex signed in with ChatGPT: its backend's route, headers and rules ----------------------
 
 CHATGPT_URL = "https://chatgpt.example.test/backend-api/codex/responses"
+CHATGPT_HEADERS = DIALECTS["responses"].route_headers(CHATGPT_URL)
 CHATGPT_BEARER = "Bearer eyJhbGciOiJub25lIn0.eyJzdWIiOiJ0ZXN0In0.sig"
 
 
@@ -1047,7 +1049,10 @@ def test_origin_keeps_the_chatgpt_account_and_session_headers():
         "session-id": "019a-session",
         "thread-id": "019a-session",
     }
-    assert set(origin.headers) <= set(INCOMING_HEADERS)
+    assert set(origin.headers) <= {*INCOMING_HEADERS, *CHATGPT_HEADERS}
+    # The same headers to the API's route: only the credential goes.
+    api = Origin.of("https://api.example.test/v1/responses", chatgpt_headers())
+    assert api.headers == {"authorization": CHATGPT_BEARER}
 
 
 async def test_the_standalone_request_on_the_chatgpt_route_streams_unstored():

@@ -311,6 +311,11 @@ class Dialect:
         """The agent's reused headers as a summarizer request to the same endpoint needs them."""
         return dict(headers)
 
+    def route_headers(self, url: str) -> tuple[str, ...]:
+        """The agent's headers besides its credential that a summarizer call to `url` keeps
+        (a sign-in's backend reads them: ChatGPT's `chatgpt-account-id`)."""
+        return ()
+
     def streams_only(self, url: str) -> bool:
         """Whether the endpoint at `url` answers only a streamed request (ChatGPT's Codex
         backend refuses `stream: false`), so the standalone summarizer request streams too."""

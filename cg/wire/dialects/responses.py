@@ -60,6 +60,18 @@ from cg.wire.reply import (
 )
 
 CHATGPT_SUFFIX = "/backend-api/codex/responses"
+# What Codex 0.171.0 signed in with ChatGPT sends besides its bearer, that a summarizer call on
+# its behalf keeps there: the account the bearer acts for, the caller (`originator`, `version`),
+# the session and thread, the beta. Only that route's calls carry them.
+CHATGPT_HEADERS = (
+    "chatgpt-account-id",
+    "originator",
+    "version",
+    "openai-beta",
+    "session_id",
+    "session-id",
+    "thread-id",
+)
 MESSAGE_ROLES = frozenset({"user", "assistant", "system", "developer"})
 # Client-side calls, each answered by an output item carrying its call id, and how the
 # provider names them in its refusals ("No tool output found for function call call_…").
@@ -266,6 +278,9 @@ class Responses(Dialect):
     def streams_only(self, url: str) -> bool:
         """ChatGPT's Codex backend (Codex signed in with ChatGPT) answers only `stream: true`."""
         return url.split("?", 1)[0].rstrip("/").endswith(CHATGPT_SUFFIX)
+
+    def route_headers(self, url: str) -> tuple[str, ...]:
+        return CHATGPT_HEADERS if self.streams_only(url) else ()
 
     def streamed(self, body: dict[str, Any]) -> dict[str, Any]:
         """The standalone request as that backend takes it, in the shape Codex itself sends
