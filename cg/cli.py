@@ -501,12 +501,16 @@ def stats(args: argparse.Namespace) -> int:
         if code and not args.json:
             return _refused(args, status, doc)
     else:
+        from cg.billing.plan import plan_report
         from cg.billing.savings import report
 
         prices = _prices(args.config)
         store = _store(args.db)
         try:
             doc = {**store.stats().to_json(), **report(store, prices)}
+            plans = plan_report(store)
+            if plans:
+                doc["plans"] = plans
         finally:
             store.close()
         code = 0
@@ -535,6 +539,10 @@ def stats(args: argparse.Namespace) -> int:
     print("\n".join(_usage_lines(doc.get("usage"))))
     print(f"savings{scope}:")
     print("\n".join(_savings_lines(doc.get("savings"))))
+    from cg.billing.plan import plan_lines
+
+    for line in plan_lines(doc.get("plans")):  # subscription sessions: what the dollars mean
+        print(line)
     ledger = doc.get("ledger")
     if isinstance(ledger, dict):  # (a running proxy's: its store's whole ledger, all time)
         if ledger.get("ledger_error"):

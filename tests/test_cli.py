@@ -519,3 +519,31 @@ def test_proxy_runs_mitmdump_or_mitmweb_with_the_packaged_addon(
         timeout=60,
     )
     assert done.returncode == 0 and "Mitmproxy:" in done.stdout, done.stderr
+
+
+def test_stats_labels_a_subscription_sessions_dollars_and_its_rate_limit_share(
+    db: Path, capsys
+) -> None:
+    """A session a plan pays for (`cg.billing.plan`): its dollars are API-list-price
+    equivalents, its savings in tokens, and its share of the plan's limits an estimate."""
+    _ledger(db)
+    limits = json.dumps(
+        {"v": 1, "windows": {"5h": {"first": 10.0, "last": 30.0, "spent": 0.0, "reset": "1"}}}
+    )
+    with SqliteStore(db) as st:
+        st.record_plan(SESSION, "claude-subscription", limits)
+    code, out, _ = run(capsys, "stats", "--db", str(db))
+    assert code == 0
+    assert "on a subscription" in out and "API-list-price equivalents" in out
+    assert "claude-subscription: 1 sessions, 1 rewritten of 2 turns" in out
+    assert "5h window: 20.00 points used; not spent (ESTIMATE)" in out
+    code, out, _ = run(capsys, "stats", "--db", str(db), "--json")
+    plan = json.loads(out)["plans"]["claude-subscription"]
+    assert plan["tokens_not_sent"] == 40000 and plan["rate_limits"]["estimate"] is True
+
+
+def test_stats_of_a_store_without_subscription_sessions_names_no_plan(db: Path, capsys) -> None:
+    _ledger(db)
+    code, out, _ = run(capsys, "stats", "--db", str(db))
+    assert code == 0 and "subscription" not in out and "savings:" in out
+    assert "plans" not in json.loads(run(capsys, "stats", "--db", str(db), "--json")[1])

@@ -23,6 +23,7 @@ import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from cg.billing.plan import labelled
 from cg.billing.prices import PriceTable
 from cg.billing.savings import savings, usage_split
 from cg.state import PageKey, SessionDetail, Store
@@ -121,7 +122,8 @@ def sessions_page(
     found = store.session_page(limit + 1, after)
     shown = found[:limit]
     nxt = cursor_of(shown[-1].key) if len(found) > limit else None
-    return {"sessions": [entry(d, prices, count_tokens) for d in shown], "next": nxt}
+    return {"sessions": labelled(store, [entry(d, prices, count_tokens) for d in shown]),
+            "next": nxt}  # fmt: skip
 
 
 def sessions_named(
@@ -130,4 +132,4 @@ def sessions_named(
     """The sessions named that a page would list (those with a ledger row), in that order: a
     remote caller's own session."""
     details = store.session_details(sessions)
-    return [entry(d, prices, count_tokens) for d in details if d.turns.last_seen]
+    return labelled(store, [entry(d, prices, count_tokens) for d in details if d.turns.last_seen])

@@ -18,6 +18,7 @@ import time
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+from cg.proxy.planview import plan_tag, plans_html
 from cg.retention.facts import KINDS
 
 REFRESH_S = 5
@@ -151,7 +152,7 @@ def session_rows(sessions: Iterable[Mapping[str, Any]], now: float) -> str:
             else "none"
         )
         out.append(
-            f'<tr data-session="{esc(sid)}"><td class="id">{esc(sid)}</td>'
+            f'<tr data-session="{esc(sid)}"><td class="id">{esc(sid)}{plan_tag(s)}</td>'
             f"<td>{esc(_ago(s.get('last_seen'), now))}</td><td>{esc(checkpoint)}</td>"
             f"<td>{num(sv.get('turns'))} / {num(sv.get('rewritten_turns'))}</td>"
             f"<td>{figure('session:tokens_not_sent', sv.get('tokens_not_sent'), num(sv.get('tokens_not_sent')))}</td>"
@@ -235,6 +236,7 @@ def render(
         "<code>/_cg/sessions</code>; ESTIMATE marks what the turns would have cost unrewritten "
         f"(priced under a prompt-cache model). {esc(sv.get('note', ''))}</p>"
         f'{problem}<h2 id="since-start">Since this proxy started</h2><div class=cards>{totals}</div>'
+        f"{plans_html(stats.get('plans'))}"
         f"{alltime.section(stats.get('ledger'))}"
         "<h2>Facts retained</h2>"
         '<p class="note">Of each rewritten turn\'s facts (what the user typed, the files, the '

@@ -23,6 +23,7 @@ from typing import Any
 from mitmproxy import http
 
 from cg.billing.ledger import Ledger, Round, Turn
+from cg.billing.plan import PlanBook, plan_report
 from cg.billing.tap import UNDECODABLE, UsageTap, usage_of_json
 from cg.pipeline.rewrite import Record
 from cg.proxy.flowstate import Flows
@@ -47,6 +48,7 @@ class Meter:
     def __init__(self, counts: UsageCounts, flows: Flows) -> None:
         self.counts = counts
         self.ledger: Ledger | None = None
+        self._plans: PlanBook | None = None  # on the ledger's store (`plans`)
         self.flows = flows  # each flow's `turn` and `readable` (`cg.proxy.flowstate`)
         self.max_messages = MAX_MESSAGES  # (the addon's cg_max_messages)
         self.max_body = 32 * 1024 * 1024  # (the addon's cg_max_body_mb, as noted last)
@@ -198,6 +200,14 @@ class Meter:
                 asyncio.get_running_loop()
                 self.arm()
 
+    def plans(self) -> PlanBook:
+        """The subscription sessions' book, on the ledger's store (made anew when the store
+        is: a changed `cg_db`)."""
+        assert self.ledger is not None
+        if self._plans is None or self._plans.store is not self.ledger.store:
+            self._plans = PlanBook(self.ledger.store)
+        return self._plans
+
     def armed(self) -> bool:
         """Whether a commit of held bookings is scheduled."""
         return self._timer is not None
@@ -213,7 +223,9 @@ class Meter:
         if self.ledger is None:
             return {"usage": None, "savings": None}
         try:
-            return self.ledger.report(session)
+            out = self.ledger.report(session)
+            plans = plan_report(self.ledger.store, session)
+            return {**out, "plans": plans} if plans else out
         except Exception as e:  # noqa: BLE001 - an unreadable store must not break /_cg/stats
             return {"usage": None, "savings": None, "ledger_error": str(e)}
 
@@ -287,6 +299,12 @@ class Meter:
         except Exception as e:  # noqa: BLE001
             self._unwritten(e)
             return
+        if flow.response is not None:
+            try:  # a subscription session labelled, with its plan's rate-limit readings
+                self.plans().book(session, flow.request.path, flow.request.headers,
+                                  flow.response.headers)  # fmt: skip
+            except Exception as e:  # noqa: BLE001
+                self._unwritten(e)
         self.arm()
         self.counts.read += len(rounds)
         total = rounds[0].usage  # (one round but for an expand continuation)

@@ -639,6 +639,22 @@ class PgStore(PgBase, Store):
             rows = conn.execute(sql, args).fetchall()
         return {r[0]: turns_of(r[1:]) for r in rows}
 
+    def record_plan(self, session: str, plan: str, limits: str | None) -> None:
+        """Queued to the writer, as every booking is."""
+        t = self.now()
+
+        def run(conn: Any) -> None:
+            conn.execute(Q.plan_upsert, (session, t, plan, limits))
+
+        self._submit(Op(run, "record_plan", mode="pipeline"))
+
+    def plans(self, session: str | None = None) -> dict[str, tuple[str, str | None]]:
+        self._drain()
+        sql, args = (Q.plans, ()) if session is None else (Q.plans_of, (session,))
+        with self._read("plans") as conn:
+            rows = conn.execute(sql, args).fetchall()
+        return {r[0]: (r[1], r[2]) for r in rows}
+
     def cache_state(self, session: str) -> str | None:
         self._drain()
         with self._read("cache_state") as conn:

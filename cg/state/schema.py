@@ -5,10 +5,12 @@ killed migration leaves the store as it was, and two processes migrating at once
 SQLite (version in `PRAGMA user_version`): v1 stashes, checkpoints, sessions; v2 the usage
 ledger (`usage`, `ledger`); v3 `facts`; v4 tenancy (the stashes rebuilt with the tenant in their
 key, old rows `*`; the checkpoints' tenant; `meta`, the fingerprint key's table) and the session
-list's indexes (`ledger_page`, `checkpoints_owner`).
+list's indexes (`ledger_page`, `checkpoints_owner`); v5 the ledger's `plan` and `plan_limits`
+(a subscription session's label and its rate-limit readings, `cg.billing.plan`).
 
 PostgreSQL (version in `cg_meta`, tables prefixed `cg_`): v1 every table SQLite's v2 has, and
-`cg_claims`; v2 `cg_facts`; v3 tenancy and the session list's indexes, as SQLite's v4.
+`cg_claims`; v2 `cg_facts`; v3 tenancy and the session list's indexes, as SQLite's v4; v4 the
+ledger's `plan` and `plan_limits`, as SQLite's v5.
 
 Tables:
 
@@ -24,7 +26,9 @@ Tables:
                  `usage` (kind `agent`, `summarizer`, or `estimate`: what the agent's turns would
                  have been billed unrewritten); the usage ledger
     ledger       session -> its turn counters (turns, rewritten, tokens not sent, estimates
-                 skipped) and the few live entries of its estimate's prompt-cache model
+                 skipped) and the few live entries of its estimate's prompt-cache model; its
+                 plan when a subscription pays for it (`claude-subscription`, `chatgpt`; NULL:
+                 billed by the token) and the plan's rate-limit readings (JSON, no credential)
     facts        a message's raw-bytes digest -> what `cg.state.facts` knows of it (canonical
                  digest, tokens, tool output tokens, breakpoint flags), so the first turn after a
                  restart reads its token counts instead of tokenising the transcript again
@@ -43,7 +47,7 @@ PG_OWNER = "split_part(session, '#', 1)"
 
 # -- SQLite ----------------------------------------------------------------------------------
 
-SQLITE_VERSION = 4
+SQLITE_VERSION = 5
 
 SQLITE_V1 = """
 CREATE TABLE IF NOT EXISTS stashes (
@@ -154,12 +158,18 @@ CREATE TABLE IF NOT EXISTS meta (k TEXT PRIMARY KEY, v BLOB NOT NULL);
 """
     + SQLITE_V4_INDEXES
 )
+# v5: a subscription session's plan and its rate-limit readings (`cg.billing.plan`); NULL on the
+# rows from before, as on every session billed by the token.
+SQLITE_V5 = """
+ALTER TABLE ledger ADD COLUMN plan TEXT;
+ALTER TABLE ledger ADD COLUMN plan_limits TEXT
+"""
 # schema version reached -> the DDL that takes the file from the one before to it
-SQLITE_MIGRATIONS = {1: SQLITE_V1, 2: SQLITE_V2, 3: SQLITE_V3, 4: SQLITE_V4}
+SQLITE_MIGRATIONS = {1: SQLITE_V1, 2: SQLITE_V2, 3: SQLITE_V3, 4: SQLITE_V4, 5: SQLITE_V5}
 
 # -- PostgreSQL ------------------------------------------------------------------------------
 
-PG_VERSION = 3
+PG_VERSION = 4
 
 PG_V1 = """
 CREATE TABLE IF NOT EXISTS cg_stashes (
@@ -267,5 +277,10 @@ CREATE TABLE cg_keys (k TEXT PRIMARY KEY, v BYTEA NOT NULL);
 """
     + PG_V3_INDEXES
 )
+# v4, as SQLite's v5: a subscription session's plan and its rate-limit readings.
+PG_V4 = """
+ALTER TABLE cg_ledger ADD COLUMN plan TEXT;
+ALTER TABLE cg_ledger ADD COLUMN plan_limits TEXT
+"""
 # schema version reached -> the DDL that takes the database from the one before to it
-PG_MIGRATIONS = {1: PG_V1, 2: PG_V2, 3: PG_V3}
+PG_MIGRATIONS = {1: PG_V1, 2: PG_V2, 3: PG_V3, 4: PG_V4}

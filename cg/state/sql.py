@@ -130,6 +130,17 @@ class Statements:
         self.ledger_rows = r(f"SELECT {LEDGER_COLS} FROM {{ledger}}")
         self.ledger_rows_of = self.ledger_rows + r(" WHERE session = ?")
         self.cache_state = r("SELECT cache_state FROM {ledger} WHERE session = ?")
+        # A subscription session's plan and rate-limit readings (`cg.billing.plan`): its ledger
+        # row made if the turn's counters are still held, the counters left to their upsert.
+        self.plan_upsert = r(
+            "INSERT INTO {ledger} (session, turns, rewritten, tokens_not_sent, "
+            "estimate_skipped, cache_state, last_seen, plan, plan_limits) "
+            "VALUES (?, 0, 0, 0, 0, NULL, ?, ?, ?) ON CONFLICT (session) DO UPDATE SET "
+            "plan = excluded.plan, "
+            "plan_limits = COALESCE(excluded.plan_limits, {ledger}.plan_limits)"
+        )
+        self.plans = r("SELECT session, plan, plan_limits FROM {ledger} WHERE plan IS NOT NULL")
+        self.plans_of = self.plans + r(" AND session = ?")
         # The session list's reads (`session_page`), each served by an index (tests/state/
         # test_session_page.py holds every query behind a page to its plan).
         self.page = self.ledger_rows + r(

@@ -622,6 +622,20 @@ class SqliteStore(SqliteFile, Store):
             rows = conn.execute(sql, args).fetchall()
         return {r[0]: turns_of(r[1:]) for r in rows}
 
+    def record_plan(self, session: str, plan: str, limits: str | None) -> None:
+        """Label `session` with the plan that pays for it, and its latest rate-limit readings
+        (`limits`, JSON; None keeps the stored ones). Committed at once: a subscription
+        session's turn, not every turn."""
+        with self._tx("record_plan") as conn:
+            conn.execute(Q.plan_upsert, (session, self.now(), plan, limits))
+
+    def plans(self, session: str | None = None) -> dict[str, tuple[str, str | None]]:
+        """session -> (plan, rate-limit readings) of every labelled session (or one)."""
+        sql, args = (Q.plans, ()) if session is None else (Q.plans_of, (session,))
+        with self._op("plans") as conn:
+            rows = conn.execute(sql, args).fetchall()
+        return {r[0]: (r[1], r[2]) for r in rows}
+
     def cache_state(self, session: str) -> str | None:
         """The estimate's prompt-cache entries last stored for `session` (JSON), or None."""
         held = self._batch.cache_state(session)

@@ -88,7 +88,10 @@ class Origin:
 
     @classmethod
     def of(cls, url: str, headers: Mapping[str, str], sni: str | None = None) -> Origin:
-        kept = {k: headers[k] for k in INCOMING_HEADERS if k in headers}
+        """The reused headers: `INCOMING_HEADERS`, and those a sign-in's own route needs
+        (`Dialect.route_headers`: ChatGPT's account, originator, session and thread)."""
+        names = INCOMING_HEADERS + tuple(h for d in DIALECTS.values() for h in d.route_headers(url))
+        kept = {k: headers[k] for k in names if k in headers}
         if sni:
             kept["host"] = headers.get("host") or sni
         return cls(url, kept, sni)
@@ -209,8 +212,19 @@ class SummarizerClient:
     async def __call__(self, prompt: str, job: Commission) -> str | None:
         """The standalone prompt, as one non-streaming user message."""
         ep = resolve_endpoint(self.cfg, job, self.env, self.shared_proxy)
-        body = json.dumps(request_body(ep, prompt, self.level)).encode()
+        d = DIALECTS[ep.dialect]
+        payload = request_body(ep, prompt, self.level)
+        if d.streams_only(ep.url):  # ChatGPT's Codex backend: streamed or refused
+            payload = d.streamed(payload)
+        body = json.dumps(payload).encode()
         resp = await self._post(ep.url, body, ep.headers, ep.sni, job, "standalone")
+        if resp.headers.get("content-type", "").startswith("text/event-stream"):
+            try:
+                reply = parse_sse(ep.dialect, resp.content)
+            except ResponseParseError as e:
+                raise SummarizerError(f"unreadable answer: {type(e).__name__}") from None
+            self._usage(job, ep.model, ep.dialect, reply.message.get("usage"))
+            return reply_text(reply)
         try:
             doc = resp.json()
         except ValueError:

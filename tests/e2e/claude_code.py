@@ -12,7 +12,9 @@ stream-json --verbose` with a clean environment: HOME and CLAUDE_CONFIG_DIR in t
 directory (never the developer's), `IS_SANDBOX=1` (root may skip permissions only then), the
 switches for telemetry, auto-update, error reporting and non-essential traffic off, the test key
 `sk-test`, and only the variables the test passes (ANTHROPIC_BASE_URL, or HTTPS_PROXY with
-NODE_EXTRA_CA_CERTS). It is stopped by its process group's id after `timeout` seconds.
+NODE_EXTRA_CA_CERTS). Given `CLAUDE_CODE_OAUTH_TOKEN` (a Pro/Max sign-in's token,
+`sk-ant-oat01-…`, which 2.1.328 honours without a login or a refresh), no key is set: Claude
+Code then sends the token as `authorization: Bearer` with the `oauth-2025-04-20` beta. It is stopped by its process group's id after `timeout` seconds.
 """
 
 from __future__ import annotations
@@ -183,7 +185,7 @@ def run_claude(
         "CLAUDE_CONFIG_DIR": str(home / ".claude"),
         "SHELL": shutil.which("bash") or "/bin/sh",
         "LANG": "C.UTF-8",
-        "ANTHROPIC_API_KEY": API_KEY,
+        **({} if "CLAUDE_CODE_OAUTH_TOKEN" in env else {"ANTHROPIC_API_KEY": API_KEY}),
         **OFFLINE,
         **env,
     }

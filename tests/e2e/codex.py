@@ -22,6 +22,14 @@ environment (a throwaway HOME in `workdir/home`, the test key, only the variable
 passes), stdin closed, and stops it by its process group's id after `timeout` seconds.
 Measured with strace (0.169.0): with this config the only connection it opens is the one to
 `base_url`.
+
+`run_codex(..., chatgpt=account)` signs Codex in with ChatGPT instead
+(tests/support/signin.py): `auth.json` holds the account's fake tokens (their id token never
+expires, so nothing is refreshed), the provider has `requires_openai_auth = true` and no key,
+the credentials are read from the file (`cli_auth_credentials_store = "file"`), and
+`chatgpt_base_url` is `base_url`'s `/backend-api/`, so the account checks and model list Codex
+fetches there go where its turns go. `base_url` is then the `…/backend-api/codex` prefix: its
+turns are `POST …/backend-api/codex/responses`, with `chatgpt-account-id` and `originator`.
 """
 
 from __future__ import annotations
@@ -39,6 +47,8 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from tests.support.signin import ChatGPTAccount
 
 VERSION = "0.171.0"
 PACKAGE = f"@openai/codex@{VERSION}"
@@ -151,17 +161,26 @@ def _toml(value: Any) -> str:
     return json.dumps(str(value))  # a TOML basic string
 
 
-def config_toml(base_url: str, extra: Mapping[str, Any] | None = None) -> str:
+def config_toml(
+    base_url: str, extra: Mapping[str, Any] | None = None, chatgpt: bool = False
+) -> str:
     """The scratch `config.toml`: the provider at `base_url`, offline switches; `extra` adds
-    top-level keys (e.g. `model_auto_compact_token_limit`)."""
+    top-level keys (e.g. `model_auto_compact_token_limit`); `chatgpt`: the provider takes the
+    ChatGPT sign-in of `auth.json` instead of a key."""
+    signin: dict[str, Any] = {}
+    if chatgpt:
+        root = base_url.rstrip("/").removesuffix("/codex")
+        signin = {"cli_auth_credentials_store": "file", "chatgpt_base_url": root + "/"}
     top: dict[str, Any] = {
         "model": MODEL,
         "model_provider": PROVIDER,
         "approval_policy": "never",
         "sandbox_mode": "danger-full-access",
         "check_for_update_on_startup": False,
+        **signin,
         **(extra or {}),
     }
+    auth: dict[str, Any] = {"requires_openai_auth": True} if chatgpt else {"env_key": ENV_KEY}
     tables: dict[str, dict[str, Any]] = {
         "analytics": {"enabled": False},
         "otel": {"exporter": "none"},
@@ -169,7 +188,7 @@ def config_toml(base_url: str, extra: Mapping[str, Any] | None = None) -> str:
         f"model_providers.{PROVIDER}": {
             "name": "context-guru test provider",
             "base_url": base_url,
-            "env_key": ENV_KEY,
+            **auth,
             "wire_api": "responses",
             "request_max_retries": 0,
             "stream_max_retries": 0,
@@ -237,6 +256,7 @@ def run_codex(
     env: Mapping[str, str] | None = None,
     resume: bool = False,
     timeout: float = RUN_TIMEOUT,
+    chatgpt: ChatGPTAccount | None = None,
 ) -> Run:
     """Run `codex exec` (or `codex exec resume --last`) once in `workdir`; CODEX_HOME and HOME
     live in `workdir` (`codex-home`, `home`), so a second run of the same test resumes the
@@ -245,14 +265,17 @@ def run_codex(
     home.mkdir(parents=True, exist_ok=True)
     codex_home = workdir / "codex-home"
     codex_home.mkdir(parents=True, exist_ok=True)
-    (codex_home / "config.toml").write_text(config_toml(base_url, config), encoding="utf-8")
+    toml = config_toml(base_url, config, chatgpt=chatgpt is not None)
+    (codex_home / "config.toml").write_text(toml, encoding="utf-8")
+    if chatgpt is not None:
+        (codex_home / "auth.json").write_text(chatgpt.auth_json(), encoding="utf-8")
     full = {
         "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
         "HOME": str(home),
         "CODEX_HOME": str(codex_home),
         "SHELL": shutil.which("bash") or "/bin/sh",
         "LANG": "C.UTF-8",
-        ENV_KEY: API_KEY,
+        **({} if chatgpt is not None else {ENV_KEY: API_KEY}),
         **(env or {}),
     }
     cmd = [str(binary), "exec"]

@@ -39,6 +39,7 @@ from tests.e2e.harness import Proxy, by_id, header_pairs
 from tests.support import responses_api as api
 from tests.support.codex_script import EXPAND_TOOL, CodexScript, Step, is_compaction, session
 from tests.support.fakeprovider import FakeProvider, Recorded
+from tests.support.signin import CHATGPT_PATH, ChatGPTAccount
 
 # The tests that need the proxy to speak Responses (the `responses` dialect: decision records,
 # summarizing, expanding, the ledger) or the `codex` preset. Until those are built the proxy
@@ -54,6 +55,7 @@ HEADER = "=== History Summary ==="
 MARKER = re.compile(r"<<cg:([0-9a-f]+)>>")
 HOP = {"host", "content-length", "x-e2e-id"}
 RESPONSES = "/v1/responses"
+CHATGPT_RESPONSES = CHATGPT_PATH  # Codex signed in with ChatGPT
 
 
 # -- an independent reader of a body's top-level values --------------------------------------------
@@ -243,13 +245,15 @@ def drive_codex(
     timeout: float = 60.0,
     base_url: str | None = None,
     env: dict[str, str] | None = None,
+    chatgpt: ChatGPTAccount | None = None,
 ) -> CodexSession:
     """One `codex exec` run (or `exec resume --last`) of `script` through `proxy` (its tap; by
     default in reverse mode: the provider's `base_url` is the proxy's; a regular proxy passes
     the real `base_url` and `env` with HTTPS_PROXY and the CA), audited request by request.
     Codex must finish without an error and the script must have refused nothing. `settle`:
     before each step, wait until no summary is in flight (`wait_settled`); the script's
-    `before` is replaced either way."""
+    `before` is replaced either way. `chatgpt`: Codex signed in with that account, its turns on
+    `…/backend-api/codex/responses` (its account checks and model list, GETs beside them)."""
     # Bound to this proxy (a script may drive several runs, through several proxies).
     script.before = (lambda step: wait_settled(proxy)) if settle else None
     tap = proxy.records.path.with_name("tap.jsonl")
@@ -260,18 +264,21 @@ def drive_codex(
             codex,
             prompt or f"{script.tag}: run the scripted steps, one command each.",
             workdir,
-            base_url or proxy.url + "/v1",
+            base_url or proxy.url + ("/backend-api/codex" if chatgpt else "/v1"),
             config=config,
             env=env,
             resume=resume,
             timeout=timeout,
+            chatgpt=chatgpt,
         )
     finally:
         fake.responder = None
     run.assert_succeeded()
     assert script.refusals == [], script.refusals
     sent = [x for x in tapped(tap)[seen:] if x.method == "POST"]
-    assert {x.path for x in tapped(tap)[seen:]} == {RESPONSES}, "Codex made other requests"
+    route = CHATGPT_RESPONSES if chatgpt else RESPONSES
+    others = {x.path for x in tapped(tap)[seen:] if chatgpt is None or x.method == "POST"}
+    assert others == {route}, "Codex made other requests"
     return CodexSession(run, script, sent, audit(sent, fake, proxy))
 
 

@@ -309,7 +309,7 @@ def test_a_sqlite_store_of_schema_v3_gets_the_indexes(tmp_path: Path) -> None:
     version = conn.execute("PRAGMA user_version").fetchone()[0]
     conn.close()
     assert {"ledger_page", "checkpoints_owner"} <= names and "ledger_seen" not in names
-    assert version == SQLITE_VERSION == 4
+    assert version == SQLITE_VERSION == 5
 
 
 def test_a_postgresql_store_of_schema_v2_gets_the_indexes(pg_url: str) -> None:
@@ -332,4 +332,4 @@ def test_a_postgresql_store_of_schema_v2_gets_the_indexes(pg_url: str) -> None:
         names = {r[0] for r in conn.execute("SELECT indexname FROM pg_indexes")}
         schema = conn.execute("SELECT v FROM cg_meta WHERE k = 'schema'").fetchone()
     assert {"cg_ledger_page", "cg_checkpoints_owner"} <= names and "cg_ledger_seen" not in names
-    assert schema == (3,)
+    assert schema == (4,)

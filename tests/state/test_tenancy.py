@@ -223,7 +223,7 @@ def test_a_v3_sqlite_store_is_migrated_its_rows_unbound_and_still_its_sessions(t
         unbound = st.get_stash(key, "A", K2)
         assert unbound is not None and unbound.tenant == UNBOUND
     with closing(sqlite3.connect(path)) as conn:
-        assert conn.execute("PRAGMA user_version").fetchone()[0] == SQLITE_VERSION == 4
+        assert conn.execute("PRAGMA user_version").fetchone()[0] == SQLITE_VERSION == 5
         info = conn.execute("PRAGMA table_info(stashes)").fetchall()  # (…, name, …, pk)
         assert [r[1] for r in sorted(info, key=lambda r: r[5]) if r[5]] == [
             "key",
@@ -292,7 +292,7 @@ def test_a_v2_postgresql_store_is_migrated_its_rows_unbound_and_still_its_sessio
         assert st.stats().stashes == 2
     with psycopg.connect(pg_url, autocommit=True) as conn:
         row = conn.execute("SELECT v FROM cg_meta WHERE k = 'schema'").fetchone()
-        assert row is not None and row[0] == PG_VERSION == 3
+        assert row is not None and row[0] == PG_VERSION == 4
         default = conn.execute(
             "SELECT column_default FROM information_schema.columns "
             "WHERE table_name = 'cg_stashes' AND column_name = 'tenant'"

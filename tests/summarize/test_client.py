@@ -40,6 +40,7 @@ from cg.summarize.component import (
     SummarizerTimeout,
 )
 from cg.summarize.config import ModelConfig
+from cg.wire.dialects import DIALECTS
 from cg.wire.usage import Usage
 
 KEY = "sk-ant-SECRET-0123456789"
@@ -987,3 +988,104 @@ async def test_a_retry_after_past_the_deadline_gives_up_at_once():
     with pytest.raises(SummarizerError, match="429"):
         await wire.client(incoming(), timeout=5)("p", job(origin=Origin.of(ORIGIN_URL, {})))
     assert len(seen) == 1 and time.monotonic() - t0 < 1.0  # not asked again, nor waited for
+
+
+# -- Codex signed in with ChatGPT: its backend's route, headers and rules ----------------------
+
+CHATGPT_URL = "https://chatgpt.example.test/backend-api/codex/responses"
+CHATGPT_HEADERS = DIALECTS["responses"].route_headers(CHATGPT_URL)
+CHATGPT_BEARER = "Bearer eyJhbGciOiJub25lIn0.eyJzdWIiOiJ0ZXN0In0.sig"
+
+
+def chatgpt_headers() -> http.Headers:
+    """What Codex 0.171.0 signed in with ChatGPT sends (tests/e2e/test_codex_chatgpt_e2e.py
+    reads them live)."""
+    return http.Headers(
+        [
+            (b"Host", b"chatgpt.example.test"),
+            (b"Authorization", CHATGPT_BEARER.encode()),
+            (b"ChatGPT-Account-Id", b"acct-test-1"),
+            (b"originator", b"codex_exec"),
+            (b"version", b"0.171.0"),
+            (b"session-id", b"019a-session"),
+            (b"thread-id", b"019a-session"),
+            (b"x-codex-turn-metadata", b'{"request_kind":"turn"}'),
+            (b"User-Agent", b"codex_exec/0.171.0"),
+            (b"Cookie", b"__cf_bm=abc"),
+        ]
+    )
+
+
+def responses_stream(text: str) -> bytes:
+    done = {
+        "type": "response.completed",
+        "response": {
+            "id": "resp_1",
+            "object": "response",
+            "status": "completed",
+            "model": "gpt-5.1-codex",
+            "output": [
+                {
+                    "type": "message",
+                    "id": "msg_1",
+                    "role": "assistant",
+                    "status": "completed",
+                    "content": [{"type": "output_text", "text": text, "annotations": []}],
+                }
+            ],
+            "usage": {"input_tokens": 10, "output_tokens": 3, "total_tokens": 13},
+        },
+    }
+    return f"event: response.completed\ndata: {json.dumps(done)}\n\n".encode()
+
+
+def test_origin_keeps_the_chatgpt_account_and_session_headers():
+    origin = Origin.of(CHATGPT_URL, chatgpt_headers())
+    assert origin.headers == {
+        "authorization": CHATGPT_BEARER,
+        "chatgpt-account-id": "acct-test-1",
+        "originator": "codex_exec",
+        "version": "0.171.0",
+        "session-id": "019a-session",
+        "thread-id": "019a-session",
+    }
+    assert set(origin.headers) <= {*INCOMING_HEADERS, *CHATGPT_HEADERS}
+    # The same headers to the API's route: only the credential goes.
+    api = Origin.of("https://api.example.test/v1/responses", chatgpt_headers())
+    assert api.headers == {"authorization": CHATGPT_BEARER}
+
+
+async def test_the_standalone_request_on_the_chatgpt_route_streams_unstored():
+    """ChatGPT's Codex backend refuses `stream: false`, a stored response and
+    `max_output_tokens`: the standalone summarizer request there is streamed (in the shape
+    Codex sends), read as a stream, and sent with the agent's bearer and account."""
+    sse = responses_stream("<summary>chatgpt</summary>")
+    wire = Wire(
+        lambda r: httpx.Response(200, content=sse, headers={"content-type": "text/event-stream"})
+    )
+    seen: list[Usage] = []
+    client = wire.client(incoming(), on_usage=lambda s, m, u: seen.append(u))
+    origin = Origin.of(CHATGPT_URL, chatgpt_headers())
+    text = await client(PROMPT, job("responses", "gpt-5.1-codex", origin=origin))
+    assert text == "<summary>chatgpt</summary>"
+    (req,) = wire.sent
+    assert str(req.url) == CHATGPT_URL
+    assert req.headers["authorization"] == CHATGPT_BEARER
+    assert req.headers["chatgpt-account-id"] == "acct-test-1"
+    assert req.headers["originator"] == "codex_exec"
+    assert "cookie" not in req.headers and "x-codex-turn-metadata" not in req.headers
+    body = wire.body()
+    assert body["stream"] is True and body["store"] is False
+    part = {"type": "input_text", "text": PROMPT}
+    assert body["input"] == [{"type": "message", "role": "user", "content": [part]}]
+    assert "max_output_tokens" not in body
+    assert [u.output_tokens for u in seen] == [3]
+
+
+async def test_the_standalone_request_on_the_api_route_stays_unstreamed():
+    """Vacuity guard for the test above: the same dialect on `/v1/responses` is not streamed."""
+    doc = {"output": [{"type": "message", "content": [{"type": "output_text", "text": "x"}]}]}
+    wire = Wire(lambda r: httpx.Response(200, json=doc))
+    origin = Origin.of("https://api.example.test/v1/responses", chatgpt_headers())
+    assert await wire.client(incoming())(PROMPT, job("responses", "m", origin=origin)) == "x"
+    assert "stream" not in wire.body() and wire.body()["input"] == PROMPT

@@ -6,6 +6,9 @@
                                  (`response.created` … `response.completed`); like the API, a
                                  400 for an input whose calls, outputs or reasoning items do not
                                  pair (`responses_problem`)
+    POST …/backend-api/codex/responses   the same, as ChatGPT's Codex backend, once `chatgpt`
+                                 is set: its checks and rate-limit headers
+                                 (tests/support/signin.py)
     GET  anything else           200, a JSON echo of method and path (HEAD: its headers only)
     other                        404, a JSON error
 
@@ -47,6 +50,7 @@ from typing import Any
 
 from cg.wire import decode
 from tests.support.promptcache import Bill, PromptCache, TooManyBreakpoints
+from tests.support.signin import CHATGPT_PATH, ChatGPTAccount, ClaudeOAuth
 
 DEFAULT_TEXT = "Hello from the fake provider, streamed in pieces."
 GATE_TIMEOUT = 5.0
@@ -492,17 +496,27 @@ class _Handler(BaseHTTPRequestHandler):
         )
         provider._record(rec)
         bare = self.path.split("?", 1)[0].rstrip("/")
-        if self.command == "POST" and bare.endswith(
-            ("/v1/messages", "/v1/chat/completions", "/v1/responses")
+        chatgpt = provider.chatgpt if bare.endswith(CHATGPT_PATH) else None
+        if self.command == "POST" and (
+            bare.endswith(("/v1/messages", "/v1/chat/completions", "/v1/responses"))
+            or chatgpt is not None
         ):
             dialect = (
                 "anthropic"
                 if bare.endswith("/v1/messages")
                 else "responses"
-                if bare.endswith("/v1/responses")
+                if bare.endswith("/v1/responses") or chatgpt is not None
                 else "openai"
             )
+            refused = self._signin_refusal(provider, dialect, chatgpt, rec)
+            if refused is not None:
+                self._send(refused.status, refused.headers, refused.body or b"")
+                return
             reply = provider._next_reply(rec)
+            if dialect == "anthropic" and provider.claude_oauth is not None:
+                reply.headers = {**provider.claude_oauth.answer_headers(), **reply.headers}
+            elif chatgpt is not None:
+                reply.headers = {**chatgpt.answer_headers(), **reply.headers}
             try:
                 if reply.hold is not None:
                     reply.hold_timed_out = not reply.hold.wait(reply.hold_timeout)
@@ -520,6 +534,23 @@ class _Handler(BaseHTTPRequestHandler):
         else:
             msg = f"no route for {self.command} {bare}"
             self._send(404, _JSON, _dumps({"error": {"type": "not_found", "message": msg}}))
+
+    def _signin_refusal(
+        self, provider: FakeProvider, dialect: str, chatgpt: ChatGPTAccount | None, rec: Recorded
+    ) -> Reply | None:
+        """The 4xx a signed-in route answers a request its real counterpart refuses."""
+        headers = {k.lower(): v for k, v in rec.headers}
+        if chatgpt is not None:
+            try:
+                body = rec.json()
+            except ValueError:
+                body = None
+            why = chatgpt.problem(headers, body)
+            return None if why is None else responses_error(why[0], why[1], None)
+        if dialect == "anthropic" and provider.claude_oauth is not None:
+            why = provider.claude_oauth.problem(headers)
+            return None if why is None else anthropic_error(why[0], "authentication_error", why[1])
+        return None
 
     # -- response ----------------------------------------------------------------------------
 
@@ -699,6 +730,10 @@ class FakeProvider:
                 self._server.socket, server_side=True, do_handshake_on_connect=False
             )
         self.responder: Callable[[Recorded], Reply | None] | None = None
+        # The sign-ins (tests/support/signin.py): ChatGPT's Codex backend is served once set;
+        # with `claude_oauth`, `/v1/messages` wants that OAuth bearer and beta.
+        self.chatgpt: ChatGPTAccount | None = None
+        self.claude_oauth: ClaudeOAuth | None = None
         # Asked for the reply to each summarizer request the script does not answer.
         self.summarizer_responder: Callable[[Recorded], Reply | None] | None = None
         self._cond = threading.Condition()

@@ -304,6 +304,12 @@ def test_content_blocks_key() -> None:
         ("POST", "/v1/responses", "responses"),
         ("POST", "/openai/v1/responses?x=1", "responses"),
         ("POST", "/v1/responses/compact", None),
+        # Codex signed in with ChatGPT (chatgpt.com's Codex backend)
+        ("POST", "/backend-api/codex/responses", "responses"),
+        ("POST", "/backend-api/codex/responses/", "responses"),
+        ("POST", "/backend-api/codex/responses/compact", None),
+        ("GET", "/backend-api/codex/models?client_version=0.171.0", None),
+        ("POST", "/backend-api/responses", None),
         ("POST", "/v1/responses/resp_123/cancel", None),
         ("GET", "/v1/responses/resp_123", None),
         ("GET", "/v1/responses", None),

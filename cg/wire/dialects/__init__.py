@@ -2,7 +2,7 @@
 
 Dialect ─┬─ Anthropic   POST …/v1/messages
          ├─ OpenAI      POST …/v1/chat/completions
-         └─ Responses   POST …/v1/responses
+         └─ Responses   POST …/v1/responses, …/backend-api/codex/responses (ChatGPT sign-in)
 """
 
 from __future__ import annotations
@@ -30,14 +30,14 @@ def route(method: str, path: str) -> Dialect | None:
     """The dialect of a provider request, or None for anything we must not touch.
 
     The path suffix is matched (query string ignored), so a `/anthropic/v1/messages` prefix
-    works; `…/v1/messages/count_tokens`, `…/v1/responses/compact`, `…/v1/responses/{id}` and
+    works, and so is a dialect's `extra_suffixes` (Codex's ChatGPT route); `…/v1/messages/count_tokens`, `…/v1/responses/compact`, `…/v1/responses/{id}` and
     batch endpoints do not match.
     """
     if method.upper() != "POST":
         return None
     bare = path.split("?", 1)[0].split("#", 1)[0].rstrip("/")
     for d in DIALECTS.values():
-        if bare.endswith(d.path_suffix):
+        if bare.endswith(d.path_suffix) or (d.extra_suffixes and bare.endswith(d.extra_suffixes)):
             return d
     return None
 

@@ -154,6 +154,9 @@ class Dialect:
 
     name: ClassVar[str]
     path_suffix: ClassVar[str]
+    # Other routes that speak this dialect (a sign-in's own backend: Codex signed in with
+    # ChatGPT posts to `…/backend-api/codex/responses`).
+    extra_suffixes: ClassVar[tuple[str, ...]] = ()
     wire_roles: ClassVar[frozenset[str]]
     # The top-level key of the transcript array: `messages`, or the Responses API's `input`.
     array_key: ClassVar[str] = "messages"
@@ -307,6 +310,20 @@ class Dialect:
     def summarizer_headers(self, headers: Mapping[str, str]) -> dict[str, str]:
         """The agent's reused headers as a summarizer request to the same endpoint needs them."""
         return dict(headers)
+
+    def route_headers(self, url: str) -> tuple[str, ...]:
+        """The agent's headers besides its credential that a summarizer call to `url` keeps
+        (a sign-in's backend reads them: ChatGPT's `chatgpt-account-id`)."""
+        return ()
+
+    def streams_only(self, url: str) -> bool:
+        """Whether the endpoint at `url` answers only a streamed request (ChatGPT's Codex
+        backend refuses `stream: false`), so the standalone summarizer request streams too."""
+        return False
+
+    def streamed(self, body: dict[str, Any]) -> dict[str, Any]:
+        """The standalone summarizer request as a streams-only endpoint takes it."""
+        return {**body, "stream": True}
 
     def auth_headers(self, key: str, bearer: bool) -> dict[str, str]:
         """The headers of a summarizer request of our own carrying `key` (`bearer`: the config

@@ -1,4 +1,6 @@
 """The OpenAI Responses API: `POST …/v1/responses`; the transcript is the `input` array of items.
+Codex signed in with ChatGPT speaks it to `POST …/backend-api/codex/responses` (ChatGPT's Codex
+backend), which answers only streamed, unstored requests.
 
 Requests: a read-only view of each input item. The system prompt is the top-level `instructions`
 or the leading developer/system items (Codex sends no `instructions`: its first item is a
@@ -57,6 +59,19 @@ from cg.wire.reply import (
     sse_events,
 )
 
+CHATGPT_SUFFIX = "/backend-api/codex/responses"
+# What Codex 0.171.0 signed in with ChatGPT sends besides its bearer, that a summarizer call on
+# its behalf keeps there: the account the bearer acts for, the caller (`originator`, `version`),
+# the session and thread, the beta. Only that route's calls carry them.
+CHATGPT_HEADERS = (
+    "chatgpt-account-id",
+    "originator",
+    "version",
+    "openai-beta",
+    "session_id",
+    "session-id",
+    "thread-id",
+)
 MESSAGE_ROLES = frozenset({"user", "assistant", "system", "developer"})
 # Client-side calls, each answered by an output item carrying its call id, and how the
 # provider names them in its refusals ("No tool output found for function call call_…").
@@ -235,6 +250,7 @@ def _item_added(obj: Any, kind: str, name: str | None = None) -> tuple[int, int 
 class Responses(Dialect):
     name: ClassVar[str] = "responses"
     path_suffix: ClassVar[str] = "/v1/responses"
+    extra_suffixes: ClassVar[tuple[str, ...]] = (CHATGPT_SUFFIX,)
     wire_roles: ClassVar[frozenset[str]] = MESSAGE_ROLES
     array_key: ClassVar[str] = "input"
     pairing: ClassVar[Pairing] = "id"
@@ -258,6 +274,22 @@ class Responses(Dialect):
     def summary_request(self, model: str, prompt: str, max_tokens: int) -> dict[str, Any]:
         # One user turn; nothing of it is kept at the provider.
         return {"model": model, "input": prompt, "store": False}
+
+    def streams_only(self, url: str) -> bool:
+        """ChatGPT's Codex backend (Codex signed in with ChatGPT) answers only `stream: true`."""
+        return url.split("?", 1)[0].rstrip("/").endswith(CHATGPT_SUFFIX)
+
+    def route_headers(self, url: str) -> tuple[str, ...]:
+        return CHATGPT_HEADERS if self.streams_only(url) else ()
+
+    def streamed(self, body: dict[str, Any]) -> dict[str, Any]:
+        """The standalone request as that backend takes it, in the shape Codex itself sends
+        there: the prompt as one user message item, streamed, unstored."""
+        prompt = body.get("input")
+        if isinstance(prompt, str):
+            part = {"type": "input_text", "text": prompt}
+            body = {**body, "input": [{"type": "message", "role": "user", "content": [part]}]}
+        return {**body, "stream": True, "store": False}
 
     def answer_text(self, doc: JsonObject) -> str:
         output = doc.get("output")
