@@ -541,8 +541,7 @@ def stats(args: argparse.Namespace) -> int:
     print("\n".join(_savings_lines(doc.get("savings"))))
     from cg.billing.plan import plan_lines
 
-    for line in plan_lines(doc.get("plans")):  # subscription sessions: what the dollars mean
-        print(line)
+    # Subscription sessions (what the dollars mean): the store's, all time, as the ledger is.
     ledger = doc.get("ledger")
     if isinstance(ledger, dict):  # (a running proxy's: its store's whole ledger, all time)
         if ledger.get("ledger_error"):
@@ -552,6 +551,11 @@ def stats(args: argparse.Namespace) -> int:
             print("\n".join(_usage_lines(ledger.get("usage"))))
             print("all time, savings:")
             print("\n".join(_savings_lines(ledger.get("savings"))))
+            for line in plan_lines(ledger.get("plans")):
+                print(line)
+    else:
+        for line in plan_lines(doc.get("plans")):
+            print(line)
     if "retention" in doc:  # (a running proxy's: the store does not keep it)
         print("retention (the facts of rewritten turns still visible in the request sent):")
         print("\n".join(_retention_lines(doc["retention"])))

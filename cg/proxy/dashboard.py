@@ -236,8 +236,8 @@ def render(
         "<code>/_cg/sessions</code>; ESTIMATE marks what the turns would have cost unrewritten "
         f"(priced under a prompt-cache model). {esc(sv.get('note', ''))}</p>"
         f'{problem}<h2 id="since-start">Since this proxy started</h2><div class=cards>{totals}</div>'
-        f"{plans_html(stats.get('plans'))}"
         f"{alltime.section(stats.get('ledger'))}"
+        f"{plans_html((stats.get('ledger') or {}).get('plans'))}"
         "<h2>Facts retained</h2>"
         '<p class="note">Of each rewritten turn\'s facts (what the user typed, the files, the '
         "commands, the errors), the share still visible in the request sent; measured once the "

@@ -104,7 +104,7 @@ def test_claude_code_on_a_subscription_is_summarized_with_its_oauth_bearer(
 
     # Labelled: a subscription session, its dollars an API-list-price equivalent, the plan's
     # 5-hour and weekly readings from the answers' headers.
-    plan = stats["plans"]["claude-subscription"]
+    plan = stats["ledger"]["plans"]["claude-subscription"]
     assert plan["sessions"] == 1 and plan["rewritten_turns"] == len(rewritten)
     assert plan["dollars"] == "API-list-price equivalent"
     windows = plan["rate_limits"]["windows"]

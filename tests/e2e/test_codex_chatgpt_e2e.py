@@ -98,9 +98,9 @@ def test_codex_signed_in_with_chatgpt_is_rewritten_and_summarized_on_its_own_rou
     # share of the plan's rate limits, from the backend's x-codex-*-used-percent headers.
     # (A session this short sends more with its summary than without: its savings are
     # negative, and the share is too; the figures are the ledger's, whatever their sign.)
-    plan = stats["plans"]["chatgpt"]
+    plan = stats["ledger"]["plans"]["chatgpt"]
     assert plan["sessions"] == 1 and plan["turns"] == len(s.turns)
-    assert plan["tokens_not_sent"] == stats["savings"]["tokens_not_sent"] != 0
+    assert plan["tokens_not_sent"] == stats["ledger"]["savings"]["tokens_not_sent"] != 0
     assert plan["rewritten_turns"] == len(rewritten)
     assert plan["dollars"] == "API-list-price equivalent"
     limits = plan["rate_limits"]

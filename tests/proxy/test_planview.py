@@ -29,7 +29,7 @@ SESSIONS: list[dict[str, Any]] = [
 
 
 def test_a_subscription_sessions_dollars_and_rate_limit_share_are_labelled():
-    page = render({"plans": PLANS, "savings": {}}, SESSIONS, {}, now=0.0)
+    page = render({"ledger": {"plans": PLANS}, "savings": {}}, SESSIONS, {}, now=0.0)
     assert "On a subscription" in page and 'data-plan="chatgpt"' in page
     assert "API-list-price equivalents" in page and "12,345" in page
     assert "primary window: 12.00 points used" in page
