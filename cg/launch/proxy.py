@@ -83,6 +83,14 @@ def found(port: int) -> bool:
         return False
     if not serving(health):
         raise NotAProxy(f"the context-guru proxy on port {port} is not serving: {health}")
+    modes = health.get("mode")
+    if isinstance(modes, list) and not any(str(m).startswith("reverse:") for m in modes):
+        # A forward proxy (`make run`'s default) would answer the agent's turns with 502.
+        raise NotAProxy(
+            f"the context-guru proxy on port {port} runs in mode {', '.join(map(str, modes))}, "
+            "not in reverse mode to the agent's provider: start it with "
+            "`make run MODE=reverse:URL`, or leave CG_PORT unset to have one started"
+        )
     return True
 
 

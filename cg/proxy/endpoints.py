@@ -121,6 +121,8 @@ class Control:
             doc["error"] = f"{store.get('error')}: passing every request through unchanged"
         if not caller.local:
             store = {"ok": store["ok"]}
+        else:  # (its modes name the upstream: a local caller's, a launcher deciding to reuse it)
+            doc["mode"] = list(ctx.options.mode)
         doc.update(version=__version__, preset=ctx.options.cg_preset, store=store)
         return control.json_response(200, doc)
 

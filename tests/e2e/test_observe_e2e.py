@@ -128,6 +128,7 @@ def test_a_store_that_cannot_open_serves_and_says_so(provider, tmp_path: Path):
         with p.client(timeout=5.0) as c:
             health = c.get("/_cg/health").json()
         assert health["serving"] is True and health["ok"] is False
+        assert health["mode"] and health["mode"][0].startswith("reverse:")
         assert health["store"]["ok"] is False and str(broken) in health["store"]["error"]
         assert "passing every request through" in health["error"]
         loud = wait_log(p, r"^  STORE      UNAVAILABLE: ")

@@ -74,6 +74,9 @@ def test_a_serving_proxy_is_found_and_nothing_listening_is_not(nothing: int) -> 
     with Answers(200, json.dumps({"ok": True, "version": "x"}).encode()) as srv:
         assert proxy.found(srv.port)
         assert srv.paths == ["/_cg/health"]
+    reverse = {"serving": True, "mode": ["reverse:https://api.anthropic.com"]}
+    with Answers(200, json.dumps(reverse).encode()) as srv:
+        assert proxy.found(srv.port)
     assert proxy.found(nothing) is False
 
 
@@ -83,6 +86,8 @@ def test_a_serving_proxy_is_found_and_nothing_listening_is_not(nothing: int) -> 
         (404, b"not here", "not context-guru's"),
         (200, b"<html>", "not context-guru's"),
         (200, json.dumps({"ok": True, "serving": False}).encode(), "not serving"),
+        # `make run`'s default: a forward proxy would answer the agent's turns with 502.
+        (200, json.dumps({"serving": True, "mode": ["regular"]}).encode(), "not in reverse mode"),
     ],
 )
 def test_anything_else_on_the_port_is_an_error_naming_it(
