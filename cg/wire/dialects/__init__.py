@@ -37,7 +37,7 @@ def route(method: str, path: str) -> Dialect | None:
         return None
     bare = path.split("?", 1)[0].split("#", 1)[0].rstrip("/")
     for d in DIALECTS.values():
-        if bare.endswith(d.path_suffix):
+        if d.matches(bare):
             return d
     return None
 
