@@ -457,6 +457,6 @@ def _message(dialect: Dialect, n: int, el: Element) -> RawMessage:
         view = dialect.view(el.value)
     except MessageShapeError as e:
         raise BodyRejected(f"{key}[{n}]: {e}") from None
-    if view.kind == "message" and view.role not in dialect.wire_roles:
+    if view.kind == "message" and view.role not in dialect.view_roles:
         raise BodyRejected(f"{key}[{n}] has unknown role {view.role!r}")
     return RawMessage(el.start, el.end, el.value, view)

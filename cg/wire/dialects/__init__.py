@@ -2,7 +2,8 @@
 
 Dialect ─┬─ Anthropic   POST …/v1/messages
          ├─ OpenAI      POST …/v1/chat/completions
-         └─ Responses   POST …/v1/responses
+         ├─ Responses   POST …/v1/responses
+         └─ Gemini      POST …/models/MODEL:generateContent, …:streamGenerateContent
 """
 
 from __future__ import annotations
@@ -17,13 +18,15 @@ from cg.wire.dialects.base import (
     ToolCall,
     ToolOutput,
 )
+from cg.wire.dialects.gemini import Gemini
 from cg.wire.dialects.openai import OpenAI
 from cg.wire.dialects.responses import Responses
 
 ANTHROPIC = Anthropic()
 OPENAI = OpenAI()
 RESPONSES = Responses()
-DIALECTS: dict[str, Dialect] = {d.name: d for d in (ANTHROPIC, OPENAI, RESPONSES)}
+GEMINI = Gemini()
+DIALECTS: dict[str, Dialect] = {d.name: d for d in (ANTHROPIC, OPENAI, RESPONSES, GEMINI)}
 
 
 def route(method: str, path: str) -> Dialect | None:
@@ -45,6 +48,7 @@ def route(method: str, path: str) -> Dialect | None:
 __all__ = [
     "ANTHROPIC",
     "DIALECTS",
+    "GEMINI",
     "OPENAI",
     "RESPONSES",
     "SYSTEM_ROLES",

@@ -162,6 +162,12 @@ class Dialect:
     # it as it would) instead of being rewritten around the breakage.
     strict_input: ClassVar[bool] = False
 
+    # The roles a view may have: the wire's, but where the view names a role in the neutral
+    # words (Gemini's `model` is an `assistant` message).
+    @property
+    def view_roles(self) -> frozenset[str]:
+        return self.wire_roles
+
     # Where an answer reports its usage and its model (top-level keys of the answer object),
     # and the request member that says which tools the model may call.
     usage_key: ClassVar[str] = "usage"

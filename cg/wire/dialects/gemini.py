@@ -173,6 +173,11 @@ class Gemini(Dialect):
     # The same request, answered as an event stream (`?alt=sse`).
     stream_suffix: ClassVar[str] = ":streamGenerateContent"
     wire_roles: ClassVar[frozenset[str]] = frozenset({"user", "model"})
+
+    @property
+    def view_roles(self) -> frozenset[str]:
+        return _VIEW_ROLES
+
     array_key: ClassVar[str] = "contents"
     pairing: ClassVar[Pairing] = "next"
     auto_cache: ClassVar[bool] = True  # implicit caching of a prompt's prefixes (Gemini 2.5 on)
@@ -530,6 +535,9 @@ class Gemini(Dialect):
 
     def resumed_event(self, obj: JsonObject, at: int) -> bool:
         return True  # every event of the rendered rest is new to the client (it held none)
+
+
+_VIEW_ROLES = frozenset({"user", "assistant"})
 
 
 def _role(role: str) -> str:
