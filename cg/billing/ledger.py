@@ -87,8 +87,8 @@ class Round:
 
 
 def request_model(index: BodyIndex | None) -> str | None:
-    m = index.members.get("model") if index is not None else None
-    return m.value if m is not None and isinstance(m.value, str) else None
+    m = index.model if index is not None else None
+    return m if isinstance(m, str) else None
 
 
 def _answered_model(rounds: list[Round]) -> str | None:

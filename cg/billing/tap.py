@@ -33,7 +33,6 @@ import zstandard
 
 from cg.wire.dialects import DIALECTS
 from cg.wire.dialects.base import UsageReader as Reader
-from cg.wire.dialects.base import answer_model
 from cg.wire.jsonspan import loads
 
 READING = "reading"
@@ -47,19 +46,23 @@ _ZLIB_OUT = 1024 * 1024  # decompressed bytes per step: a compression bomb is sl
 READERS: dict[str, Callable[[], Reader]] = {name: d.usage_reader for name, d in DIALECTS.items()}
 
 
-def mentions_usage(data: bytes) -> bool:
-    """Whether an event's bytes name `"usage"` other than as `"usage": null` (OpenAI puts a
-    null usage on every chunk when the client asked for usage; only the last one counts)."""
-    n = data.count(b'"usage"')
-    return n > 0 and n > data.count(b'"usage":null') + data.count(b'"usage": null')
+def mentions_usage(data: bytes, key: bytes = b'"usage"') -> bool:
+    """Whether an event's bytes name the usage `key` (quoted: the dialect's `usage_key`) other
+    than as `"usage": null` (OpenAI puts a null usage on every chunk when the client asked for
+    usage; only the last one counts)."""
+    n = data.count(key)
+    return n > 0 and n > data.count(key + b":null") + data.count(key + b": null")
 
 
-def usage_of_json(body: bytes) -> tuple[Any, str | None]:
-    """(the `usage` member, the `model`) of a JSON answer — all three dialects put both at the
-    top — or (None, None) when the body is not a JSON object. Raises ValueError for a body that
-    is not JSON."""
+def usage_of_json(body: bytes, dialect: str = "anthropic") -> tuple[Any, str | None]:
+    """(the usage member, the model) of a JSON answer — every dialect puts both at the top,
+    under its `usage_key` and `model_key` — or (None, None) when the body is not a JSON
+    object. Raises ValueError for a body that is not JSON."""
     doc = loads(body)
-    return (doc.get("usage"), answer_model(doc)) if isinstance(doc, dict) else (None, None)
+    if not isinstance(doc, dict):
+        return None, None
+    d = DIALECTS[dialect]
+    return doc.get(d.usage_key), d.answer_model(doc)
 
 
 # -- content-encoding -------------------------------------------------------------------------
@@ -136,6 +139,7 @@ class UsageTap:
 
     def __init__(self, dialect: str, content_encoding: str = "", max_event: int = MAX_EVENT):
         self.reader = READERS[dialect]()
+        self._key = f'"{DIALECTS[dialect].usage_key}"'.encode()
         self.state = READING
         self.error = ""
         self.malformed = 0  # events that named usage but were not JSON
@@ -215,9 +219,9 @@ class UsageTap:
                 cut = done.find(b"\n\n")
                 self._skipping = False
                 done = done[cut + 2 :] if cut >= 0 else b""
-            if mentions_usage(done):
+            if mentions_usage(done, self._key):
                 for event in done.split(b"\n\n"):
-                    if mentions_usage(event):
+                    if mentions_usage(event, self._key):
                         self._event(event)
         if len(self._buf) > self.max_event:
             self._buf.clear()
@@ -248,6 +252,6 @@ class UsageTap:
             if not final:
                 self.malformed += 1
             return False
-        if mentions_usage(event):
+        if mentions_usage(event, self._key):
             self.reader.event(name, obj)
         return True

@@ -39,6 +39,7 @@ from cg.wire.answers import (
     strip_calls,
     tool_calls,
     tool_results,
+    usage_of,
     with_usage,
 )
 from cg.wire.body import index_body
@@ -173,7 +174,7 @@ async def run(
         rounds += 1
 
     final = strip_calls(reply, TOOL_NAME)
-    if any(isinstance(r.message.get("usage"), dict) for r in replies):
+    if any(isinstance(usage_of(r), dict) for r in replies):
         # Only when some round reported usage: an OpenAI stream without include_usage has none,
         # and a usage chunk (empty choices) would break clients that never asked for one.
         final = with_usage(final, client_usage(replies))

@@ -14,6 +14,10 @@ generation time, though almost no answer calls our tool. So:
 
 Only events whose bytes contain the tool's name are parsed, so an answer that never calls it
 costs one substring search per chunk.
+
+A format whose stream says nowhere where a part sits (Gemini: each event holds new parts, no
+index; `Dialect.buffers_expand`) cannot be resumed part way: there the whole answer is held, and
+goes out at its end, as it came or as the continuation made it.
 """
 
 from __future__ import annotations
@@ -82,6 +86,10 @@ class ExpandGate:
         self.held = 0  # the offset in `whole` from which nothing was passed on
         # (offset in `whole`, output index, sequence number) of a reasoning item held back
         self._reasoning: tuple[int, int, int | None] | None = None
+        if self._dialect.buffers_expand:
+            # No position on the wire to resume from (Gemini): all of it is held, and the
+            # continuation's answer (or the answer as it came) goes out whole at its end.
+            self.at = 0
 
     @property
     def holding(self) -> bool:

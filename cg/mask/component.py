@@ -365,7 +365,7 @@ class Mask:
     ) -> RequestFacts:
         """What the trigger reads of this request (its first mask only)."""
         outputs = [t for f in stats for t in f.outputs]
-        model = index.members["model"].value if "model" in index.members else None
+        model = index.model
         return RequestFacts(
             messages=len(stats),
             request_tokens=sum(f.tokens for f in stats) + self.facts.prelude(index).tokens,

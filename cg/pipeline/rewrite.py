@@ -189,8 +189,12 @@ def rewrite_body(
     max_messages: int | None = None,
     inline: Inline | None = None,
     tenant: str = "",
+    path: str = "",
 ) -> Rewrite:
     """Run one request body through the pipeline. `headers` are read, never stored.
+
+    `path`: the request's path, where a dialect's requests name their model or ask for a
+    stream (`Dialect.url_model`, `.url_streams`: Gemini's) rather than in the body.
 
     `tenant`: who sent it (`cg.state.tenant.fingerprint` of its credential, made by the caller,
     which holds the store's key; "" for none). The head-hash session includes it, the state the
@@ -218,6 +222,7 @@ def rewrite_body(
             max_messages,
             inline,
             tenant,
+            path,
         )
 
 
@@ -233,6 +238,7 @@ def _rewrite(
     max_messages: int | None,
     inline: Inline | None,
     tenant: str,
+    path: str = "",
 ) -> Rewrite:
     t0 = time.perf_counter()
     record = Draft(dialect.name)
@@ -270,8 +276,9 @@ def _rewrite(
             return done("passed_through", str(e))
         t = lap("index", t0)
         record.messages_in = len(index.messages)
+        index.url_model = dialect.url_model(path)
         stream = index.members.get("stream")
-        record.stream = stream is not None and stream.value is True
+        record.stream = (stream is not None and stream.value is True) or dialect.url_streams(path)
         before = validate_index(index)
         if before:
             record.input_violations = [v.to_json() for v in before]
@@ -366,7 +373,7 @@ def _inject(
     upstream, in parts, searched for markers where it lies; a marker counts only when it
     resolves for `session` and `tenant`."""
     tools = index.members.get("tools")
-    choice = index.members.get("tool_choice")
+    choice = index.members.get(index.dialect.tool_choice_member)
     if tools is not None and not isinstance(tools.value, list):
         # `"tools": null` and the like: nothing to append to (OpenAI clients send null).
         record["expand"] = {"injected": False, "reason": "the request's tools is not an array"}

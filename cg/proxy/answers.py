@@ -228,7 +228,9 @@ class Answers:
             first,
             bool(record.get("stream")) or ctype.startswith("text/event-stream"),
             # The credential the rounds go upstream with is the one the ids must resolve for.
-            self.rt.resolver(record.get("session"), self.rt.tenant_of(flow.request.headers)),
+            self.rt.resolver(
+                record.get("session"), self.rt.tenant_of(flow.request.headers, flow.request.path)
+            ),
             sni=sni,
             on_round=functools.partial(self._expand_round, flow, record),
         )

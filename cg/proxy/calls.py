@@ -17,6 +17,7 @@ from mitmproxy.net.http import status_codes
 
 from cg.proxy import view as views
 from cg.wire.upstream import Exchange
+from cg.wire.urlkey import redact_key
 
 # The credential headers (cg.proxy.redact.CREDENTIAL_HEADERS), replaced in every flow shown.
 SECRET_HEADERS = frozenset({"authorization", "x-api-key", "api-key", "x-goog-api-key"})
@@ -43,7 +44,7 @@ def _headers(pairs: tuple[tuple[str, str], ...], body: bytes) -> http.Headers:
 def call_flow(ex: Exchange, rec: dict[str, object], flow_id: str | None = None) -> http.HTTPFlow:
     """A finished flow of one exchange, carrying view record `rec` (its mark and comment).
     `flow_id`: the id named up front (in the commissioning flow's comment)."""
-    url = urllib.parse.urlsplit(ex.url)
+    url = urllib.parse.urlsplit(redact_key(ex.url))
     port = url.port or (443 if url.scheme == "https" else 80)
     host = url.hostname or ""
     client = connection.Client(

@@ -29,7 +29,7 @@ from cg.pipeline.rewrite import Record
 from cg.proxy.flowstate import Flows
 from cg.proxy.message import bounded_content, content, content_type
 from cg.proxy.stats import UsageCounts
-from cg.wire.answers import Reply
+from cg.wire.answers import Reply, model_of, usage_of
 from cg.wire.body import MAX_MESSAGES, BodyIndex, index_body
 from cg.wire.dialects import DIALECTS
 from cg.wire.splice import SentShape
@@ -112,8 +112,8 @@ class Meter:
             return
         try:
             if replies is not None:
-                rounds = [r for r in (self._convert(turn.dialect, x.message.get("usage"),
-                          x.message.get("model")) for x in replies) if r is not None]  # fmt: skip
+                rounds = [r for r in (self._convert(turn.dialect, usage_of(x), model_of(x))
+                          for x in replies) if r is not None]  # fmt: skip
             elif not _ok(flow.response.status_code):
                 return  # an error answer reports no usage, and is not billed
             else:
@@ -260,7 +260,7 @@ class Meter:
             tap.finish()
         else:
             try:
-                raw, model = usage_of_json(content(flow.response, strict=False) or b"")
+                raw, model = usage_of_json(content(flow.response, strict=False) or b"", dialect)
             except ValueError:
                 self.counts.malformed += 1
                 return None

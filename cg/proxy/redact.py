@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 from mitmproxy import http
 
 from cg.proxy import control
+from cg.wire.urlkey import redact_key
 
 if TYPE_CHECKING:
     from cg.proxy.runtime import Runtime
@@ -42,12 +43,27 @@ def redact(headers: http.Headers) -> None:
 
 def redact_backup(flow: http.HTTPFlow) -> None:
     """The credential out of the flow's backup too (`flow.backup()`, taken before a rewrite for
-    mitmweb's Revert): a saved flow file carries the backup, headers included."""
+    mitmweb's Revert): a saved flow file carries the backup, headers and path included."""
     backup = getattr(flow, "_backup", None)
     req = backup.get("request") if isinstance(backup, dict) else None
     if not isinstance(req, dict) or "headers" not in req:
         return
     req["headers"] = _redacted(req["headers"])
+    path = req.get("path")
+    if isinstance(path, bytes) and b"key=" in path:
+        req["path"] = redact_key(path.decode("utf-8", "surrogateescape")).encode(
+            "utf-8", "surrogateescape"
+        )
+
+
+def redact_flow(flow: http.HTTPFlow) -> None:
+    """The flow's credentials replaced: its headers', its query's `key` (the Gemini API's), and
+    its backup's."""
+    redact(flow.request.headers)
+    path = flow.request.path
+    if "key=" in path:
+        flow.request.path = redact_key(path)
+    redact_backup(flow)
 
 
 class Redactor:

@@ -129,7 +129,7 @@ class Rewriter:
             )
             return None
         preset, components, why = self.rt.pipeline_for(req.headers, dialect.name)
-        tenant = self.rt.tenant_of(req.headers)
+        tenant = self.rt.tenant_of(req.headers, req.path)
         result = rewrite_body(
             raw,
             dialect,
@@ -141,6 +141,7 @@ class Rewriter:
             max_messages=self.rt.max_messages,
             inline=offload.INLINE,
             tenant=tenant,
+            path=req.path,
         )
         if result.deferred is not None:
             return self._aside(flow, dialect, t0, raw, result.deferred)
@@ -174,7 +175,7 @@ class Rewriter:
     ) -> None:
         req = flow.request
         preset, components, reason = self.rt.pipeline_for(req.headers, dialect.name)
-        tenant = self.rt.tenant_of(req.headers)
+        tenant = self.rt.tenant_of(req.headers, req.path)
         started = time.perf_counter()
         try:
             raw, result = await self.rt.offload.run(
@@ -187,6 +188,7 @@ class Rewriter:
                 req.headers,
                 codex_compaction(req.headers),
                 tenant,
+                req.path,
             )
         except Exception as e:  # noqa: BLE001 - a hook never raises: pass through, say why
             record = _passed(
@@ -219,6 +221,7 @@ class Rewriter:
         headers: Any,
         compaction: str | None,
         tenant: str,
+        path: str = "",
     ) -> tuple[bytes | None, Rewrite | Record]:
         """In the worker thread: the body decoded (bounded) unless it was, and rewritten, read
         whole (no message cache: it is the loop's). Returns the decoded body and the rewrite,
@@ -239,6 +242,7 @@ class Rewriter:
             agent_compaction=compaction,
             max_messages=self.rt.max_messages,
             tenant=tenant,
+            path=path,
         )
         if result.index is not None and "components" in result.record:
             # The usage ledger's prompt-cache shape of it, made here (memoised on the index):

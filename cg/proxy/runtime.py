@@ -33,7 +33,7 @@ from cg.proxy.environ import CONTROL_TOKEN_ENV, unknown_variables, unused_cheap_
 from cg.proxy.flowstate import Flows, FlowState
 from cg.proxy.meter import Meter
 from cg.proxy.providers import ProviderHosts
-from cg.proxy.redact import redact, redact_backup
+from cg.proxy.redact import redact_flow
 from cg.proxy.relay import Relay
 from cg.proxy.stats import Stats
 from cg.proxy.summaries import Summaries
@@ -509,11 +509,12 @@ class Runtime:
             self.store.close()
             self.store = None
 
-    def tenant_of(self, headers: Any) -> str:
+    def tenant_of(self, headers: Any, path: str = "") -> str:
         """Who a request is (`cg.state.tenant`): its credential's fingerprint under the
-        store's key; anonymous without a store (nothing is kept then)."""
+        store's key (a header's, or a `?key=` in its `path`); anonymous without a store
+        (nothing is kept then)."""
         store = self.store
-        return fingerprint(store.tenant_key, headers) if store is not None else ANONYMOUS
+        return fingerprint(store.tenant_key, headers, path) if store is not None else ANONYMOUS
 
     def resolver(self, session: str | None, tenant: str) -> Callable[[str], str]:
         """What answers the model's `context_guru_expand` calls for `session`: the stashed span
@@ -564,8 +565,7 @@ class Runtime:
         """The flow is done with upstream: end its state (`_ended`), and redact its credential
         (a turn's, or another provider flow's)."""
         if self.flows.end(flow.id) is None and self.redact and META in flow.metadata:
-            redact(flow.request.headers)
-            redact_backup(flow)
+            redact_flow(flow)
 
     def _ended(self, st: FlowState) -> None:
         """The one cleanup of a flow's state, whatever ended it (its answer, an error, the exit,
@@ -573,8 +573,7 @@ class Runtime:
         if st.job is not None:
             self.relay.jobs.pop(st.job.token, None)
         if self.redact:
-            redact(st.flow.request.headers)
-            redact_backup(st.flow)
+            redact_flow(st.flow)
 
     def stash(self, key: str) -> Any:
         """A stash for the views (mitmweb's thread or the loop: a read, never raises out)."""

@@ -28,6 +28,7 @@ import os
 from collections.abc import Mapping
 
 from cg.state.session import header
+from cg.wire.urlkey import QUERY_KEY, query_key
 
 # In the order a provider reads them: Anthropic's, the bearer token (OpenAI, OAuth), Azure
 # OpenAI's, Gemini's.
@@ -45,16 +46,26 @@ def new_key() -> bytes:
     return os.urandom(KEY_BYTES)
 
 
-def fingerprint(key: bytes, headers: Mapping[str, str]) -> str:
-    """The tenant of a request with `headers`: its credential's MAC under `key`, as hex, or
-    ANONYMOUS when it carries none. An empty value is no credential (two users who both send
-    an empty `x-api-key` beside their real `authorization` must not be one tenant)."""
+_QUERY_PREFIX = b"?" + QUERY_KEY.encode() + b"\0"
+
+
+def fingerprint(key: bytes, headers: Mapping[str, str], path: str = "") -> str:
+    """The tenant of a request with `headers` (and `path`, whose query may carry the key, as
+    the Gemini API's `?key=` does): its credential's MAC under `key`, as hex, or ANONYMOUS
+    when it carries none. An empty value is no credential (two users who both send an empty
+    `x-api-key` beside their real `authorization` must not be one tenant)."""
     for name, prefix in _NAMES:
         value = header(headers, name)
         if value is not None and value.strip():
-            msg = prefix + value.encode("utf-8", "surrogateescape")
-            return hashlib.blake2b(msg, key=key, digest_size=FINGERPRINT_HEX // 2).hexdigest()
+            return _mac(key, prefix + value.encode("utf-8", "surrogateescape"))
+    in_query = query_key(path) if path else None
+    if in_query is not None:
+        return _mac(key, _QUERY_PREFIX + in_query.encode("utf-8", "surrogateescape"))
     return ANONYMOUS
+
+
+def _mac(key: bytes, msg: bytes) -> str:
+    return hashlib.blake2b(msg, key=key, digest_size=FINGERPRINT_HEX // 2).hexdigest()
 
 
 def readable(row_tenant: str, tenant: str) -> bool:

@@ -41,7 +41,7 @@ from cg.summarize.component import (
 )
 from cg.summarize.config import ModelConfig
 from cg.summarize.prompt import MAX_TOKENS as MAX_TOKENS
-from cg.wire.answers import Reply, ResponseParseError, parse_json, parse_sse
+from cg.wire.answers import Reply, ResponseParseError, parse_json, parse_sse, usage_of
 from cg.wire.dialects import ANTHROPIC, DIALECTS
 from cg.wire.dialects.anthropic import ANTHROPIC_VERSION as ANTHROPIC_VERSION
 from cg.wire.upstream import Exchange, exchange_of, sni_extensions, ssl_context
@@ -68,6 +68,7 @@ INCOMING_HEADERS = (
     "anthropic-beta",
     "openai-organization",
     "openai-project",
+    "x-goog-api-key",
 )
 UsageSink = Callable[[str, str, Usage], None]
 # Every request the summarizer sends, with its answer: (the job, which request — `shared` or
@@ -150,7 +151,8 @@ def resolve_endpoint(
         model = cfg.model or job.model
         if not model:
             raise NoModel("model.source incoming: the request names no model")
-        return Endpoint(job.dialect, origin.url, model, origin.headers_for(job.dialect), origin.sni)
+        url = DIALECTS[job.dialect].standalone_url(origin.url, model)
+        return Endpoint(job.dialect, url, model, origin.headers_for(job.dialect), origin.sni)
 
     d = DIALECTS[cfg.provider or ANTHROPIC.name]
     if not cfg.model:
@@ -163,7 +165,7 @@ def resolve_endpoint(
     key = cfg.api_key.get_secret_value() if cfg.api_key else env.get(d.key_env, "")
     base = cfg.base_url or d.default_base
     headers = d.auth_headers(key, bearer=cfg.auth == "bearer")
-    return Endpoint(d.name, _join(base, d.path_suffix), cfg.model, headers)
+    return Endpoint(d.name, _join(base, d.standalone_path(cfg.model)), cfg.model, headers)
 
 
 def request_body(ep: Endpoint, prompt: str, level: str) -> dict[str, Any]:
@@ -229,7 +231,8 @@ class SummarizerClient:
             doc = resp.json()
         except ValueError:
             raise SummarizerError("the answer is not JSON") from None
-        self._usage(job, ep.model, ep.dialect, doc.get("usage") if isinstance(doc, dict) else None)
+        usage = doc.get(DIALECTS[ep.dialect].usage_key) if isinstance(doc, dict) else None
+        self._usage(job, ep.model, ep.dialect, usage)
         return answer_text(ep.dialect, doc)
 
     async def shared(self, body: bytes, job: Commission) -> str | None:
@@ -249,7 +252,7 @@ class SummarizerClient:
                 reply = parse_json(job.dialect, resp.content)
         except ResponseParseError as e:
             raise SummarizerError(f"unreadable answer: {type(e).__name__}") from None
-        self._usage(job, job.model or "", job.dialect, reply.message.get("usage"))
+        self._usage(job, job.model or "", job.dialect, usage_of(reply))
         return reply_text(reply)
 
     def _usage(self, job: Commission, model: str, dialect: str, usage: Any) -> None:

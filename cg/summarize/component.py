@@ -416,7 +416,7 @@ class Summarize:
             output_tokens=outputs,
             max_output_tokens=top,
             window=self.window(
-                index.members["model"].value if "model" in index.members else None,
+                index.model,
                 header(req.headers, "anthropic-beta") or "",
             ),
             last_request=last,
@@ -644,7 +644,7 @@ class Summarize:
             layouts.insert(0, Layout(len(spliced), min(span.head, at), tail, summary_at=at))
         rolling = cp is not None and self.cfg.resummarize_tokens > 0
         start = cp.head_count + cp.covered_count if cp is not None and rolling else span.head
-        model = index.members["model"].value if "model" in index.members else None
+        model = index.model
         return Commission(
             session=req.session,
             tenant=req.tenant,

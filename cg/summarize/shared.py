@@ -104,7 +104,7 @@ def build(
         return "the forwarded messages do not match the commissioned span"
     if not 0 <= layout.head < n - layout.tail <= n:
         return "the span is empty in the forwarded body"
-    choice = index.members.get("tool_choice")
+    choice = index.members.get(index.dialect.tool_choice_member)
     if refuse_forced_tool and choice is not None and forces_a_tool(dialect, choice.value):
         return "tool_choice forces a tool call, so the answer could hold no summary"
     text = build_instruction(

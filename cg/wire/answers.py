@@ -47,6 +47,7 @@ __all__ = [
     "assistant_message",
     "assistant_messages",
     "client_usage",
+    "model_of",
     "parse_json",
     "parse_sse",
     "render_json",
@@ -55,6 +56,7 @@ __all__ = [
     "sum_usage",
     "tool_calls",
     "tool_results",
+    "usage_of",
     "with_usage",
 ]
 
@@ -145,6 +147,16 @@ def _add(a: Json, b: Json) -> Json:
     return clone(b)
 
 
+def usage_of(reply: Reply) -> Json:
+    """The usage object a reply reports (under its dialect's `usage_key`), or None."""
+    return reply.message.get(_dialect(reply.dialect).usage_key)
+
+
+def model_of(reply: Reply) -> str | None:
+    """The model a reply names (its dialect's `model_key`), or None."""
+    return _dialect(reply.dialect).answer_model(reply.message)
+
+
 def sum_usage(replies: list[Reply]) -> JsonObject:
     """The usage of all continuation rounds together: what the client's one answer cost.
 
@@ -153,7 +165,7 @@ def sum_usage(replies: list[Reply]) -> JsonObject:
     """
     total: Json = None
     for r in replies:
-        usage = r.message.get("usage")
+        usage = r.message.get(_dialect(r.dialect).usage_key)
         if isinstance(usage, dict):
             total = _add(total, usage)
     return cast(JsonObject, total) if isinstance(total, dict) else {}
@@ -165,12 +177,12 @@ def client_usage(replies: list[Reply]) -> JsonObject:
     make it compact early), with the output and everything else summed over the rounds (what
     was generated). The ledger keeps every round's full usage apart; this is only what the
     client reads."""
-    with_usage_ = [r for r in replies if isinstance(r.message.get("usage"), dict)]
+    with_usage_ = [r for r in replies if isinstance(usage_of(r), dict)]
     if not with_usage_:
         return {}
     out = sum_usage(with_usage_)
     last = with_usage_[-1]
-    final = last.message["usage"]
+    final = usage_of(last)
     d = _dialect(last.dialect)
     for k in d.input_usage_keys:
         if k in final:
@@ -184,7 +196,7 @@ def client_usage(replies: list[Reply]) -> JsonObject:
 def with_usage(reply: Reply, usage: JsonObject) -> Reply:
     """A copy of the reply reporting `usage` (`client_usage` over every round)."""
     m = clone(reply.message)
-    m["usage"] = clone(usage)
+    m[_dialect(reply.dialect).usage_key] = clone(usage)
     return Reply(reply.dialect, m)
 
 

@@ -119,6 +119,15 @@ class BodyIndex:
     # `views`, built once (a reuse turn asks for them three times) and, like `_byte_ends`,
     # inherited over the shared prefix by a next turn's index.
     _views: list[MessageView] = field(default_factory=list)
+    # The model the request's path names (`Dialect.url_model`: Gemini's), set by the caller
+    # that knows the path; a body's own `model` member comes first.
+    url_model: str | None = None
+
+    @property
+    def model(self) -> Any:
+        """The request's model: its `model` member's value, else the one its path names."""
+        m = self.members.get("model")
+        return m.value if m is not None else self.url_model
 
     def byte_ends(self) -> list[int]:
         """Where each message ends in `raw`, and (last) where the array ends. A warm turn's
@@ -448,6 +457,6 @@ def _message(dialect: Dialect, n: int, el: Element) -> RawMessage:
         view = dialect.view(el.value)
     except MessageShapeError as e:
         raise BodyRejected(f"{key}[{n}]: {e}") from None
-    if view.kind == "message" and view.role not in dialect.wire_roles:
+    if view.kind == "message" and view.role not in dialect.view_roles:
         raise BodyRejected(f"{key}[{n}] has unknown role {view.role!r}")
     return RawMessage(el.start, el.end, el.value, view)

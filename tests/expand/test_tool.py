@@ -505,6 +505,7 @@ TOOL_SHA256 = {
     "anthropic": "51d7cdf8036558affe5fbc593eaca7e5e2a64e36a5e3830ea0611e8348512aeb",
     "openai": "e88f896e3e9e5ce5cd121b3fbdfd010f665c8ad53b19627b25ccb6e73e2d0d84",
     "responses": "5cf3f32e8e7b4182d1c134eaf344a8a3ae92f027c7d8f25306e2d9c762ebadf9",
+    "gemini": "06cd230a94a9bd6540e004f3ab153f81f60aa8c0358ebf3666f5f38a9b428347",
 }
 
 

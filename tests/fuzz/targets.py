@@ -53,7 +53,7 @@ from cg.wire.reply import ResponseParseError
 from cg.wire.shape import validate_shape
 from cg.wire.splice import Insert, Keep, Plan, plan_views
 from cg.wire.usage import UsageError, from_provider
-from tests.support.strategies import bodies, responses_bodies, small_json
+from tests.support.strategies import bodies, gemini_bodies, responses_bodies, small_json
 
 DIALECT_NAMES = sorted(DIALECTS)  # every registered request dialect
 ANSWER_DIALECTS = DIALECT_NAMES  # every dialect answers in its own JSON and SSE form
@@ -61,6 +61,7 @@ PATHS = {
     "anthropic": "/v1/messages",
     "openai": "/v1/chat/completions",
     "responses": "/v1/responses",
+    "gemini": "/v1beta/models/gemini-2.5-flash:generateContent",
 }
 
 
@@ -123,10 +124,9 @@ class Splicer:
         if isinstance(span, str):
             return Step(None, span)
         summary = Insert.message(
-            {
-                "role": "user",
-                "content": "=== History Summary ===\nfuzz <<cg:0123456789abcdef01234567>>",
-            },
+            index.dialect.user_message(
+                "=== History Summary ===\nfuzz <<cg:0123456789abcdef01234567>>"
+            ),
             index.dialect,
         )
         new: Plan = [Keep(i) for i in range(span.head)]
@@ -526,6 +526,8 @@ def request_bytes(dialect: str) -> st.SearchStrategy[bytes]:
         valid = bodies(dialect).map(lambda s: s.raw)  # type: ignore[arg-type]
     elif dialect == "responses":
         valid = responses_bodies().map(lambda s: s.raw)
+    elif dialect == "gemini":
+        valid = gemini_bodies()
     else:
         valid = small_json.map(lambda v: json.dumps({"messages": [v]}).encode())
     return st.one_of(valid, mutated(valid), st.binary(max_size=200))
@@ -655,7 +657,34 @@ def responses_answer(draw: st.DrawFn) -> dict[str, Any]:
     }
 
 
+@st.composite
+def gemini_answer(draw: st.DrawFn) -> dict[str, Any]:
+    text = st.text(max_size=40)
+    part = st.one_of(
+        st.builds(lambda t: {"text": t}, text),
+        st.builds(lambda t: {"text": t, "thought": True}, text),
+        st.builds(
+            lambda n, i: {"functionCall": {"name": n, "args": {"id": i}}, "thoughtSignature": "s"},
+            st.sampled_from(["context_guru_expand", "run_shell_command", ""]),
+            st.text(max_size=8),
+        ),
+        st.builds(lambda v: {"mysteryPart": v}, small_json),
+    )
+    usage = st.fixed_dictionaries(
+        {"promptTokenCount": st.integers(0, 10**6), "candidatesTokenCount": st.integers(0, 10**6)},
+        optional={"cachedContentTokenCount": st.integers(0, 10**3)},
+    )
+    candidate = {
+        "content": {"role": "model", "parts": draw(st.lists(part, min_size=1, max_size=4))},
+        "finishReason": draw(st.sampled_from(["STOP", "MAX_TOKENS"])),
+        "index": 0,
+    }
+    return {"candidates": [candidate], "usageMetadata": draw(usage), "modelVersion": "gemini-fuzz"}
+
+
 def answer_values(dialect: str) -> st.SearchStrategy[dict[str, Any]]:
+    if dialect == "gemini":
+        return gemini_answer()
     if dialect == "responses":
         return responses_answer()
     return anthropic_answer() if dialect == "anthropic" else openai_answer()

@@ -74,7 +74,7 @@ def test_fuzz_target(name: str):
     target = TARGETS[name]
     before = SEEN.copy()
     ran = 0
-    examples = EXAMPLES if name != "hooks" else max(EXAMPLES * 2 // 3, 1)
+    examples = EXAMPLES if name != "hooks" else max(EXAMPLES * 4 // 5, 1)
 
     # Derandomized: the bounded run sees the same inputs every time, so its vacuity guards
     # (an input of every dialect got past the door) cannot flake; `python -m tests.fuzz.run`

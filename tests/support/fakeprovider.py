@@ -9,6 +9,10 @@
     POST …/backend-api/codex/responses   the same, as ChatGPT's Codex backend, once `chatgpt`
                                  is set: its checks and rate-limit headers
                                  (tests/support/signin.py)
+    POST …/models/M:generateContent, …:streamGenerateContent
+                                 the Gemini API (tests/support/gemini_api.py): a
+                                 GenerateContentResponse, or its SSE; a 400 in the API's words
+                                 for contents it refuses (`contents_problem`)
     GET  anything else           200, a JSON echo of method and path (HEAD: its headers only)
     other                        404, a JSON error
 
@@ -49,6 +53,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 from cg.wire import decode
+from tests.support import gemini_api
 from tests.support.promptcache import Bill, PromptCache, TooManyBreakpoints
 from tests.support.signin import CHATGPT_PATH, ChatGPTAccount, ClaudeOAuth
 
@@ -498,7 +503,15 @@ class _Handler(BaseHTTPRequestHandler):
         bare = self.path.split("?", 1)[0].rstrip("/")
         chatgpt = provider.chatgpt if bare.endswith(CHATGPT_PATH) else None
         if self.command == "POST" and (
-            bare.endswith(("/v1/messages", "/v1/chat/completions", "/v1/responses"))
+            bare.endswith(
+                (
+                    "/v1/messages",
+                    "/v1/chat/completions",
+                    "/v1/responses",
+                    ":generateContent",
+                    ":streamGenerateContent",
+                )
+            )
             or chatgpt is not None
         ):
             dialect = (
@@ -506,6 +519,8 @@ class _Handler(BaseHTTPRequestHandler):
                 if bare.endswith("/v1/messages")
                 else "responses"
                 if bare.endswith("/v1/responses") or chatgpt is not None
+                else "gemini"
+                if bare.endswith((":generateContent", ":streamGenerateContent"))
                 else "openai"
             )
             refused = self._signin_refusal(provider, dialect, chatgpt, rec)
@@ -583,6 +598,9 @@ class _Handler(BaseHTTPRequestHandler):
             bad = responses_error(400, problem)
             reply.began = self.server.provider._next_seq()
             self._send(bad.status, bad.headers, bad.body or b"")
+            return
+        if dialect == "gemini":
+            self._gemini(rec, req, reply)
             return
         if reply.status == 200 and isinstance(req, dict):
             try:
@@ -672,6 +690,45 @@ class _Handler(BaseHTTPRequestHandler):
             if gated and is_delta and reply.gate is not None:
                 gated = False
                 reply.gate_timed_out = not reply.gate.wait(GATE_TIMEOUT)
+        self._chunk(b"")
+
+    def _gemini(self, rec: Recorded, req: Any, reply: Reply) -> None:
+        """The Gemini API: the model and the stream from the path, the cache billed like
+        OpenAI's (implicit), a 400 in the API's words for contents it refuses."""
+        provider = self.server.provider
+        problem = gemini_api.contents_problem(req)
+        if problem is not None:
+            reply.began = provider._next_seq()
+            self._send(400, gemini_api.JSON_HEADERS, _dumps(gemini_api.error_payload(400, problem)))
+            return
+        model = gemini_api.model_of(rec.path) or "gemini-fake"
+        bill = Bill("gemini", 0, 0, 0, 0)
+        if reply.status == 200:
+            bill = provider._bill("gemini", rec, {**req, "model": model})
+        reply.began = provider._next_seq()
+        stream = gemini_api.is_stream(rec.path)
+        if reply.body is not None:
+            self._send(reply.status, reply.headers or _JSON, reply.body, reply.after_headers)
+            return
+        if reply.frames is not None:
+            frames = reply.frames
+        else:
+            usage = reply.usage or bill.gemini_usage(_out_tokens(reply.text))
+            doc = gemini_api.response(model, [{"text": reply.text}], usage)
+            if not stream:
+                headers = {**gemini_api.JSON_HEADERS, **reply.headers}
+                self._send(reply.status, headers, _dumps(doc), reply.after_headers)
+                return
+            frames = list(gemini_api.stream_frames(doc))
+        self.send_response(reply.status)
+        for k, v in {**gemini_api.SSE_HEADERS, **reply.headers}.items():
+            self.send_header(k, v)
+        self.send_header("transfer-encoding", "chunked")
+        self.end_headers()
+        if reply.after_headers is not None:
+            reply.after_headers()
+        for data in frames:
+            self._chunk(data)
         self._chunk(b"")
 
     def _drip(self, reply: Reply, dialect: str, req: Any, bill: Bill) -> None:
@@ -816,7 +873,12 @@ class FakeProvider:
             return next(self._seq)
 
     def _bill(self, dialect: str, rec: Recorded, body: dict[str, Any]) -> Bill:
-        scope = rec.header("x-api-key") or rec.header("authorization") or ""
+        scope = (
+            rec.header("x-api-key")
+            or rec.header("authorization")
+            or rec.header("x-goog-api-key")
+            or rec.path.partition("key=")[2].split("&", 1)[0]
+        )
         bill = self.cache.bill(dialect, body, scope)
         with self._cond:
             self._billed.append(Billed(rec, bill))

@@ -172,6 +172,21 @@ def responses_units(body: dict[str, Json]) -> Rendered:
     return _chain(root, parts)
 
 
+def gemini_units(body: dict[str, Json]) -> Rendered:
+    """tools → systemInstruction → contents, one unit each; the model (from the path, put in
+    `model` by the fake) and `toolConfig` key them all (implicit caching: no breakpoints)."""
+    parts: list[tuple[Json | None, Unit]] = []
+    for tool in body.get("tools") or []:
+        parts.append((None, Unit({"tool": tool}, size({"tool": tool}))))
+    system = body.get("systemInstruction")
+    if system is not None:
+        parts.append((None, Unit({"system": system}, size({"system": system}))))
+    for c in body.get("contents") or []:
+        parts.append((None, Unit({"content": c}, size({"content": c}))))
+    root = {"model": body.get("model"), "toolConfig": body.get("toolConfig")}
+    return _chain(root, parts)
+
+
 @dataclass(frozen=True, slots=True)
 class Bill:
     """What one request was billed, in the provider's own terms.
@@ -218,6 +233,17 @@ class Bill:
             "output_tokens_details": {"reasoning_tokens": 0},
             "total_tokens": prompt + output_tokens,
         }
+
+    def gemini_usage(self, output_tokens: int) -> dict[str, Json]:
+        """A `usageMetadata`: the cached part inside `promptTokenCount`, as the API reports it
+        (its key omitted when nothing was read)."""
+        prompt = self.prompt_tokens
+        out: dict[str, Json] = {"promptTokenCount": prompt}
+        if self.read:
+            out["cachedContentTokenCount"] = self.read
+        out["candidatesTokenCount"] = output_tokens
+        out["totalTokenCount"] = prompt + output_tokens
+        return out
 
     def openai_usage(self, completion_tokens: int) -> dict[str, Json]:
         prompt = self.prompt_tokens
@@ -266,7 +292,10 @@ class PromptCache:
                 )
             with self._lock:
                 return self._anthropic(r, marks, scope)
-        r = responses_units(body) if dialect == "responses" else openai_units(body)
+        if dialect == "gemini":
+            r = gemini_units(body)
+        else:
+            r = responses_units(body) if dialect == "responses" else openai_units(body)
         with self._lock:
             return self._openai(r, scope, dialect)
 

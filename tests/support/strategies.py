@@ -796,3 +796,74 @@ def responses_bodies(
     body = {k: fields[k] for k in order}
     s = style if style is not None else draw(styles)
     return Sample("responses", body, dumps(body, s), s)
+
+
+# --------------------------------------------------------------------------------------------
+# Gemini API bodies
+# --------------------------------------------------------------------------------------------
+
+
+def _g_call(name: str, call_id: str | None, signed: bool) -> dict[str, Json]:
+    fc: dict[str, Json] = {"name": name, "args": {"command": "ls"}}
+    if call_id is not None:
+        fc["id"] = call_id
+    part: dict[str, Json] = {"functionCall": fc}
+    if signed:
+        part["thoughtSignature"] = "c2lnbmF0dXJl"
+    return part
+
+
+@st.composite
+def gemini_contents(draw: st.DrawFn, min_turns: int = 0, max_turns: int = 6) -> list[Json]:
+    """A task, then model turns (text, a thought, calls by id or by name) each answered in
+    the next user content (every call by a `functionResponse`, else text), as Gemini CLI
+    re-sends them."""
+    out: list[Json] = [{"role": "user", "parts": [{"text": draw(text)}]}]
+    for n in range(draw(st.integers(min_turns, max_turns))):
+        parts: list[Json] = []
+        if draw(st.booleans()):
+            parts.append({"text": draw(text), "thought": True})
+        calls = draw(st.lists(st.sampled_from(["run_shell_command", "read_file"]), max_size=2))
+        by_id = draw(st.booleans())
+        for k, name in enumerate(calls):
+            parts.append(_g_call(name, f"c{n}_{k}" if by_id else None, draw(st.booleans())))
+        if not parts or draw(st.booleans()):
+            parts.insert(0, {"text": draw(text)})
+        out.append({"role": "model", "parts": parts})
+        if calls:
+            answers = [
+                {
+                    "functionResponse": {
+                        "name": name,
+                        "response": {"output": draw(text)},
+                        **({"id": f"c{n}_{k}"} if by_id else {}),
+                    }
+                }
+                for k, name in enumerate(calls)
+            ]
+            out.append({"role": "user", "parts": answers})
+        else:
+            out.append({"role": "user", "parts": [{"text": draw(text)}]})
+    return out
+
+
+@st.composite
+def gemini_bodies(
+    draw: st.DrawFn, min_turns: int = 0, max_turns: int = 6, style: Style | None = None
+) -> Json:
+    """A Gemini API request body (the model is in its path) in random key order and style."""
+    fields: dict[str, Json] = {"contents": draw(gemini_contents(min_turns, max_turns))}
+    decl = {"name": "run_shell_command", "parameters": {"type": "object"}}
+    options: dict[str, st.SearchStrategy[Json]] = {
+        "systemInstruction": text.map(lambda t: {"parts": [{"text": t}]}),
+        "tools": st.just([{"functionDeclarations": [decl]}]),
+        "generationConfig": st.just(
+            {"temperature": 0, "thinkingConfig": {"includeThoughts": True}}
+        ),
+        "x_unknown": small_json,
+    }
+    fields.update({k: draw(v) for k, v in options.items() if draw(st.booleans())})
+    order = draw(st.permutations(sorted(fields)))
+    body = {k: fields[k] for k in order}
+    s = style if style is not None else draw(styles)
+    return dumps(body, s).encode("utf-8")

@@ -898,7 +898,7 @@ def test_malformed_json(dialect: str, body: bytes) -> None:
 
 def test_unknown_dialect() -> None:
     with pytest.raises(ValueError, match="dialect"):
-        parse_sse("gemini", b"")
+        parse_sse("bedrock", b"")
 
 
 def test_unknown_anthropic_events_are_ignored() -> None:

@@ -407,3 +407,43 @@ def test_the_expand_tool_is_a_function_declaration_and_tool_config_is_read_as_th
     assert not G.fixed_tool_choice({"functionCallingConfig": {"mode": "AUTO"}})
     assert G.tool_choice("none") == {"functionCallingConfig": {"mode": "NONE"}}
     assert G.call_begins(ANSWER, "context_guru_expand") is None
+
+
+def test_the_model_and_the_stream_are_read_off_the_path() -> None:
+    api = "/v1beta/models/gemini-2.5-pro:streamGenerateContent?alt=sse"
+    vertex = "/v1/projects/p/locations/us-central1/publishers/google/models/gemini-2.5-flash:generateContent"
+    assert (G.url_model(api), G.url_streams(api)) == ("gemini-2.5-pro", True)
+    assert (G.url_model(vertex), G.url_streams(vertex)) == ("gemini-2.5-flash", False)
+    assert G.url_model("/v1internal:generateContent") is None
+    url = "https://generativelanguage.googleapis.com" + api + "&key=K"
+    assert G.standalone_url(url, "gemini-2.5-flash") == (
+        "https://generativelanguage.googleapis.com/v1beta/models/gemini-2.5-flash:generateContent?key=K"
+    )
+    assert (
+        G.standalone_path("gemini-2.5-flash") == "/v1beta/models/gemini-2.5-flash:generateContent"
+    )
+    assert (G.usage_key, G.model_key, G.tool_choice_member) == (
+        "usageMetadata",
+        "modelVersion",
+        "toolConfig",
+    )
+    assert G.answer_model(ANSWER) == "gemini-2.5-pro"
+
+
+def test_a_held_stream_resumes_with_the_new_rounds_parts_only() -> None:
+    first = json.loads(json.dumps(ANSWER))
+    final: dict[str, Any] = {
+        "candidates": [
+            {"content": {"role": "model", "parts": [{"text": "Found it."}]}, "finishReason": "STOP"}
+        ]
+    }
+    G.continued(first, final, 0, 1)
+    assert final["candidates"][0]["content"]["parts"] == [{"text": "Found it."}]
+    stripped = json.loads(json.dumps(ANSWER))
+    G.strip_calls(stripped, "context_guru_expand")
+    G.continued(first, stripped, 0, 0)
+    assert [p["text"] for p in stripped["candidates"][0]["content"]["parts"]] == [
+        "Thinking about it.",
+        "Let me look.",
+    ]
+    assert G.resumed_event({"candidates": []}, 0)

@@ -2,7 +2,8 @@
 
 Dialect ─┬─ Anthropic   POST …/v1/messages
          ├─ OpenAI      POST …/v1/chat/completions
-         └─ Responses   POST …/v1/responses, …/backend-api/codex/responses (ChatGPT sign-in)
+         ├─ Responses   POST …/v1/responses, …/backend-api/codex/responses (ChatGPT sign-in)
+         └─ Gemini      POST …/models/MODEL:generateContent, …:streamGenerateContent
 """
 
 from __future__ import annotations
@@ -17,13 +18,15 @@ from cg.wire.dialects.base import (
     ToolCall,
     ToolOutput,
 )
+from cg.wire.dialects.gemini import Gemini
 from cg.wire.dialects.openai import OpenAI
 from cg.wire.dialects.responses import Responses
 
 ANTHROPIC = Anthropic()
 OPENAI = OpenAI()
 RESPONSES = Responses()
-DIALECTS: dict[str, Dialect] = {d.name: d for d in (ANTHROPIC, OPENAI, RESPONSES)}
+GEMINI = Gemini()
+DIALECTS: dict[str, Dialect] = {d.name: d for d in (ANTHROPIC, OPENAI, RESPONSES, GEMINI)}
 
 
 def route(method: str, path: str) -> Dialect | None:
@@ -37,7 +40,7 @@ def route(method: str, path: str) -> Dialect | None:
         return None
     bare = path.split("?", 1)[0].split("#", 1)[0].rstrip("/")
     for d in DIALECTS.values():
-        if bare.endswith(d.path_suffix) or (d.extra_suffixes and bare.endswith(d.extra_suffixes)):
+        if d.matches(bare):
             return d
     return None
 
@@ -45,6 +48,7 @@ def route(method: str, path: str) -> Dialect | None:
 __all__ = [
     "ANTHROPIC",
     "DIALECTS",
+    "GEMINI",
     "OPENAI",
     "RESPONSES",
     "SYSTEM_ROLES",

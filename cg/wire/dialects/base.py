@@ -165,6 +165,50 @@ class Dialect:
     # it as it would) instead of being rewritten around the breakage.
     strict_input: ClassVar[bool] = False
 
+    # The roles a view may have: the wire's, but where the view names a role in the neutral
+    # words (Gemini's `model` is an `assistant` message).
+    @property
+    def view_roles(self) -> frozenset[str]:
+        return self.wire_roles
+
+    # Where an answer reports its usage and its model (top-level keys of the answer object),
+    # and the request member that says which tools the model may call.
+    usage_key: ClassVar[str] = "usage"
+    model_key: ClassVar[str] = "model"
+    tool_choice_member: ClassVar[str] = "tool_choice"
+    # A stream of this format says nowhere where a part of the answer sits, so a stream the
+    # expand tool is offered in is read whole before it is answered (`cg.expand.stream`).
+    buffers_expand: ClassVar[bool] = False
+
+    def matches(self, bare_path: str) -> bool:
+        """Whether a request path (query removed) is this format's: its suffix, or another
+        route to it (`extra_suffixes`)."""
+        return bare_path.endswith(self.path_suffix) or (
+            bool(self.extra_suffixes) and bare_path.endswith(self.extra_suffixes)
+        )
+
+    def url_model(self, path: str) -> str | None:
+        """The model a request's path names, or None: its body's `model` names it."""
+        return None
+
+    def url_streams(self, path: str) -> bool:
+        """Whether the path asks for a stream (where the body's `stream` does not say)."""
+        return False
+
+    def standalone_url(self, url: str, model: str) -> str:
+        """The URL of a standalone summarizer request (one prompt, no stream) for `model`, to
+        the endpoint the agent's request at `url` went to."""
+        return url
+
+    def standalone_path(self, model: str) -> str:
+        """The path of a standalone summarizer request for `model`, after a base URL."""
+        return self.path_suffix
+
+    def answer_model(self, doc: Any) -> str | None:
+        """The model an answer object names, or None."""
+        m = doc.get(self.model_key) if isinstance(doc, dict) else None
+        return m if isinstance(m, str) and m else None
+
     def view(self, message: Any) -> MessageView:
         raise NotImplementedError
 

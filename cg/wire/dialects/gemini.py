@@ -28,8 +28,10 @@ whole before it is answered.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, ClassVar, Literal, cast
+from urllib.parse import parse_qsl, quote, unquote, urlencode, urlsplit, urlunsplit
 
 from cg.wire.dialects.base import (
     BlockView,
@@ -71,6 +73,8 @@ DATA_KEYS = frozenset(
     }
 )
 MODIFIERS = frozenset({"thought", "thoughtSignature", "videoMetadata", "partMetadata"})
+
+_MODEL_IN_PATH = re.compile(r"/models/([^/:?]+):(?:stream)?[gG]enerateContent$")
 
 # How a call and its response are named for pairing (module docstring).
 _BY_ID = "@"
@@ -169,16 +173,43 @@ class Gemini(Dialect):
     # The same request, answered as an event stream (`?alt=sse`).
     stream_suffix: ClassVar[str] = ":streamGenerateContent"
     wire_roles: ClassVar[frozenset[str]] = frozenset({"user", "model"})
+
+    @property
+    def view_roles(self) -> frozenset[str]:
+        return _VIEW_ROLES
+
     array_key: ClassVar[str] = "contents"
     pairing: ClassVar[Pairing] = "next"
     auto_cache: ClassVar[bool] = True  # implicit caching of a prompt's prefixes (Gemini 2.5 on)
+    usage_key: ClassVar[str] = "usageMetadata"
+    model_key: ClassVar[str] = "modelVersion"
+    tool_choice_member: ClassVar[str] = "toolConfig"
+    buffers_expand: ClassVar[bool] = True
     default_base: ClassVar[str] = "https://generativelanguage.googleapis.com"
     key_env: ClassVar[str] = "GEMINI_API_KEY"
 
-    @classmethod
-    def matches(cls, bare_path: str) -> bool:
+    def matches(self, bare_path: str) -> bool:
         """A `…:generateContent` or `…:streamGenerateContent` path (query removed)."""
-        return bare_path.endswith(cls.path_suffix) or bare_path.endswith(cls.stream_suffix)
+        return bare_path.endswith(self.path_suffix) or bare_path.endswith(self.stream_suffix)
+
+    def url_model(self, path: str) -> str | None:
+        """`…/models/MODEL:generateContent` (the Gemini API, Vertex AI's publisher models)."""
+        m = _MODEL_IN_PATH.search(path.split("?", 1)[0])
+        return unquote(m.group(1)) if m else None
+
+    def url_streams(self, path: str) -> bool:
+        return path.split("?", 1)[0].rstrip("/").endswith(self.stream_suffix)
+
+    def standalone_url(self, url: str, model: str) -> str:
+        """The same endpoint's `…/models/MODEL:generateContent`, its query kept (a `key`) but
+        `alt=sse`."""
+        parts = urlsplit(url)
+        path = _MODEL_IN_PATH.sub(f"/models/{quote(model, safe='')}:generateContent", parts.path)
+        query = urlencode([(k, v) for k, v in parse_qsl(parts.query) if k != "alt"])
+        return urlunsplit((parts.scheme, parts.netloc, path, query, ""))
+
+    def standalone_path(self, model: str) -> str:
+        return f"/v1beta/models/{quote(model, safe='')}:generateContent"
 
     def content_blocks_key(self) -> str:
         return "parts"
@@ -491,6 +522,22 @@ class Gemini(Dialect):
 
     def call_begins(self, obj: JsonObject, name: str) -> tuple[int, int | None] | None:
         return None  # no part position on the wire (module docstring): the stream is read whole
+
+    def continued(self, first: JsonObject, final: JsonObject, at: int, rounds: int) -> None:
+        """The first candidate's parts: the first answer's up to `at` (0: a stream held whole,
+        `buffers_expand`), then the new round's, or with no new round the first's own rest."""
+        fparts = _candidate_parts(first) or []
+        parts = _candidate_parts(final)
+        if parts is None:
+            return
+        joined = [clone(p) for p in fparts[:at]] + (parts[at:] if rounds == 0 else parts)
+        cast(JsonObject, final["candidates"][0]["content"])["parts"] = joined or [{"text": ""}]
+
+    def resumed_event(self, obj: JsonObject, at: int) -> bool:
+        return True  # every event of the rendered rest is new to the client (it held none)
+
+
+_VIEW_ROLES = frozenset({"user", "assistant"})
 
 
 def _role(role: str) -> str:
