@@ -34,7 +34,7 @@ CLOSING = re.compile(
     r"^context-guru: (?P<rewritten>\d+) of (?P<turns>\d+) turns rewritten, "
     r"(?P<tokens>-?[\d,]+|unknown) tokens not sent, retention (?P<retention>[\d.]+%|n/a[^,]*), "
     r"(?P<saved>-?\$[\d,.]+|unknown) saved \(estimate; (?P<billed>-?\$[\d,.]+|unknown) billed\) "
-    r"— proxy 127\.0\.0\.1:(?P<port>\d+) (?P<how>started and stopped \(pid (?P<pid>\d+), "
+    r"(?P<plan>at API list prices, plan-equivalent )?— proxy 127\.0\.0\.1:(?P<port>\d+) (?P<how>started and stopped \(pid (?P<pid>\d+), "
     r"log (?P<log>[^)]+)\)|reused, left running)$",
     re.M,
 )

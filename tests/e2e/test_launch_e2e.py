@@ -35,6 +35,7 @@ from tests.e2e.launch_runs import (
 from tests.support.agent_script import AgentScript, session
 from tests.support.codex_script import CodexScript
 from tests.support.fakeprovider import DEFAULT_TEXT, FakeProvider
+from tests.support.signin import CHATGPT_PATH, ChatGPTAccount
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -257,6 +258,7 @@ def test_context_guru_codex_exec_runs_a_session_through_a_proxy_it_starts_and_st
     closing = run.closing
     assert closing["how"].startswith("started and stopped") and int(closing["port"]) == port
     assert int(closing["turns"]) == len(turns) == 9 and int(closing["rewritten"]) > 0, closing
+    assert closing["plan"] is None  # an API key's session: billed by the token
     saved = ledger(tmp_path / "home")
     assert (
         saved["tokens_not_sent"]
@@ -335,3 +337,37 @@ def test_context_guru_opencode_run_goes_through_a_proxy_it_starts_and_stops(
     closing = run.closing
     assert int(closing["turns"]) == len(turns), closing  # every one of them through the proxy
     assert pid_gone(int(closing["pid"])) and not listening(int(closing["port"]))
+
+
+def test_context_guru_codex_signed_in_with_chatgpt_goes_by_its_chatgpt_route(
+    codex: Path, fake: FakeProvider, tmp_path: Path
+) -> None:
+    """Codex signed in with ChatGPT (auth.json `auth_mode: chatgpt`): the launcher points it at
+    `…/backend-api/codex` on the proxy, whose turns reach the ChatGPT backend with the account's
+    bearer and `chatgpt-account-id`, and the closing line says its dollars are plan-equivalent."""
+    account = ChatGPTAccount()
+    port = free_port()
+    script = CodexScript(f"CG-{tmp_path.name}", codex_steps(8), before=lambda step: settled(port))
+    env = {
+        **codex_env(codex, tmp_path, fake),
+        "CG_PORT": str(port),
+        "CG_PROXY_ARGS": f"--set cg_config={low_config(tmp_path)}",
+    }
+    (Path(env["CODEX_HOME"]) / "auth.json").write_text(account.auth_json(), encoding="utf-8")
+    fake.responder, fake.chatgpt = script, account
+    try:
+        run = launch("codex", codex_args(f"{script.tag}: run the scripted steps."), tmp_path, env)
+    finally:
+        fake.responder, fake.chatgpt = None, None
+
+    assert run.returncode == 0, run.describe()
+    assert codex_final(run) == script.final_text
+    turns = [r for r in fake.requests if r.path == CHATGPT_PATH and not r.is_summarizer]
+    assert turns, [r.path for r in fake.requests]
+    assert {r.header("chatgpt-account-id") for r in turns} == {account.account_id}
+    assert {r.header("authorization") for r in turns} == {f"Bearer {account.access_token}"}
+    assert not [r for r in fake.requests if r.path == "/v1/responses"]
+    closing = run.closing
+    assert int(closing["turns"]) == len(turns) and int(closing["rewritten"]) > 0, closing
+    assert closing["plan"], run.describe()
+    assert pid_gone(int(closing["pid"])) and not listening(port)
