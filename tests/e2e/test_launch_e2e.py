@@ -355,6 +355,7 @@ def test_context_guru_codex_signed_in_with_chatgpt_goes_by_its_chatgpt_route(
     }
     (Path(env["CODEX_HOME"]) / "auth.json").write_text(account.auth_json(), encoding="utf-8")
     fake.responder, fake.chatgpt = script, account
+    seen = len(fake.requests)  # (the fake serves the module: earlier tests' requests are there)
     try:
         run = launch("codex", codex_args(f"{script.tag}: run the scripted steps."), tmp_path, env)
     finally:
@@ -362,11 +363,12 @@ def test_context_guru_codex_signed_in_with_chatgpt_goes_by_its_chatgpt_route(
 
     assert run.returncode == 0, run.describe()
     assert codex_final(run) == script.final_text
-    turns = [r for r in fake.requests if r.path == CHATGPT_PATH and not r.is_summarizer]
-    assert turns, [r.path for r in fake.requests]
+    mine = fake.requests[seen:]
+    turns = [r for r in mine if r.path == CHATGPT_PATH and not r.is_summarizer]
+    assert turns, [r.path for r in mine]
     assert {r.header("chatgpt-account-id") for r in turns} == {account.account_id}
     assert {r.header("authorization") for r in turns} == {f"Bearer {account.access_token}"}
-    assert not [r for r in fake.requests if r.path == "/v1/responses"]
+    assert not [r for r in mine if r.path == "/v1/responses"]
     closing = run.closing
     assert int(closing["turns"]) == len(turns) and int(closing["rewritten"]) > 0, closing
     assert closing["plan"], run.describe()
