@@ -34,7 +34,7 @@ from cg.state.session import header
 from cg.state.tenant import ANONYMOUS
 from cg.summarize.client import Origin
 from cg.wire import decode
-from cg.wire.dialects import Dialect, route
+from cg.wire.dialects import ANTHROPIC, Dialect, route, signed
 
 log = logging.getLogger("context_guru")
 
@@ -91,6 +91,9 @@ class Rewriter:
         if control.is_control(req.path):
             return None  # (answered by `cg.proxy.endpoints`)
         dialect = route(req.method, req.path)
+        if dialect is None and (why := signed(req.method, req.path)) is not None:
+            self._signed(flow, why)
+            return None
         # By name (the Host header): in transparent/local mode, and in a CONNECT tunnel,
         # `req.host` is the address connected to, not the provider's name.
         if dialect is None or (self.rt.hosts and not host_allowed(req.pretty_host, self.rt.hosts)):
@@ -147,6 +150,21 @@ class Rewriter:
             return self._aside(flow, dialect, t0, raw, result.deferred)
         self._conclude(flow, t0, result.record, raw, result, preset, why, tenant)
         return None
+
+    def _signed(self, flow: http.HTTPFlow, why: str) -> None:
+        """A model request signed over its body (Bedrock's): passed through untouched, and the
+        record says why (no usage is read from it: its stream is AWS's binary framing)."""
+        req = flow.request
+        if self.rt.hosts and not host_allowed(req.pretty_host, self.rt.hosts):
+            return
+        self.rt.stats.requests += 1
+        self.rt.flows.begin(flow)  # (its signature's credential is redacted once it is done)
+        record = _passed(ANTHROPIC.name, "passed_through", why)
+        self.rt.stats.count(record["outcome"])
+        flow.metadata[META] = record
+        shown = views.view_record(record)
+        views.mark(flow, shown)
+        turnlog.turn(shown, self.rt.quiet)
 
     def _aside(
         self,

@@ -215,7 +215,7 @@ class SummarizerClient:
         """The standalone prompt, as one non-streaming user message."""
         ep = resolve_endpoint(self.cfg, job, self.env, self.shared_proxy)
         d = DIALECTS[ep.dialect]
-        payload = request_body(ep, prompt, self.level)
+        payload = d.standalone_body(ep.url, request_body(ep, prompt, self.level))
         if d.streams_only(ep.url):  # ChatGPT's Codex backend: streamed or refused
             payload = d.streamed(payload)
         body = json.dumps(payload).encode()
@@ -225,7 +225,7 @@ class SummarizerClient:
                 reply = parse_sse(ep.dialect, resp.content)
             except ResponseParseError as e:
                 raise SummarizerError(f"unreadable answer: {type(e).__name__}") from None
-            self._usage(job, ep.model, ep.dialect, reply.message.get("usage"))
+            self._usage(job, ep.model, ep.dialect, usage_of(reply))
             return reply_text(reply)
         try:
             doc = resp.json()

@@ -1,6 +1,8 @@
 """A fake LLM provider on 127.0.0.1 that speaks the real Anthropic and OpenAI wire formats.
 
     POST …/v1/messages           Anthropic Messages: a `message` JSON, or SSE when "stream": true
+                                 (also as Vertex AI serves it: …/publishers/anthropic/models/
+                                 M:rawPredict and :streamRawPredict)
     POST …/v1/chat/completions   OpenAI Chat Completions: a `chat.completion`, or chunk SSE
     POST …/v1/responses          OpenAI Responses: a `response` JSON, or its event stream
                                  (`response.created` … `response.completed`); like the API, a
@@ -42,6 +44,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import re
 import ssl
 import sys
 import threading
@@ -58,6 +61,8 @@ from tests.support.promptcache import Bill, PromptCache, TooManyBreakpoints
 from tests.support.signin import CHATGPT_PATH, ChatGPTAccount, ClaudeOAuth
 
 DEFAULT_TEXT = "Hello from the fake provider, streamed in pieces."
+# Claude on Vertex AI: the Messages API at `…/publishers/anthropic/models/M:rawPredict`.
+_VERTEX_CLAUDE = re.compile(r"/publishers/anthropic/models/[^/:]+:(?:stream)?[rR]awPredict$")
 GATE_TIMEOUT = 5.0
 DECODED_MAX = 64 * 1024 * 1024  # a gzip body decoded further than this is recorded undecoded
 SUMMARIZER_HEADER = "x-context-guru"
@@ -512,11 +517,12 @@ class _Handler(BaseHTTPRequestHandler):
                     ":streamGenerateContent",
                 )
             )
+            or _VERTEX_CLAUDE.search(bare) is not None
             or chatgpt is not None
         ):
             dialect = (
                 "anthropic"
-                if bare.endswith("/v1/messages")
+                if bare.endswith("/v1/messages") or _VERTEX_CLAUDE.search(bare) is not None
                 else "responses"
                 if bare.endswith("/v1/responses") or chatgpt is not None
                 else "gemini"

@@ -328,3 +328,49 @@ def test_route(method: str, path: str, dialect: str | None) -> None:
     assert (d.name if d else None) == dialect
     if dialect:
         assert d is DIALECTS[dialect]
+
+
+# -- Claude on Vertex AI, Bedrock ----------------------------------------------------------------
+
+VERTEX = "/v1/projects/p/locations/us-east5/publishers/anthropic/models/claude-sonnet-4-5@20250929"
+
+
+def test_claude_on_vertex_is_the_anthropic_dialect_with_its_model_in_the_path() -> None:
+    from cg.wire.dialects import ANTHROPIC, GEMINI, route
+
+    assert route("POST", VERTEX + ":rawPredict") is ANTHROPIC
+    assert route("POST", VERTEX + ":streamRawPredict") is ANTHROPIC
+    assert route("POST", VERTEX.rsplit("/", 1)[0] + "/count-tokens:rawPredict") is None
+    google = "/v1/projects/p/locations/us/publishers/google/models/gemini-2.5-pro:generateContent"
+    assert route("POST", google) is GEMINI
+    assert ANTHROPIC.url_model(VERTEX + ":rawPredict") == "claude-sonnet-4-5@20250929"
+    assert ANTHROPIC.url_model("/v1/messages") is None
+    assert ANTHROPIC.url_streams(VERTEX + ":streamRawPredict")
+    assert not ANTHROPIC.url_streams(VERTEX + ":rawPredict")
+    url = "https://us-east5-aiplatform.googleapis.com" + VERTEX + ":streamRawPredict"
+    assert ANTHROPIC.standalone_url(url, "claude-haiku-4-5@20251001") == (
+        url.replace(
+            "claude-sonnet-4-5@20250929:streamRawPredict", "claude-haiku-4-5@20251001:rawPredict"
+        )
+    )
+    assert ANTHROPIC.standalone_url("https://api.anthropic.com/v1/messages", "m") == (
+        "https://api.anthropic.com/v1/messages"
+    )
+    body = {"model": "m", "max_tokens": 9, "messages": []}
+    assert ANTHROPIC.standalone_body(url, body) == {
+        "max_tokens": 9,
+        "messages": [],
+        "anthropic_version": "vertex-2023-10-16",
+    }
+    assert ANTHROPIC.standalone_body("https://api.anthropic.com/v1/messages", body) is body
+
+
+def test_a_bedrock_model_request_is_signed_and_passes_through_saying_so() -> None:
+    from cg.wire.dialects import BEDROCK_REASON, route, signed
+
+    for tail in ("invoke", "invoke-with-response-stream", "converse", "converse-stream"):
+        path = f"/model/anthropic.claude-sonnet-4-5-20250929-v1:0/{tail}"
+        assert route("POST", path) is None
+        assert signed("POST", path) == BEDROCK_REASON
+    assert signed("GET", "/model/x/invoke") is None
+    assert signed("POST", "/v1/messages") is None

@@ -8,6 +8,8 @@ Dialect ─┬─ Anthropic   POST …/v1/messages
 
 from __future__ import annotations
 
+import re
+
 from cg.wire.dialects.anthropic import Anthropic
 from cg.wire.dialects.base import (
     SYSTEM_ROLES,
@@ -27,6 +29,24 @@ OPENAI = OpenAI()
 RESPONSES = Responses()
 GEMINI = Gemini()
 DIALECTS: dict[str, Dialect] = {d.name: d for d in (ANTHROPIC, OPENAI, RESPONSES, GEMINI)}
+
+
+# Bedrock's runtime: the request is SigV4-signed over its body, so no byte of it may change.
+_BEDROCK = re.compile(
+    r"/model/[^/]+/(?:invoke|invoke-with-response-stream|converse|converse-stream)$"
+)
+BEDROCK_REASON = (
+    "Bedrock: the request is SigV4-signed over its body, and a rewrite would break the "
+    "signature, so it passes through untouched"
+)
+
+
+def signed(method: str, path: str) -> str | None:
+    """Why a model request that no dialect may touch passes through (Bedrock's), or None."""
+    if method.upper() != "POST":
+        return None
+    bare = path.split("?", 1)[0].split("#", 1)[0].rstrip("/")
+    return BEDROCK_REASON if _BEDROCK.search(bare) else None
 
 
 def route(method: str, path: str) -> Dialect | None:
@@ -59,4 +79,5 @@ __all__ = [
     "ToolCall",
     "ToolOutput",
     "route",
+    "signed",
 ]

@@ -7,8 +7,10 @@ and streamed back as the API streams it.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, ClassVar, Literal, cast
+from urllib.parse import quote, unquote, urlsplit
 
 from cg.wire.dialects.base import (
     BlockView,
@@ -103,6 +105,18 @@ def _block(block: Any) -> BlockView:
 
 
 ANTHROPIC_VERSION = "2023-06-01"
+# Claude on Vertex AI: `…/publishers/anthropic/models/MODEL:rawPredict` (`:streamRawPredict`),
+# the model in the path (not the body) and the API version in the body. Vertex's token counter
+# (`models/count-tokens:rawPredict`) is not a turn.
+VERTEX_VERSION = "vertex-2023-10-16"
+_VERTEX = re.compile(r"/publishers/anthropic/models/([^/:?]+):(stream)?[rR]awPredict$")
+
+
+def _vertex_model(path: str) -> str | None:
+    m = _VERTEX.search(path.split("?", 1)[0].rstrip("/"))
+    if m is None or m.group(1) == "count-tokens":
+        return None
+    return unquote(m.group(1))
 
 
 def _id(v: Any) -> str:
@@ -153,6 +167,34 @@ class Anthropic(Dialect):
 
     def conversation_system(self, top_level: Mapping[str, Any], messages: Sequence[Any]) -> object:
         return top_level.get("system")
+
+    def matches(self, bare_path: str) -> bool:
+        return super().matches(bare_path) or _vertex_model(bare_path) is not None
+
+    def url_model(self, path: str) -> str | None:
+        return _vertex_model(path)
+
+    def url_streams(self, path: str) -> bool:
+        return _vertex_model(path) is not None and path.split("?", 1)[0].endswith(
+            ":streamRawPredict"
+        )
+
+    def standalone_url(self, url: str, model: str) -> str:
+        """On Vertex: the same endpoint's `models/MODEL:rawPredict` (no stream)."""
+        head, sep, query = url.partition("?")
+        if _vertex_model(head) is None:
+            return url
+        return _VERTEX.sub(
+            f"/publishers/anthropic/models/{quote(model, safe='@')}:rawPredict", head
+        ) + (sep + query if sep else "")
+
+    def standalone_body(self, url: str, body: dict[str, Any]) -> dict[str, Any]:
+        """On Vertex the model is the path's, and the body says the API version."""
+        if _vertex_model(urlsplit(url).path) is None:
+            return body
+        out = {k: v for k, v in body.items() if k != "model"}
+        out.setdefault("anthropic_version", VERTEX_VERSION)
+        return out
 
     def summarizer_headers(self, headers: Mapping[str, str]) -> dict[str, str]:
         out = dict(headers)

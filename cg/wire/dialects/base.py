@@ -200,6 +200,10 @@ class Dialect:
         the endpoint the agent's request at `url` went to."""
         return url
 
+    def standalone_body(self, url: str, body: dict[str, Any]) -> dict[str, Any]:
+        """The standalone summarizer request's body as the endpoint at `url` takes it."""
+        return body
+
     def standalone_path(self, model: str) -> str:
         """The path of a standalone summarizer request for `model`, after a base URL."""
         return self.path_suffix
