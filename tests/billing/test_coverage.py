@@ -81,6 +81,18 @@ CLAUDE_CODE_MODELS = (
 # The models the opencode 1.18.33 tests run (tests/e2e/opencode.py: MODEL), named without its
 # `anthropic/` provider prefix, as it sends them.
 OPENCODE_MODELS = ("claude-haiku-4-5",)
+# Gemini CLI 0.61.0's models (its bundle's DEFAULT_GEMINI_*_MODEL and PREVIEW_GEMINI_*_MODEL
+# constants), and Claude on Vertex AI as it names a model (`@` and its date).
+GEMINI_MODELS = (
+    "gemini-2.5-pro",
+    "gemini-2.5-flash",
+    "gemini-2.5-flash-lite",
+    "gemini-3-pro-preview",
+    "gemini-3-flash-preview",
+    "gemini-3.1-pro-preview",
+    "gemini-3.1-pro-preview-customtools",
+    "claude-sonnet-4-5@20250929",
+)
 SDK_MODELS = (
     "gpt-4o",
     "gpt-4o-2024-08-06",
@@ -155,6 +167,7 @@ MODELS = sorted(
             *CODEX_CATALOGUE,
             *CLAUDE_CODE_MODELS,
             *OPENCODE_MODELS,
+            *GEMINI_MODELS,
             *SDK_MODELS,
         }
     )
@@ -189,6 +202,7 @@ def test_each_family_member_takes_its_own_price_not_its_prefix() -> None:
         ("gpt-5-nano", "gpt-5"),
         ("gpt-5.6-luna", "gpt-5.6"),
         ("gpt-5.1-codex-mini", "gpt-5.1"),
+        ("gemini-2.5-flash-lite", "gemini-2.5-flash"),
     ]:
         a, b = prices.lookup(small), prices.lookup(big)
         assert a is not None and b is not None and a.input < b.input, (small, big)
