@@ -62,6 +62,9 @@ def usage_of_json(body: bytes, dialect: str = "anthropic") -> tuple[Any, str | N
     if not isinstance(doc, dict):
         return None, None
     d = DIALECTS[dialect]
+    doc = d.answer_body(doc)
+    if not isinstance(doc, dict):
+        return None, None
     return doc.get(d.usage_key), d.answer_model(doc)
 
 

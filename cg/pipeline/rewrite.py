@@ -374,6 +374,14 @@ def _inject(
     resolves for `session` and `tenant`."""
     tools = index.members.get("tools")
     choice = index.members.get(index.dialect.tool_choice_member)
+    if policy.mode != "never" and index.wrapped is not None:
+        # Its answers come wrapped too (Code Assist's `response`): the continuation that
+        # answers the model's call would have to re-wrap every round; not offered.
+        record["expand"] = {
+            "injected": False,
+            "reason": f"the request is wrapped in {index.wrapped!r} (Code Assist): not offered",
+        }
+        return None
     if tools is not None and not isinstance(tools.value, list):
         # `"tools": null` and the like: nothing to append to (OpenAI clients send null).
         record["expand"] = {"injected": False, "reason": "the request's tools is not an array"}

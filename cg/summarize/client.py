@@ -177,7 +177,8 @@ def answer_text(dialect: str, doc: Any) -> str | None:
     if not isinstance(doc, dict):
         raise SummarizerError("the answer is not a JSON object")
     try:
-        text = DIALECTS[dialect].answer_text(doc)
+        d = DIALECTS[dialect]
+        text = d.answer_text(d.answer_body(doc))
     except ResponseParseError as e:
         raise SummarizerError(str(e)) from None
     return text if text.strip() else None
@@ -231,7 +232,8 @@ class SummarizerClient:
             doc = resp.json()
         except ValueError:
             raise SummarizerError("the answer is not JSON") from None
-        usage = doc.get(DIALECTS[ep.dialect].usage_key) if isinstance(doc, dict) else None
+        inner = d.answer_body(doc)
+        usage = inner.get(d.usage_key) if isinstance(inner, dict) else None
         self._usage(job, ep.model, ep.dialect, usage)
         return answer_text(ep.dialect, doc)
 

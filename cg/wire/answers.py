@@ -75,7 +75,7 @@ def _dialect(name: str) -> Dialect:
 def parse_json(dialect: str, body: bytes) -> Reply:
     """A non-streaming response body as a Reply; ProviderError for the provider's error JSON."""
     d = _dialect(dialect)
-    doc = as_object(loads_json(body, "response body"), "response body")
+    doc = as_object(d.answer_body(loads_json(body, "response body")), "response body")
     if d.answer_error(doc):
         raise ProviderError(f"provider error: {dumps(doc.get('error'))[:300]}", doc)
     d.check_answer(doc)

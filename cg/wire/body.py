@@ -122,6 +122,8 @@ class BodyIndex:
     # The model the request's path names (`Dialect.url_model`: Gemini's), set by the caller
     # that knows the path; a body's own `model` member comes first.
     url_model: str | None = None
+    # The envelope the transcript's object was found in (`Dialect.envelope`), or None.
+    wrapped: str | None = None
 
     @property
     def model(self) -> Any:
@@ -373,7 +375,7 @@ def _extend(
     for n in range(k, len(arr.elements)):
         out.append(_message(dialect, n, arr.elements[n]))
     chars = prev.chars.spliced(last, middle, prev.array.end)
-    index = BodyIndex(raw, chars, dialect, by_key, arr, out, shared=k)
+    index = BodyIndex(raw, chars, dialect, by_key, arr, out, shared=k, wrapped=prev.wrapped)
     index._byte_ends = ends[:k]
     index._views = prev.views[:k]
     index.memo = prev.memo.carried(k)
@@ -427,6 +429,9 @@ def index_body(
         if m.key in by_key:
             raise BodyRejected(f"duplicate top-level key {m.key!r}")
         by_key[m.key] = m
+    wrap = dialect.envelope
+    if wrap is not None and key not in by_key and isinstance(by_key.get(wrap, _NO).value, dict):
+        by_key = _unwrapped(text, by_key, wrap, key, known, max_messages)
     refused = dialect.refuse(by_key)
     if refused:
         raise BodyRejected(refused)
@@ -444,9 +449,41 @@ def index_body(
         else:
             out.append(_message(dialect, n, el))
     index = BodyIndex(raw, Chars.of(text), dialect, by_key, msgs.array, out)
+    if wrap is not None and wrap not in by_key and key not in {m.key for m in members}:
+        index.wrapped = wrap
     if cache is not None:
         cache.remember(index)
     return index
+
+
+_NO = Member("", 0, 0, None)
+
+
+def _unwrapped(
+    text: str,
+    outer: dict[str, Member],
+    wrap: str,
+    key: str,
+    known: Any,
+    limit: int | None,
+) -> dict[str, Member]:
+    """The members of a request wrapped in `wrap` (Code Assist's `{"model", "project",
+    "request": {…}}`): the wrapped object's, then the envelope's own beside them (its `model`
+    says the model), all by their place in the text, so a splice in either lands where it lies."""
+    try:
+        inner, _ = walk_object(text, outer[wrap].start, arrays=(key,), known=known, limit=limit)
+    except TooManyElements as e:
+        raise _too_many(key, e.limit) from None
+    except (JsonSpanError, RecursionError) as e:
+        raise BodyRejected(f"malformed JSON: {e}") from None
+    merged = [m for m in outer.values() if m.key != wrap]
+    names = {m.key for m in merged}
+    for m in inner:
+        if m.key in names:
+            raise BodyRejected(f"{wrap}.{m.key} beside the envelope's own {m.key!r}")
+        names.add(m.key)
+        merged.append(m)
+    return {m.key: m for m in sorted(merged, key=lambda m: m.start)}
 
 
 def _message(dialect: Dialect, n: int, el: Element) -> RawMessage:

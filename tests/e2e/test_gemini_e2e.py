@@ -245,3 +245,63 @@ def test_a_key_in_the_query_is_a_credential_written_nowhere(
     with sqlite3.connect(db) as conn:
         dump = "\n".join(conn.iterdump())
     assert KEY not in dump
+
+
+def test_gemini_cli_signed_in_with_google_goes_by_code_assist_and_is_summarized_there(
+    fake: FakeProvider, tmp_path: Path
+) -> None:
+    """Code Assist (`…/v1internal:streamGenerateContent`), the route Gemini CLI takes signed in
+    with Google: the request wrapped as `{"model", "project", "request": {…}}`, the answer as
+    `{"response": …}`. The wrapped transcript is summarized where it lies, the envelope kept
+    byte for byte, the shared summarizer calling back on the same route with the same bearer;
+    the expand tool is not offered there (its answers would need re-wrapping)."""
+    bearer = "ya29.fake-google-oauth-token"
+    config = low(resummarize_tokens=100_000, model={"share_cache": "always"})
+    tools = [
+        {"functionDeclarations": [SHELL.model_dump(mode="json", exclude_none=True, by_alias=True)]}
+    ]
+
+    def wrapped(rounds: int) -> bytes:
+        inner = {"contents": wire(history(rounds, "ca")), "tools": tools, "session_id": "s-1"}
+        envelope = {
+            "model": MODEL,
+            "project": "cg-managed-1",
+            "user_prompt_id": "u-1",
+            "request": inner,
+        }
+        return json.dumps(envelope).encode()
+
+    path = "/v1internal:streamGenerateContent?alt=sse"
+    headers = {"authorization": f"Bearer {bearer}", "content-type": "application/json"}
+    with start_summarize(fake.url, tmp_path, config) as p:
+        first, second = new_id(), new_id()
+        before = p.counts()
+        with httpx.Client(base_url=p.url, trust_env=False, timeout=30) as h:
+            r = h.post(path, content=wrapped(8), headers={**headers, "x-e2e-id": first})
+            assert r.status_code == 200 and b'"response"' in r.content
+            p.wait_count(before, "completed")
+            sent = wrapped(9)
+            r = h.post(path, content=sent, headers={**headers, "x-e2e-id": second})
+            assert r.status_code == 200
+        record = p.records.wait(second)["cg"]
+        usage = p.stats()["usage"]["agent"]
+    assert (record["dialect"], record["outcome"]) == ("gemini", "rewritten"), record
+    assert "Code Assist" in record["expand"]["reason"]
+    (got,) = agent_requests(fake, second)
+    envelope = got.json()
+    assert {k: v for k, v in envelope.items() if k != "request"} == {
+        "model": MODEL,
+        "project": "cg-managed-1",
+        "user_prompt_id": "u-1",
+    }
+    contents = envelope["request"]["contents"]
+    assert gemini_api.contents_problem(envelope["request"]) is None
+    assert summary_of(contents) is not None and len(contents) < len(
+        json.loads(sent)["request"]["contents"]
+    )
+    assert got.body.startswith(sent[: sent.index(b'"contents"')]), "the envelope's head changed"
+    calls = [r for r in fake.requests if r.is_summarizer and b"Task ca:" in r.body]
+    assert calls and all(
+        c.path == path and c.header("authorization") == f"Bearer {bearer}" for c in calls
+    )
+    assert usage["requests"] >= 2 and usage["input_tokens"] > 0  # read from the wrapped answers

@@ -702,12 +702,20 @@ class _Handler(BaseHTTPRequestHandler):
         """The Gemini API: the model and the stream from the path, the cache billed like
         OpenAI's (implicit), a 400 in the API's words for contents it refuses."""
         provider = self.server.provider
+        # Code Assist (`…/v1internal:…`): `{"model", "project", "request": {…}}`, answered
+        # wrapped in `response`.
+        wrapped = isinstance(req, dict) and "contents" not in req and "request" in req
+        envelope: dict[str, Any] = {}
+        if wrapped:
+            envelope, req = req, req["request"]
         problem = gemini_api.contents_problem(req)
         if problem is not None:
             reply.began = provider._next_seq()
             self._send(400, gemini_api.JSON_HEADERS, _dumps(gemini_api.error_payload(400, problem)))
             return
         model = gemini_api.model_of(rec.path) or "gemini-fake"
+        if wrapped and isinstance(envelope.get("model"), str):
+            model = envelope["model"]
         bill = Bill("gemini", 0, 0, 0, 0)
         if reply.status == 200:
             bill = provider._bill("gemini", rec, {**req, "model": model})
@@ -723,9 +731,12 @@ class _Handler(BaseHTTPRequestHandler):
             doc = gemini_api.response(model, [{"text": reply.text}], usage)
             if not stream:
                 headers = {**gemini_api.JSON_HEADERS, **reply.headers}
-                self._send(reply.status, headers, _dumps(doc), reply.after_headers)
+                sent = gemini_api.code_assist(doc) if wrapped else doc
+                self._send(reply.status, headers, _dumps(sent), reply.after_headers)
                 return
             frames = list(gemini_api.stream_frames(doc))
+            if wrapped:
+                frames = list(gemini_api.code_assist_frames(iter(frames)))
         self.send_response(reply.status)
         for k, v in {**gemini_api.SSE_HEADERS, **reply.headers}.items():
             self.send_header(k, v)

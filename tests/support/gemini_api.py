@@ -81,6 +81,17 @@ def stream_frames(doc: Json) -> Iterator[bytes]:
         yield b"data: " + dumps(event).encode() + b"\r\n\r\n"
 
 
+def code_assist(doc: Json) -> Json:
+    """An answer as Code Assist (`…/v1internal:…`) sends it: wrapped in `response`."""
+    return {"response": doc, "traceId": "fake-trace"}
+
+
+def code_assist_frames(frames: Iterator[bytes]) -> Iterator[bytes]:
+    for f in frames:
+        event = json.loads(f.removeprefix(b"data: "))
+        yield b"data: " + dumps(code_assist(event)).encode() + b"\r\n\r\n"
+
+
 def error_payload(code: int, message: str) -> Json:
     status = {400: "INVALID_ARGUMENT", 403: "PERMISSION_DENIED", 429: "RESOURCE_EXHAUSTED"}
     return {"error": {"code": code, "message": message, "status": status.get(code, "UNKNOWN")}}

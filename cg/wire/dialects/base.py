@@ -171,6 +171,14 @@ class Dialect:
     def view_roles(self) -> frozenset[str]:
         return self.wire_roles
 
+    # The member a request may wrap its body in (Code Assist's `{"model", "project", "request":
+    # {…}}`), read as the body when the transcript is not at the top (`cg.wire.body`).
+    envelope: ClassVar[str | None] = None
+
+    def answer_body(self, doc: Any) -> Any:
+        """The answer object inside what the provider sent (an envelope undone)."""
+        return doc
+
     # Where an answer reports its usage and its model (top-level keys of the answer object),
     # and the request member that says which tools the model may call.
     usage_key: ClassVar[str] = "usage"

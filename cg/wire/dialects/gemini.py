@@ -134,6 +134,7 @@ class GeminiReader:
         self.model: str | None = None
 
     def event(self, name: str | None, obj: Any) -> None:
+        obj = _unwrap(obj)
         if not isinstance(obj, dict):
             return
         if obj.get("usageMetadata") is not None:
@@ -184,6 +185,7 @@ class Gemini(Dialect):
     usage_key: ClassVar[str] = "usageMetadata"
     model_key: ClassVar[str] = "modelVersion"
     tool_choice_member: ClassVar[str] = "toolConfig"
+    envelope: ClassVar[str | None] = "request"  # Code Assist (`…/v1internal:generateContent`)
     buffers_expand: ClassVar[bool] = True
     default_base: ClassVar[str] = "https://generativelanguage.googleapis.com"
     key_env: ClassVar[str] = "GEMINI_API_KEY"
@@ -210,6 +212,10 @@ class Gemini(Dialect):
 
     def standalone_path(self, model: str) -> str:
         return f"/v1beta/models/{quote(model, safe='')}:generateContent"
+
+    def answer_body(self, doc: Any) -> Any:
+        """Code Assist answers `{"response": GenerateContentResponse, "traceId": …}`."""
+        return _unwrap(doc)
 
     def content_blocks_key(self) -> str:
         return "parts"
@@ -540,6 +546,11 @@ class Gemini(Dialect):
 _VIEW_ROLES = frozenset({"user", "assistant"})
 
 
+def _unwrap(doc: Any) -> Any:
+    inner = doc.get("response") if isinstance(doc, dict) and "candidates" not in doc else None
+    return inner if isinstance(inner, dict) else doc
+
+
 def _role(role: str) -> str:
     return "assistant" if role == "model" else role
 
@@ -584,7 +595,7 @@ def _parse_sse(body: bytes) -> JsonObject:
     events = 0
     for n, (_name, data) in enumerate(sse_events(body), 1):
         where = f"SSE event {n}"
-        obj = as_object(loads_json(data, where), where)
+        obj = as_object(_unwrap(loads_json(data, where)), where)
         if obj.get("error"):
             raise ProviderError(f"provider error event: {dumps(obj['error'])[:300]}", obj)
         events += 1
