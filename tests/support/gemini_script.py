@@ -3,11 +3,12 @@
     script = GeminiScript(tag, n)          # n steps of `echo step K`, then a final text
     fake.responder = script                # tests/support/fakeprovider.py
 
-A request is the session's when its first two contents hold `tag` somewhere and it declares
+A request is the session's when its first two contents hold `tag` somewhere (or, once it
+began, any later one: Gemini CLI may have compressed the task away) and it declares
 Gemini CLI's `run_shell_command`; anything else (a side request) gets the fake's default answer
 (None). The step is read from the contents, not counted: the last `run_shell_command` call in
-them says `echo step K`, so the answer is step K+1 (step 1 when there is none) — a spliced
-history that summarized the early calls still names the newest. Each step is a
+them says `echo step K` (`command(K)` must hold it), so the answer is step K+1 (step 1 when
+there is none) — a spliced history that summarized the early calls still names the newest. Each step is a
 `functionCall` of `run_shell_command` (Gemini CLI's name and arguments: `command`,
 `description`), after step n the final text. The answer is SSE on `:streamGenerateContent`,
 JSON otherwise (tests/support/gemini_api.py). `results` keeps what the CLI sent back for each
@@ -52,6 +53,7 @@ class GeminiScript:
     # test's gate: the proxy sees the answer begin).
     before: Callable[[int], None] | None = None
     usage: Callable[[Recorded], dict[str, Any]] | None = None
+    command: Callable[[int], str] = lambda k: f"echo step {k}"  # step K's command
     answers: list[Answer] = field(default_factory=list)
     results: dict[int, str] = field(default_factory=dict)
     refusals: list[str] = field(default_factory=list)
@@ -70,7 +72,9 @@ class GeminiScript:
             for f in t.get("functionDeclarations") or []
         }
         contents = doc.get("contents") or []
-        return SHELL in names and bool(contents) and self.tag in json.dumps(contents[:2])
+        # Once the session has begun, its tag may be gone: Gemini CLI compressed its history.
+        tagged = bool(contents) and self.tag in json.dumps(contents[:2])
+        return SHELL in names and (tagged or bool(self.answers))
 
     def __call__(self, rec: Recorded) -> Reply | None:
         if rec.is_summarizer:
@@ -112,7 +116,7 @@ class GeminiScript:
         if step > self.steps:
             reply = self._reply(rec, [{"text": self.final_text}], stream)
         else:
-            args = {"command": f"echo step {step}", "description": f"Run step {step}."}
+            args = {"command": self.command(step), "description": f"Run step {step}."}
             reply = self._reply(rec, [{"functionCall": {"name": SHELL, "args": args}}], stream)
         if self.before is not None:
             reply.after_headers = functools.partial(self.before, step)
