@@ -197,7 +197,8 @@ def _gemini_routes(env: Mapping[str, str]) -> tuple[Route, ...]:
 
 
 def _gemini_point(bases: Mapping[str, str], env: Mapping[str, str]) -> Pointing:
-    return Pointing({"GOOGLE_GEMINI_BASE_URL": bases["gemini"]}, [])
+    (base,) = bases.values()  # its one route
+    return Pointing({"GOOGLE_GEMINI_BASE_URL": base}, [])
 
 
 AGENTS: dict[str, Agent] = {
