@@ -201,22 +201,24 @@ def _gemini_point(bases: Mapping[str, str], env: Mapping[str, str]) -> Pointing:
     return Pointing({"GOOGLE_GEMINI_BASE_URL": base}, [])
 
 
+# By the command's name (`context-guru NAME`); "gemini" is the agent's name here, not a dialect's.
 AGENTS: dict[str, Agent] = {
-    "claude": Agent(
-        "claude",
-        "claude",
-        "@anthropic-ai/claude-code",
-        "claude-code",
-        _claude_routes,
-        _claude_point,
-    ),
-    "codex": Agent("codex", "codex", "@openai/codex", "codex", _codex_routes, _codex_point),
-    "opencode": Agent(
-        "opencode", "opencode", "opencode-ai", "opencode", _opencode_routes, _opencode_point
-    ),
-    "gemini": Agent(
-        "gemini", "gemini", "@google/gemini-cli", "gemini-cli", _gemini_routes, _gemini_point
-    ),
+    a.name: a
+    for a in (
+        Agent(
+            "claude",
+            "claude",
+            "@anthropic-ai/claude-code",
+            "claude-code",
+            _claude_routes,
+            _claude_point,
+        ),
+        Agent("codex", "codex", "@openai/codex", "codex", _codex_routes, _codex_point),
+        Agent("opencode", "opencode", "opencode-ai", "opencode", _opencode_routes, _opencode_point),
+        Agent(
+            "gemini", "gemini", "@google/gemini-cli", "gemini-cli", _gemini_routes, _gemini_point
+        ),
+    )
 }
 
 
