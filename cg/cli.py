@@ -10,13 +10,13 @@
                      [--model NAME] [--base-url URL] [--summary-model NAME] [--json]
     context-guru proxy [--web] [MITMDUMP ARGS…]
     context-guru addon-path
-    context-guru claude|codex|opencode [AGENT ARGS…]
+    context-guru claude|codex|opencode|gemini [AGENT ARGS…]
 
 `proxy` runs mitmdump (mitmweb with `--web`) with the addon that ships in the package, every
 other argument passed to it as given; `addon-path` prints that addon's path, for
 `mitmdump -s "$(context-guru addon-path)"`.
 
-`claude`, `codex` and `opencode` run that agent through the proxy in one command
+`claude`, `codex`, `opencode` and `gemini` run that agent through the proxy in one command
 (`cg.launch`): a proxy serving on `$CG_PORT` is reused, else one is started in reverse mode to the
 agent's provider and stopped when the agent exits; every argument is the agent's, its exit status
 ours, and one line on stderr says what the session saved. Its settings are `CG_*` variables.

@@ -160,7 +160,7 @@ def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
 # opencode's `opencode`, every other request the last one, `summarize`
 # (docs/behaviour.md#summarize-presets).
 AUTO = "auto"
-AUTO_PRESETS = ("claude-code", "codex", "opencode", "summarize")
+AUTO_PRESETS = ("claude-code", "codex", "opencode", "gemini-cli", "summarize")
 
 
 def preset_names() -> list[str]:

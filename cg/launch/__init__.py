@@ -1,5 +1,5 @@
-"""`context-guru claude|codex|opencode [AGENT ARGS…]`: one agent session through the proxy, in one
-command (docs/agents.md#one-command-per-agent).
+"""`context-guru claude|codex|opencode|gemini [AGENT ARGS…]`: one agent session through the
+proxy, in one command (docs/agents.md#one-command-per-agent).
 
     agents     what each agent is: its binary, npm package, providers, preset, and how it is
                pointed at a base URL (an environment variable, `-c` overrides, a config string)

@@ -14,6 +14,10 @@ agent reads, as it reads it (docs/agents.md#one-command-per-agent):
                `auth_mode: chatgpt`) its turns go to chatgpt.com/backend-api/codex instead.
     opencode   OPENCODE_CONFIG_CONTENT (merged over any given): the `anthropic` and `openai`
                providers' `options.baseURL`, one listener each
+    gemini     GOOGLE_GEMINI_BASE_URL (Gemini CLI reads it for its API-key sign-in, plain
+               http allowed for loopback). Its Code Assist sign-in (a Google account) talks to
+               cloudcode-pa.googleapis.com instead, which the proxy does not serve yet: those
+               turns go straight to Google, untouched.
 """
 
 from __future__ import annotations
@@ -185,19 +189,36 @@ def _opencode_point(bases: Mapping[str, str], env: Mapping[str, str]) -> Pointin
     return Pointing({OPENCODE_CONFIG_ENV: content}, [])
 
 
+# -- Gemini CLI ----------------------------------------------------------------------------------
+
+
+def _gemini_routes(env: Mapping[str, str]) -> tuple[Route, ...]:
+    return (Route("gemini", "https://generativelanguage.googleapis.com"),)
+
+
+def _gemini_point(bases: Mapping[str, str], env: Mapping[str, str]) -> Pointing:
+    (base,) = bases.values()  # its one route
+    return Pointing({"GOOGLE_GEMINI_BASE_URL": base}, [])
+
+
+# By the command's name (`context-guru NAME`); "gemini" is the agent's name here, not a dialect's.
 AGENTS: dict[str, Agent] = {
-    "claude": Agent(
-        "claude",
-        "claude",
-        "@anthropic-ai/claude-code",
-        "claude-code",
-        _claude_routes,
-        _claude_point,
-    ),
-    "codex": Agent("codex", "codex", "@openai/codex", "codex", _codex_routes, _codex_point),
-    "opencode": Agent(
-        "opencode", "opencode", "opencode-ai", "opencode", _opencode_routes, _opencode_point
-    ),
+    a.name: a
+    for a in (
+        Agent(
+            "claude",
+            "claude",
+            "@anthropic-ai/claude-code",
+            "claude-code",
+            _claude_routes,
+            _claude_point,
+        ),
+        Agent("codex", "codex", "@openai/codex", "codex", _codex_routes, _codex_point),
+        Agent("opencode", "opencode", "opencode-ai", "opencode", _opencode_routes, _opencode_point),
+        Agent(
+            "gemini", "gemini", "@google/gemini-cli", "gemini-cli", _gemini_routes, _gemini_point
+        ),
+    )
 }
 
 

@@ -1,15 +1,18 @@
 """Which agent sent a request, told from its own headers (docs/behaviour.md#summarize-presets:
 `cg_preset: auto`).
 
-Claude Code, Codex CLI and opencode compact their own transcripts near the window, so their
-traffic gets the `claude-code`, `codex` and `opencode` presets' thresholds out of the box;
+Claude Code, Codex CLI, opencode and Gemini CLI compact their own transcripts near the window,
+so their traffic gets the `claude-code`, `codex`, `opencode` and `gemini-cli` presets'
+thresholds out of the box;
 everything else gets `summarize`'s. Claude Code (and the Claude Agent SDK, which runs it) marks
 every request it sends: `x-claude-code-session-id`, a `user-agent` of `claude-cli/…`, and
 `x-app: cli`. Codex marks its own: `originator: codex_exec` (`codex_cli_rs`, `codex_vscode`, …
 by front end), a `user-agent` of `codex_exec/0.171.0 (…)`, `x-codex-turn-metadata`, and
 `session-id`. opencode sends a `user-agent` of `opencode/1.18.33 ai-sdk/provider-utils/…
 runtime/bun/…` on every provider's requests, and on Responses requests `originator: opencode`
-and Codex's `session-id` too: `auto` asks about opencode before Codex.
+and Codex's `session-id` too: `auto` asks about opencode before Codex. Gemini CLI sends a
+`user-agent` of `GeminiCLI-tui/0.61.0/gemini-2.5-flash (linux; x64; terminal)` (`GeminiCLI/…`
+or `GeminiCLI-CLIENT/…` by front end) on every request.
 Only headers are read, never a credential.
 
 Codex's own compaction request (`x-codex-turn-metadata` with `request_kind: "compaction"`) is
@@ -27,6 +30,7 @@ from cg.wire.dialects import DIALECTS
 CLAUDE_CODE = "claude-code"
 CODEX = "codex"
 OPENCODE = "opencode"
+GEMINI_CLI = "gemini-cli"
 CODEX_METADATA = "x-codex-turn-metadata"
 
 
@@ -62,6 +66,14 @@ def opencode(headers: Mapping[str, str]) -> str | None:
     """Why this request is opencode's (the header that says so), or None."""
     if (header(headers, "user-agent") or "").startswith("opencode/"):
         return "user-agent: opencode/"
+    return None
+
+
+def gemini_cli(headers: Mapping[str, str]) -> str | None:
+    """Why this request is Gemini CLI's (the header that says so), or None."""
+    agent = header(headers, "user-agent") or ""
+    if agent.startswith(("GeminiCLI/", "GeminiCLI-")):
+        return "user-agent: GeminiCLI"
     return None
 
 

@@ -23,9 +23,10 @@ def declare(loader: Any) -> None:
         str,
         AUTO,
         "context-guru preset: auto (default: claude-code for requests carrying Claude "
-        "Code's own headers, codex for Codex CLI's, opencode for opencode's, summarize for "
-        "everything else), or a name from cg/presets/ (summarize, claude-code, codex, opencode, "
-        "mask, summarizer1509, off) applied to all traffic.",
+        "Code's own headers, codex for Codex CLI's, opencode for opencode's, gemini-cli for "
+        "Gemini CLI's, summarize for everything else), or a name from cg/presets/ (summarize, "
+        "claude-code, codex, opencode, gemini-cli, mask, summarizer1509, off) applied to all "
+        "traffic.",
     )
     loader.add_option(
         "cg_config",

@@ -28,7 +28,16 @@ from cg.expand import tool as expand_mod
 from cg.pipeline.contract import Component
 from cg.pipeline.rewrite import ExpandPolicy
 from cg.proxy import configerrors, control, malloc, offload, options, pages, startup
-from cg.proxy.agents import CLAUDE_CODE, CODEX, OPENCODE, claude_code, codex, opencode
+from cg.proxy.agents import (
+    CLAUDE_CODE,
+    CODEX,
+    GEMINI_CLI,
+    OPENCODE,
+    claude_code,
+    codex,
+    gemini_cli,
+    opencode,
+)
 from cg.proxy.environ import CONTROL_TOKEN_ENV, unknown_variables, unused_cheap_model
 from cg.proxy.flowstate import Flows, FlowState
 from cg.proxy.meter import Meter
@@ -364,7 +373,8 @@ class Runtime:
         self, headers: Any, dialect: str | None = None
     ) -> tuple[str, list[Component], str]:
         """(preset, its pipeline, why) for one request: under `auto`, Claude Code's own headers
-        pick `claude-code`, Codex's `codex` and opencode's `opencode`; a preset the user named
+        pick `claude-code`, Codex's `codex`, opencode's `opencode` and Gemini CLI's
+        `gemini-cli`; a preset the user named
         applies to everything."""
         if len(self.pipelines) > 1:
             why = claude_code(headers)
@@ -377,7 +387,14 @@ class Runtime:
             why = codex(headers, dialect)
             if why is not None and CODEX in self.pipelines:
                 return CODEX, self.pipelines[CODEX], f"auto: {why}"
-            return self.preset, self.components, "auto: neither Claude Code, Codex nor opencode"
+            why = gemini_cli(headers)
+            if why is not None and GEMINI_CLI in self.pipelines:
+                return GEMINI_CLI, self.pipelines[GEMINI_CLI], f"auto: {why}"
+            return (
+                self.preset,
+                self.components,
+                "auto: neither Claude Code, Codex, opencode nor Gemini CLI",
+            )
         return self.preset, self.components, "cg_preset"
 
     def _open_store(self, config: Config, cg_db: str) -> Store:

@@ -1,6 +1,6 @@
 """Fixtures for end-to-end tests: one fake provider and one `off`-preset mitmdump per session,
-and the pinned Claude Code, Codex and opencode binaries (installed on first use,
-tests/e2e/claude_code.py, tests/e2e/codex.py and tests/e2e/opencode.py).
+and the pinned Claude Code, Codex, opencode and Gemini CLI binaries (installed on first use,
+tests/e2e/claude_code.py, tests/e2e/codex.py, tests/e2e/opencode.py, tests/e2e/gemini_cli.py).
 
 Tests that need another preset or options start their own with `Proxy.start(...)` and stop it.
 """
@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from tests.e2e import codex as codex_cli
+from tests.e2e import gemini_cli
 from tests.e2e import opencode as opencode_cli
 from tests.e2e.claude_code import ClaudeCodeUnavailable, install
 from tests.e2e.harness import Proxy
@@ -62,6 +63,15 @@ def opencode() -> Path:
     try:
         return opencode_cli.install()
     except opencode_cli.OpencodeUnavailable as e:
+        pytest.fail(str(e), pytrace=False)
+
+
+@pytest.fixture(scope="session")
+def gemini() -> Path:
+    """The pinned Gemini CLI; a test run that cannot install it fails, saying why."""
+    try:
+        return gemini_cli.install()
+    except gemini_cli.GeminiCliUnavailable as e:
         pytest.fail(str(e), pytrace=False)
 
 

@@ -20,6 +20,7 @@ from cg.billing.savings import report
 from cg.state import open_reader
 from tests.e2e import claude_code as cc
 from tests.e2e import codex as cx
+from tests.e2e import gemini_cli as gc
 from tests.e2e import opencode as oc
 from tests.e2e.codex_sessions import codex_steps
 from tests.e2e.harness import Proxy
@@ -373,3 +374,35 @@ def test_context_guru_codex_signed_in_with_chatgpt_goes_by_its_chatgpt_route(
     assert int(closing["turns"]) == len(turns) and int(closing["rewritten"]) > 0, closing
     assert closing["plan"], run.describe()
     assert pid_gone(int(closing["pid"])) and not listening(port)
+
+
+# -- Gemini CLI ----------------------------------------------------------------------------------
+
+
+def test_context_guru_gemini_goes_through_a_proxy_it_starts_and_stops(
+    gemini: Path, fake: FakeProvider, tmp_path: Path
+) -> None:
+    home = tmp_path / "home"
+    (home / ".gemini").mkdir(parents=True)
+    (home / ".gemini" / "settings.json").write_text(json.dumps(gc.settings()))
+    env = {
+        "HOME": str(home),
+        "GEMINI_API_KEY": gc.API_KEY,
+        **gc.OFFLINE,
+        "CG_AGENT_BIN": str(gemini),
+        "CG_UPSTREAM": fake.url,
+        "CG_LOG": str(tmp_path / "proxy.log"),
+    }
+    seen = len(fake.requests)
+    args = ["-m", gc.MODEL, "-p", "Say hello.", "--output-format", "json"]
+    run = launch("gemini", args, tmp_path, env)
+
+    assert run.returncode == 0, run.describe()
+    assert json.loads(run.stdout[run.stdout.find("{") :])["response"] == DEFAULT_TEXT
+    path = f"/v1beta/models/{gc.MODEL}:streamGenerateContent?alt=sse"
+    turns = [r for r in fake.requests[seen:] if r.method == "POST" and r.path == path]
+    assert turns, [r.path for r in fake.requests[seen:]]  # reached the provider, by its path
+    assert {r.header("x-goog-api-key") for r in turns} == {gc.API_KEY}
+    closing = run.closing
+    assert int(closing["turns"]) == len(turns), closing  # every one of them through the proxy
+    assert pid_gone(int(closing["pid"])) and not listening(int(closing["port"]))

@@ -116,6 +116,7 @@ def test_every_agent_names_the_npm_package_that_installs_it() -> None:
         "claude": "@anthropic-ai/claude-code",
         "codex": "@openai/codex",
         "opencode": "opencode-ai",
+        "gemini": "@google/gemini-cli",
     }
 
 
@@ -131,3 +132,20 @@ def test_claude_on_a_subscription_is_told_by_its_oauth_credentials(tmp_path: Pat
     assert AGENTS["claude"].routes(env)[0].plan
     assert not claude_on_subscription({**env, "ANTHROPIC_API_KEY": "sk-ant-api03-x"})
     assert not AGENTS["claude"].routes({**env, "ANTHROPIC_API_KEY": "sk"})[0].plan
+
+
+def test_gemini_is_pointed_by_google_gemini_base_url_alone() -> None:
+    agent = AGENTS["gemini"]
+    (route,) = agent.routes({})
+    assert (route.provider, route.upstream, route.path) == (
+        "gemini",
+        "https://generativelanguage.googleapis.com",
+        "",
+    )
+    assert (agent.binary, agent.package, agent.preset) == (
+        "gemini",
+        "@google/gemini-cli",
+        "gemini-cli",
+    )
+    pointing = agent.point({"gemini": BASE}, {})
+    assert (pointing.env, pointing.args) == ({"GOOGLE_GEMINI_BASE_URL": BASE}, [])

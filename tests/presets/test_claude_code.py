@@ -127,7 +127,7 @@ def test_the_summarize_preset_now_acts_in_time_too(store: SqliteStore) -> None:
 
 def test_auto_loads_claude_code_codex_and_summarize() -> None:
     configs = load_presets(AUTO, None, ["summarize"])
-    assert list(configs) == ["claude-code", "codex", "opencode", "summarize"]
+    assert list(configs) == ["claude-code", "codex", "opencode", "gemini-cli", "summarize"]
     assert configs["claude-code"] != configs["summarize"]
 
 
@@ -161,7 +161,7 @@ def _flow(headers: dict[str, str]) -> Any:
             None,
             {"user-agent": "Anthropic/Python 0.40.0"},
             "summarize",
-            "auto: neither Claude Code, Codex nor opencode",
+            "auto: neither Claude Code, Codex, opencode nor Gemini CLI",
         ),
         ("summarize", fixture_headers(CC16), "summarize", "cg_preset"),
         ("claude-code", {}, "claude-code", "cg_preset"),

@@ -91,7 +91,7 @@ async def test_an_sdk_app_on_the_responses_api_gets_summarize(tmp_path: Path) ->
     rec = run(tmp_path, f)
     assert (rec["preset"], rec["preset_reason"]) == (
         "summarize",
-        "auto: neither Claude Code, Codex nor opencode",
+        "auto: neither Claude Code, Codex, opencode nor Gemini CLI",
     )
 
 
