@@ -102,6 +102,24 @@ def _str(v: Any) -> str:
     return v if isinstance(v, str) else ""
 
 
+def _ordinal(seen: dict[str, int], name: str) -> int:
+    """How many parts named `name` came before this one (counted in `seen`)."""
+    k = seen.get(name, 0)
+    seen[name] = k + 1
+    return k
+
+
+def _keyed(parts: list[Any], member: str) -> Iterator[tuple[int, dict[str, Any], str]]:
+    """(index, the part's `member` object, its `call_key`) for every part holding one: the one
+    place calls and responses are named for pairing outside `Gemini.view`."""
+    seen: dict[str, int] = {}
+    for n, p in enumerate(parts):
+        obj = p.get(member) if isinstance(p, dict) else None
+        if isinstance(obj, dict):
+            name = _str(obj.get("name"))
+            yield n, obj, call_key(name, obj.get("id"), _ordinal(seen, name))
+
+
 def _datum(part: Any) -> str:
     """The data key of a request's part, or MessageShapeError (the body passes through)."""
     if not isinstance(part, dict):
@@ -265,18 +283,14 @@ class Gemini(Dialect):
                 if not isinstance(fc, dict) or not isinstance(fc.get("name"), str):
                     raise MessageShapeError("a functionCall has no string 'name'")
                 name = fc["name"]
-                k = seen_calls.get(name, 0)
-                seen_calls[name] = k + 1
-                calls.append(call_key(name, fc.get("id"), k))
+                calls.append(call_key(name, fc.get("id"), _ordinal(seen_calls, name)))
                 blocks.append(BlockView(kind, f"[functionCall {name}] {dumps(fc.get('args'))}"))
             elif kind == "functionResponse":
                 fr = p["functionResponse"]
                 if not isinstance(fr, dict) or not isinstance(fr.get("name"), str):
                     raise MessageShapeError("a functionResponse has no string 'name'")
                 name = fr["name"]
-                k = seen_results.get(name, 0)
-                seen_results[name] = k + 1
-                key = call_key(name, fr.get("id"), k)
+                key = call_key(name, fr.get("id"), _ordinal(seen_results, name))
                 results.append(key)
                 blocks.append(BlockView(kind, _response_text(fr), False, key))
             else:
@@ -292,14 +306,7 @@ class Gemini(Dialect):
         if not isinstance(parts, list):
             return ()
         out: list[ToolOutput] = []
-        seen: dict[str, int] = {}
-        for n, p in enumerate(parts):
-            fr = p.get("functionResponse") if isinstance(p, dict) else None
-            if not isinstance(fr, dict):
-                continue
-            name = _str(fr.get("name"))
-            k = seen.get(name, 0)
-            seen[name] = k + 1
+        for n, fr, key in _keyed(parts, "functionResponse"):
             response = fr.get("response")
             text: Literal["string", "none"] = (
                 "string"
@@ -307,24 +314,17 @@ class Gemini(Dialect):
                 else "none"
             )
             path: tuple[str | int, ...] = ("parts", n, "functionResponse", "response", "output")
-            out.append(ToolOutput(call_key(name, fr.get("id"), k), path, text))
+            out.append(ToolOutput(key, path, text))
         return tuple(out)
 
     def tool_calls(self, message: Mapping[str, Any]) -> tuple[ToolCall, ...]:
         parts = message.get("parts")
         if not isinstance(parts, list):
             return ()
-        out: list[ToolCall] = []
-        seen: dict[str, int] = {}
-        for p in parts:
-            fc = p.get("functionCall") if isinstance(p, dict) else None
-            if not isinstance(fc, dict):
-                continue
-            name = _str(fc.get("name"))
-            k = seen.get(name, 0)
-            seen[name] = k + 1
-            out.append(ToolCall(call_key(name, fc.get("id"), k), name, fc.get("args")))
-        return tuple(out)
+        return tuple(
+            ToolCall(key, _str(fc.get("name")), fc.get("args"))
+            for _, fc, key in _keyed(parts, "functionCall")
+        )
 
     # Provider wording (the Gemini API's 400 INVALID_ARGUMENT messages).
     def msg_unanswered(self, i: int, ids: list[str], view: MessageView | None = None) -> str:
@@ -466,19 +466,12 @@ class Gemini(Dialect):
     def calls(self, message: JsonObject) -> list[Call]:
         """The first candidate's calls, each id a `call_key`."""
         out: list[Call] = []
-        seen: dict[str, int] = {}
-        for p in _candidate_parts(message) or []:
-            fc = p.get("functionCall") if isinstance(p, dict) else None
-            if not isinstance(fc, dict):
-                continue
-            name = _str(fc.get("name"))
-            k = seen.get(name, 0)
-            seen[name] = k + 1
+        for _, fc, key in _keyed(_candidate_parts(message) or [], "functionCall"):
             args = fc.get("args")
             out.append(
                 Call(
-                    call_key(name, fc.get("id"), k),
-                    name,
+                    key,
+                    _str(fc.get("name")),
                     clone(args) if isinstance(args, dict) else dumps(args),
                 )
             )
