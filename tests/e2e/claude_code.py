@@ -20,7 +20,6 @@ Code then sends the token as `authorization: Bearer` with the `oauth-2025-04-20`
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import json
 import os
 import platform
@@ -33,11 +32,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from tests.e2e import npm_pin
+
 VERSION = "2.1.328"
 PACKAGE = f"@anthropic-ai/claude-code@{VERSION}"
 CACHE = Path(__file__).resolve().parents[2] / ".cache" / "claude-code"
 # Both under pytest's per-test timeout (120 s), so ours is the failure that says what happened.
-INSTALL_TIMEOUT = 100.0  # a fresh install takes a few seconds (a ~75 MB download)
 RUN_TIMEOUT = 60.0  # a scripted session takes 2-3 s
 API_KEY = "sk-test"
 OFFLINE = {
@@ -67,65 +67,29 @@ def _candidates() -> Iterator[Path]:
     yield modules / "@anthropic-ai" / _platform_package() / "claude"  # the binary itself
 
 
-def _version(binary: Path) -> str | None:
-    if not os.access(binary, os.X_OK):
-        return None
-    try:
-        out = subprocess.run(
-            [str(binary), "--version"],
-            capture_output=True,
-            text=True,
-            timeout=60,
-            stdin=subprocess.DEVNULL,
-            env={"PATH": os.environ.get("PATH", ""), "HOME": str(CACHE), **OFFLINE},
-        )
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    return out.stdout.split(" ", 1)[0].strip() if out.returncode == 0 else None
+def _pin() -> npm_pin.Pin:
+    return npm_pin.Pin(
+        name="Claude Code",
+        package=PACKAGE.rsplit("@", 1)[0],
+        version=VERSION,
+        cache=CACHE,
+        command="claude",
+        candidates=_candidates,
+        unavailable=ClaudeCodeUnavailable,
+        version_of=lambda out: out.split(" ", 1)[0].strip() or None,
+        env=OFFLINE,
+        needs=f"the npm registry and the platform package @anthropic-ai/{_platform_package()} are needed",
+    )
 
 
 def find() -> Path | None:
     """The installed binary of the pinned version, if any."""
-    return next((b for b in _candidates() if _version(b) == VERSION), None)
+    return npm_pin.find(_pin())
 
 
 def install() -> Path:
-    """The pinned Claude Code binary, npm-installed into CACHE unless it already is."""
-    CACHE.mkdir(parents=True, exist_ok=True)
-    with open(CACHE.parent / "claude-code.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        found = find()
-        if found is not None:
-            return found
-        npm = shutil.which("npm")
-        if npm is None:
-            raise ClaudeCodeUnavailable(
-                f"Claude Code {VERSION} is not in {CACHE} and npm is not on PATH: the "
-                "real-client tests need Node.js >= 18 with npm (deselect them with -m 'not slow')."
-            )
-        cmd = [npm, "install", "--prefix", str(CACHE), "--no-audit", "--no-fund", PACKAGE]
-        try:
-            done = subprocess.run(
-                cmd,
-                capture_output=True,
-                text=True,
-                timeout=INSTALL_TIMEOUT,
-                stdin=subprocess.DEVNULL,
-            )
-        except subprocess.TimeoutExpired:
-            raise ClaudeCodeUnavailable(
-                f"`{' '.join(cmd)}` did not finish in {INSTALL_TIMEOUT:.0f}s; is the npm "
-                "registry reachable?"
-            ) from None
-        found = find()
-        if found is None:
-            tail = "\n".join((done.stdout + done.stderr).splitlines()[-20:])
-            raise ClaudeCodeUnavailable(
-                f"`{' '.join(cmd)}` exited {done.returncode} and left no working `claude` "
-                f"{VERSION} in {CACHE} (the npm registry and the platform package "
-                f"@anthropic-ai/{_platform_package()} are needed):\n{tail}"
-            )
-        return found
+    """The pinned binary, npm-installed into CACHE unless it already is."""
+    return npm_pin.install(_pin())
 
 
 # -- running it ----------------------------------------------------------------------------------

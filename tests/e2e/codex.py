@@ -35,7 +35,6 @@ turns are `POST …/backend-api/codex/responses`, with `chatgpt-account-id` and 
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import json
 import os
 import platform
@@ -48,13 +47,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from tests.e2e import npm_pin
 from tests.support.signin import ChatGPTAccount
 
 VERSION = "0.171.0"
 PACKAGE = f"@openai/codex@{VERSION}"
 CACHE = Path(__file__).resolve().parents[2] / ".cache" / "codex"
 # Both under pytest's per-test timeout (120 s), so ours is the failure that says what happened.
-INSTALL_TIMEOUT = 100.0  # a fresh install takes a few seconds (a ~90 MB download)
 RUN_TIMEOUT = 60.0  # a scripted session takes a few seconds
 API_KEY = "sk-test"
 ENV_KEY = "CG_TEST_API_KEY"
@@ -88,66 +87,27 @@ def _candidates() -> Iterator[Path]:
     yield modules / "@openai" / "codex" / "vendor" / triple / "bin" / "codex"
 
 
-def _version(binary: Path) -> str | None:
-    if not os.access(binary, os.X_OK):
-        return None
-    try:
-        out = subprocess.run(
-            [str(binary), "--version"],
-            capture_output=True,
-            text=True,
-            timeout=60,
-            stdin=subprocess.DEVNULL,
-            env={"PATH": os.environ.get("PATH", ""), "HOME": str(CACHE)},
-        )
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    words = out.stdout.split()  # "codex-cli 0.169.0"
-    return words[-1] if out.returncode == 0 and words else None
+def _pin() -> npm_pin.Pin:
+    return npm_pin.Pin(
+        name="Codex",
+        package=PACKAGE.rsplit("@", 1)[0],
+        version=VERSION,
+        cache=CACHE,
+        command="codex",
+        candidates=_candidates,
+        unavailable=CodexUnavailable,
+        needs=f"the npm registry and the platform package {_target()[0]} are needed",
+    )
 
 
 def find() -> Path | None:
     """The installed binary of the pinned version, if any."""
-    return next((b for b in _candidates() if _version(b) == VERSION), None)
+    return npm_pin.find(_pin())
 
 
 def install() -> Path:
-    """The pinned Codex binary, npm-installed into CACHE unless it already is."""
-    CACHE.mkdir(parents=True, exist_ok=True)
-    with open(CACHE.parent / "codex.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        found = find()
-        if found is not None:
-            return found
-        npm = shutil.which("npm")
-        if npm is None:
-            raise CodexUnavailable(
-                f"Codex {VERSION} is not in {CACHE} and npm is not on PATH: the real-client "
-                "tests need Node.js with npm (deselect them with -m 'not slow')."
-            )
-        cmd = [npm, "install", "--prefix", str(CACHE), "--no-audit", "--no-fund", PACKAGE]
-        try:
-            done = subprocess.run(
-                cmd,
-                capture_output=True,
-                text=True,
-                timeout=INSTALL_TIMEOUT,
-                stdin=subprocess.DEVNULL,
-            )
-        except subprocess.TimeoutExpired:
-            raise CodexUnavailable(
-                f"`{' '.join(cmd)}` did not finish in {INSTALL_TIMEOUT:.0f}s; is the npm "
-                "registry reachable?"
-            ) from None
-        found = find()
-        if found is None:
-            tail = "\n".join((done.stdout + done.stderr).splitlines()[-20:])
-            raise CodexUnavailable(
-                f"`{' '.join(cmd)}` exited {done.returncode} and left no working `codex` "
-                f"{VERSION} in {CACHE} (the npm registry and the platform package "
-                f"{_target()[0]} are needed):\n{tail}"
-            )
-        return found
+    """The pinned binary, npm-installed into CACHE unless it already is."""
+    return npm_pin.install(_pin())
 
 
 # -- its configuration --------------------------------------------------------------------------

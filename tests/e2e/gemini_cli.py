@@ -24,7 +24,6 @@ seconds.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import json
 import os
 import shutil
@@ -36,11 +35,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from tests.e2e import npm_pin
+
 REPO = Path(__file__).resolve().parents[2]
 VERSION = "0.61.0"
 PACKAGE = f"@google/gemini-cli@{VERSION}"
 CACHE = REPO / ".cache" / "gemini-cli"
-INSTALL_TIMEOUT = 100.0  # under pytest's per-test timeout (120 s)
 RUN_TIMEOUT = 60.0
 API_KEY = "AIza-e2e-gemini-cli-key-0001"
 MODEL = "gemini-2.5-flash"
@@ -55,66 +55,27 @@ def binary_path() -> Path:
     return CACHE / "node_modules" / ".bin" / "gemini"
 
 
-def _version(binary: Path) -> str | None:
-    if not os.access(binary, os.X_OK):
-        return None
-    try:
-        out = subprocess.run(
-            [str(binary), "--version"],
-            capture_output=True,
-            text=True,
-            timeout=60,
-            stdin=subprocess.DEVNULL,
-            env={"PATH": os.environ.get("PATH", ""), "HOME": str(CACHE), **OFFLINE},
-        )
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    words = out.stdout.split()  # "0.61.0"
-    return words[-1] if out.returncode == 0 and words else None
+def _pin() -> npm_pin.Pin:
+    return npm_pin.Pin(
+        name="Gemini CLI",
+        package=PACKAGE.rsplit("@", 1)[0],
+        version=VERSION,
+        cache=CACHE,
+        command="gemini",
+        candidates=lambda: [binary_path()],
+        unavailable=GeminiCliUnavailable,
+        env=OFFLINE,
+    )
 
 
 def find() -> Path | None:
     """The installed binary of the pinned version, if any."""
-    b = binary_path()
-    return b if _version(b) == VERSION else None
+    return npm_pin.find(_pin())
 
 
 def install() -> Path:
-    """The pinned `gemini`, npm-installed into CACHE unless it already is."""
-    CACHE.mkdir(parents=True, exist_ok=True)
-    with open(CACHE.parent / "gemini-cli.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        found = find()
-        if found is not None:
-            return found
-        npm = shutil.which("npm")
-        if npm is None:
-            raise GeminiCliUnavailable(
-                f"Gemini CLI {VERSION} is not in {CACHE} and npm is not on PATH: the real-client "
-                "tests need Node.js with npm (deselect them with -m 'not slow')."
-            )
-        cmd = [npm, "install", "--prefix", str(CACHE), "--no-audit", "--no-fund", PACKAGE]
-        try:
-            done = subprocess.run(
-                cmd,
-                capture_output=True,
-                text=True,
-                timeout=INSTALL_TIMEOUT,
-                stdin=subprocess.DEVNULL,
-            )
-        except subprocess.TimeoutExpired:
-            raise GeminiCliUnavailable(
-                f"`{' '.join(cmd)}` did not finish in {INSTALL_TIMEOUT:.0f}s; is the npm "
-                "registry reachable?"
-            ) from None
-        found = find()
-        if found is None:
-            tail = "\n".join((done.stdout + done.stderr).splitlines()[-20:])
-            raise GeminiCliUnavailable(
-                f"`{' '.join(cmd)}` exited {done.returncode} and left no working `gemini` "
-                f"{VERSION} in {CACHE}:\n{tail}"
-            )
-        return found
+    """The pinned binary, npm-installed into CACHE unless it already is."""
+    return npm_pin.install(_pin())
 
 
 def settings(extra: Mapping[str, Any] | None = None) -> dict[str, Any]:

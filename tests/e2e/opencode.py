@@ -27,7 +27,6 @@ opens are to 127.0.0.1. Stdin is closed; it is stopped by its process group's id
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import json
 import os
 import platform
@@ -40,12 +39,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from tests.e2e import npm_pin
+
 REPO = Path(__file__).resolve().parents[2]
 VERSION = "1.18.33"
 PACKAGE = f"opencode-ai@{VERSION}"
 CACHE = REPO / ".cache" / "opencode"
 # Both under pytest's per-test timeout (120 s), so ours is the failure that says what happened.
-INSTALL_TIMEOUT = 100.0  # a fresh install takes ~15 s (a ~185 MB download)
 RUN_TIMEOUT = 60.0  # a scripted session takes a few seconds
 API_KEY = "sk-test"
 MODEL = "anthropic/claude-haiku-4-5"  # in its built-in catalogue: a 200k window, 64k output
@@ -80,66 +80,28 @@ def _candidates() -> Iterator[Path]:
     yield modules / "opencode-ai" / "bin" / "opencode.exe"  # the same, linked by the package
 
 
-def _version(binary: Path) -> str | None:
-    if not os.access(binary, os.X_OK):
-        return None
-    try:
-        out = subprocess.run(
-            [str(binary), "--version"],
-            capture_output=True,
-            text=True,
-            timeout=60,
-            stdin=subprocess.DEVNULL,
-            env={"PATH": os.environ.get("PATH", ""), "HOME": str(CACHE), **OFFLINE},
-        )
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    words = out.stdout.split()  # "1.18.33"
-    return words[-1] if out.returncode == 0 and words else None
+def _pin() -> npm_pin.Pin:
+    return npm_pin.Pin(
+        name="opencode",
+        package=PACKAGE.rsplit("@", 1)[0],
+        version=VERSION,
+        cache=CACHE,
+        command="opencode",
+        candidates=_candidates,
+        unavailable=OpencodeUnavailable,
+        env=OFFLINE,
+        needs=f"the npm registry and the platform package {_platform_packages()[0]} are needed",
+    )
 
 
 def find() -> Path | None:
     """The installed binary of the pinned version, if any."""
-    return next((b for b in _candidates() if _version(b) == VERSION), None)
+    return npm_pin.find(_pin())
 
 
 def install() -> Path:
-    """The pinned opencode binary, npm-installed into CACHE unless it already is."""
-    CACHE.mkdir(parents=True, exist_ok=True)
-    with open(CACHE.parent / "opencode.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        found = find()
-        if found is not None:
-            return found
-        npm = shutil.which("npm")
-        if npm is None:
-            raise OpencodeUnavailable(
-                f"opencode {VERSION} is not in {CACHE} and npm is not on PATH: the real-client "
-                "tests need Node.js with npm (deselect them with -m 'not slow')."
-            )
-        cmd = [npm, "install", "--prefix", str(CACHE), "--no-audit", "--no-fund", PACKAGE]
-        try:
-            done = subprocess.run(
-                cmd,
-                capture_output=True,
-                text=True,
-                timeout=INSTALL_TIMEOUT,
-                stdin=subprocess.DEVNULL,
-            )
-        except subprocess.TimeoutExpired:
-            raise OpencodeUnavailable(
-                f"`{' '.join(cmd)}` did not finish in {INSTALL_TIMEOUT:.0f}s; is the npm "
-                "registry reachable?"
-            ) from None
-        found = find()
-        if found is None:
-            tail = "\n".join((done.stdout + done.stderr).splitlines()[-20:])
-            raise OpencodeUnavailable(
-                f"`{' '.join(cmd)}` exited {done.returncode} and left no working `opencode` "
-                f"{VERSION} in {CACHE} (the npm registry and the platform package "
-                f"{_platform_packages()[0]} are needed):\n{tail}"
-            )
-        return found
+    """The pinned binary, npm-installed into CACHE unless it already is."""
+    return npm_pin.install(_pin())
 
 
 # -- its configuration --------------------------------------------------------------------------

@@ -8,6 +8,7 @@ import tomllib
 import pytest
 
 from tests.e2e import codex as cx
+from tests.e2e import npm_pin
 
 
 @pytest.mark.slow  # needs the install
@@ -15,7 +16,7 @@ def test_install_is_a_no_op_once_the_pinned_version_is_there(codex, monkeypatch)
     monkeypatch.setattr("shutil.which", lambda *a, **kw: None)  # npm must not be needed again
     assert cx.install() == codex
     assert codex.is_relative_to(cx.CACHE)
-    assert cx._version(codex) == cx.VERSION == "0.171.0"
+    assert npm_pin.version(cx._pin(), codex) == cx.VERSION == "0.171.0"
 
 
 def test_without_npm_the_install_fails_saying_what_is_needed(tmp_path, monkeypatch):

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from tests.e2e import gemini_cli as gc
+from tests.e2e import npm_pin
 
 
 @pytest.mark.slow  # needs the install
@@ -17,7 +18,7 @@ def test_install_is_a_no_op_once_the_pinned_version_is_there(
     monkeypatch.setattr("shutil.which", lambda *a, **kw: None)  # npm must not be needed again
     assert gc.install() == gemini
     assert gemini.is_relative_to(gc.CACHE)
-    assert gc._version(gemini) == gc.VERSION == "0.61.0"
+    assert npm_pin.version(gc._pin(), gemini) == gc.VERSION == "0.61.0"
     assert gc.PACKAGE == "@google/gemini-cli@0.61.0"
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from tests.e2e import npm_pin
 from tests.e2e import opencode as oc
 
 
@@ -13,7 +14,7 @@ def test_install_is_a_no_op_once_the_pinned_version_is_there(opencode, monkeypat
     monkeypatch.setattr("shutil.which", lambda *a, **kw: None)  # npm must not be needed again
     assert oc.install() == opencode
     assert opencode.is_relative_to(oc.CACHE)
-    assert oc._version(opencode) == oc.VERSION == "1.18.33"
+    assert npm_pin.version(oc._pin(), opencode) == oc.VERSION == "1.18.33"
     assert oc.PACKAGE == "opencode-ai@1.18.33"
 
 
