@@ -86,20 +86,29 @@ def health(p: Proxy) -> dict[str, Any]:
     return doc
 
 
-def caught_up(url: str, proxies: list[Proxy]) -> None:
+def caught_up(url: str, proxies: list[Proxy], within: float = 30.0) -> None:
     """Every instance has applied every change committed so far (notices come in commit order,
-    so one that saw this ping saw all before it)."""
+    so one that saw this ping saw all before it).
+
+    The ping is sent again until each instance has seen one: an instance whose listening
+    connection is being re-established (after the database restarted, `ok` can come back before
+    its LISTEN does) misses a notice sent in between, and one it sees later still proves it has
+    applied everything committed before that one."""
     import psycopg
 
-    token = uuid.uuid4().hex
-    with psycopg.connect(url, autocommit=True) as c:
-        c.execute("SELECT pg_notify('cg_store', %s)", (f"p {token}",))
-    for p in proxies:
-        for _ in poll(10.0):
-            if health(p)["store"].get("cache", {}).get("ping") == token:
-                break
-        else:
-            raise TimeoutError(f"instance on port {p.port} never saw the ping")
+    seen: set[int] = set()
+    for _ in poll(within):
+        token = uuid.uuid4().hex
+        with psycopg.connect(url, autocommit=True) as c:
+            c.execute("SELECT pg_notify('cg_store', %s)", (f"p {token}",))
+        for _ in poll(2.0):
+            for p in proxies:
+                if p.port not in seen and health(p)["store"].get("cache", {}).get("ping") == token:
+                    seen.add(p.port)
+            if len(seen) == len(proxies):
+                return
+    missing = [p.port for p in proxies if p.port not in seen]
+    raise TimeoutError(f"instances on ports {missing} never saw a ping")
 
 
 def summaries_of(provider: FakeProvider, tag: str) -> list[Recorded]:
